@@ -1,0 +1,212 @@
+"""Command-line interface: parses arguments, calls the library, renders results.
+
+stdout carries only the requested document or report; messages go to stderr.
+Exit status (all verbs): 0 success, 1 check failed, 2 bad usage or input,
+3 no verdict. Heavy modules are imported inside each verb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from manifest import __version__
+from manifest.errors import EXIT_BAD_INPUT, ManifestError, OutputError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one sentence and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help').")
+
+
+def _write_output(data: bytes, output: str | None) -> None:
+    """Write a document to ``output`` atomically, or to stdout."""
+    if output is None or output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    from manifest.store import atomic_write
+
+    atomic_write(Path(output), data)
+
+
+def _read_manifest_file(path: str) -> bytes:
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read()
+        return Path(path).read_bytes()
+    except FileNotFoundError as exc:
+        raise UsageError(f"manifest file {path} does not exist.") from exc
+    except IsADirectoryError as exc:
+        raise UsageError(f"{path} is a directory, not a manifest file.") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}.") from exc
+
+
+# ------------------------------------------------------------------ verbs
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    from manifest.canonical import dumps
+
+    cwd = Path.cwd()
+    if args.output and args.output != "-":
+        parent = Path(args.output).parent
+        if not parent.is_dir():
+            raise OutputError(f"cannot write {args.output}: directory {parent} does not exist.")
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    from manifest.run import capture_from_cli
+
+    manifest, exit_code = capture_from_cli(
+        cwd,
+        command=command,
+        seed=args.seed,
+        data=args.data,
+        outputs=args.outputs,
+        threads=args.threads,
+        deterministic=not args.no_deterministic,
+        store_dir=args.store,
+        no_cache=args.no_cache,
+        quiet=args.quiet,
+    )
+    _write_output(dumps(manifest), args.output)
+    return exit_code
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from manifest.canonical import load_manifest
+    from manifest.render import render_show
+
+    manifest = load_manifest(_read_manifest_file(args.file))
+    render_show(manifest)
+    return 0
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from manifest.schema import schema_text
+
+    _write_output(schema_text().encode(), args.output)
+    return 0
+
+
+# ----------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="manifest",
+        description="Record PyTorch training runs as canonical manifests and prove they reproduce.",
+        epilog="Exit status: 0 ok, 1 check failed, 2 bad usage or input, 3 no verdict.",
+    )
+    parser.add_argument("--version", action="version", version=f"manifest {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+
+    cap = sub.add_parser(
+        "capture",
+        help="record the environment, or run a command and record the run",
+        description="Record code, data, environment and hardware; with '-- CMD', run CMD "
+        "under the launcher and record the run. Writes canonical JSON to stdout or -o FILE.",
+    )
+    cap.add_argument("-o", "--out", dest="output", metavar="FILE",
+                     help="write the manifest here (atomically) instead of stdout")
+    cap.add_argument("--seed", type=_seed, default=None, help="base seed (default: config or 0)")
+    cap.add_argument("--data", action="append", default=None, metavar="[NAME=]PATH",
+                     help="dataset to digest (repeatable)")
+    cap.add_argument("--output", dest="outputs", action="append", default=None, metavar="GLOB",
+                     help="artifact glob to digest after the run (repeatable)")
+    cap.add_argument("--threads", type=_positive, default=None,
+                     help="pin the torch/OpenMP thread count (default: the count in force)")
+    cap.add_argument("--no-deterministic", action="store_true",
+                     help="do not enforce the deterministic recipe (flags are still recorded)")
+    cap.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
+    cap.add_argument("--no-cache", action="store_true", help="re-read every data file")
+    cap.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    cap.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
+    cap.set_defaults(func=_cmd_capture)
+
+    show = sub.add_parser("show", help="print a readable summary of a manifest")
+    show.add_argument("file", help="manifest file ('-' for stdin)")
+    show.set_defaults(func=_cmd_show)
+
+    schema = sub.add_parser("schema", help="print the JSON Schema of the manifest")
+    schema.add_argument("-o", "--out", dest="output", metavar="FILE")
+    schema.set_defaults(func=_cmd_schema)
+
+    for register in _EXTRA_VERBS:
+        register(sub)
+    return parser
+
+
+def _seed(text: str) -> int:
+    from manifest.models import MAX_SAFE_INT
+
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed must be an integer, not {text!r}") from None
+    if not 0 <= value <= MAX_SAFE_INT:
+        raise argparse.ArgumentTypeError(f"seed must be between 0 and 2**53-1, not {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {value}")
+    return value
+
+
+def _register_hash(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser("hash", help="print the blake3 digest of a file or directory tree")
+    p.add_argument("path")
+    p.add_argument("--no-cache", action="store_true", help="re-read every file")
+    p.add_argument("--store", metavar="DIR", help="cache location (default: <repo>/.manifest)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--json", action="store_true", help="print the dataset entry as JSON")
+    p.set_defaults(func=_cmd_hash)
+
+
+def _cmd_hash(args: argparse.Namespace) -> int:
+    from manifest.data import hash_from_cli
+
+    text = hash_from_cli(Path(args.path), no_cache=args.no_cache, store_dir=args.store,
+                         quiet=args.quiet, as_json=args.json)
+    sys.stdout.write(text + "\n")
+    return 0
+
+
+_EXTRA_VERBS = [_register_hash]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``manifest`` console script."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help(sys.stderr)
+            return EXIT_BAD_INPUT
+        code: int = args.func(args)
+        return code
+    except ManifestError as exc:
+        sys.stderr.write(f"manifest: {exc.diagnostics()}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("manifest: interrupted.\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

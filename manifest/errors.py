@@ -1,0 +1,77 @@
+"""The project's errors.
+
+Every failure that reaches a user is one of these, carrying one sentence that
+says what went wrong and what to do next. The CLI prints ``diagnostics()`` to
+stderr and exits with ``exit_code``; nothing else is ever shown.
+
+    ManifestError                 base, exit 2 unless a subclass says otherwise
+    ├── UsageError                bad option or argument (exit 2)
+    ├── InvalidManifestError      not JSON, NaN, duplicate keys, wrong types (exit 2)
+    │   ├── UnsupportedSchemaError    unknown schema version (exit 2)
+    │   └── TamperedManifestError     run_id or digest does not match (exit 2)
+    ├── OutputError               cannot write where asked (exit 2)
+    ├── DataError                 dataset path missing/unreadable (exit 2)
+    ├── ConfigError               bad [tool.manifest] in pyproject.toml (exit 2)
+    ├── UntrustedManifestError    verify refuses to run code without --trust (exit 2)
+    └── NoVerdictError            a verdict could not be reached (exit 3)
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_NO_VERDICT = 3
+
+
+class ManifestError(Exception):
+    """Base error: ``str(err)`` is the one sentence shown to the user."""
+
+    exit_code: int = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def diagnostics(self) -> str:
+        """The text for stderr: the sentence, and what to do about it if known."""
+        if self.hint:
+            return f"{self.message} {self.hint}"
+        return self.message
+
+
+class UsageError(ManifestError):
+    pass
+
+
+class InvalidManifestError(ManifestError):
+    pass
+
+
+class UnsupportedSchemaError(InvalidManifestError):
+    pass
+
+
+class TamperedManifestError(InvalidManifestError):
+    pass
+
+
+class OutputError(ManifestError):
+    pass
+
+
+class DataError(ManifestError):
+    pass
+
+
+class ConfigError(ManifestError):
+    pass
+
+
+class UntrustedManifestError(ManifestError):
+    pass
+
+
+class NoVerdictError(ManifestError):
+    exit_code = EXIT_NO_VERDICT

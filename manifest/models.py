@@ -1,0 +1,289 @@
+"""The manifest data model (schema ``manifest/v1``).
+
+Every model is frozen, forbids unknown fields and validates strictly, so a
+manifest that loads is exactly a manifest this code could have written.
+Probes never raise for a missing optional part: they store ``None`` in the
+field and a sentence in the section's ``unavailable`` map (field -> reason).
+
+Integers are bounded to the JSON-safe range (|n| < 2^53) because RFC 8785
+serialises numbers as IEEE doubles; seeds are bounded to that range at the
+CLI, byte counts cannot reach it. Floats are finite (no NaN/Infinity).
+
+Which sections name a run (``run_id``) is decided in ``manifest.canonical``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+SCHEMA_V1 = "manifest/v1"
+
+MAX_SAFE_INT = 2**53 - 1
+
+Digest = Annotated[str, StringConstraints(pattern=r"^blake3:[0-9a-f]{64}$")]
+"""``blake3:`` followed by 64 lowercase hex digits."""
+
+Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INT)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SAFE_INT)]
+Reasons = dict[str, str]
+
+
+class Model(BaseModel):
+    """Shared configuration of every manifest model."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        validate_default=True,
+    )
+
+
+# --------------------------------------------------------------------- code
+
+
+class Submodule(Model):
+    path: str
+    commit: str | None
+
+
+class Code(Model):
+    """The source tree: commit plus the exact uncommitted bytes.
+
+    ``diff_digest`` is the blake3 of the patch (``git diff --binary HEAD`` of
+    tracked files followed by untracked, not-ignored files as additions); the
+    patch itself lives in the store at ``blobs/blake3-<hex>`` so verify can
+    re-apply it. ``lockfiles`` maps repo-relative paths to file digests.
+    """
+
+    commit: str | None
+    dirty: bool | None
+    diff_digest: Digest | None
+    untracked_files: Count | None
+    submodules: list[Submodule]
+    shallow: bool | None
+    detached: bool | None
+    lockfiles: dict[str, Digest]
+    unavailable: Reasons = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------- data
+
+
+class Dataset(Model):
+    """One dataset: the Merkle root of its bytes (see ``manifest.data``)."""
+
+    name: str
+    path: str
+    root: Digest
+    files: Count
+    bytes: Count
+    listing: Digest | None = None
+    """Blob holding the per-file listing, so verify can name changed files."""
+
+
+# ---------------------------------------------------------------------- env
+
+
+class Container(Model):
+    runtime: str | None
+    image_digest: str | None
+    source: str | None
+
+
+class Env(Model):
+    python: str
+    implementation: str
+    torch: str | None
+    torch_cuda: str | None
+    torch_hip: str | None
+    torch_git: str | None
+    numpy: str | None
+    cuda_runtime: str | None
+    cuda_driver: str | None
+    cudnn: str | None
+    nccl: str | None
+    blas: str | None
+    packages: dict[str, str]
+    packages_digest: Digest
+    container: Container
+    variables: dict[str, str]
+    """Allow-listed environment variables that can change numerics."""
+    unavailable: Reasons = Field(default_factory=dict)
+
+
+# ----------------------------------------------------------------- hardware
+
+
+class Gpu(Model):
+    index: Count
+    name: str
+    memory_bytes: Count | None
+    compute_capability: str | None
+    mig_mode: bool | None
+    ecc_mode: bool | None
+
+
+class Hardware(Model):
+    gpus: list[Gpu] | None
+    gpu_count: Count | None
+    gpu_driver: str | None
+    cpu_model: str | None
+    cpu_isa: list[str]
+    unavailable: Reasons = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------- randomness
+
+
+class RngFingerprints(Model):
+    """blake3 of each generator's serialised state."""
+
+    python: Digest | None
+    numpy: Digest | None
+    torch_cpu: Digest | None
+    cuda: list[Digest]
+
+
+class ProcessRandomness(Model):
+    rank: Count
+    seed: Seed | None
+    at_start: RngFingerprints | None
+
+
+class Randomness(Model):
+    seed: Seed | None
+    derivation: Literal["same", "base+rank"] | None
+    processes: list[ProcessRandomness] = Field(default_factory=list)
+    unavailable: Reasons = Field(default_factory=dict)
+
+
+# -------------------------------------------------------------- determinism
+
+
+class Flags(Model):
+    """Every switch that selects kernels or reduction order."""
+
+    deterministic_algorithms: bool | None
+    deterministic_warn_only: bool | None
+    cudnn_deterministic: bool | None
+    cudnn_benchmark: bool | None
+    allow_tf32_matmul: bool | None
+    allow_tf32_cudnn: bool | None
+    float32_matmul_precision: str | None
+    autocast: bool | None
+    num_threads: Count | None
+    num_interop_threads: Count | None
+
+
+class ProcessDeterminism(Model):
+    rank: Count
+    local_rank: Count | None
+    world_size: Count | None
+    torch_imported: bool
+    flags: Flags | None
+    pythonhashseed: str | None
+    """PYTHONHASHSEED in force since the interpreter started."""
+    cuda_runtime: str | None
+    cudnn: str | None
+    nccl: str | None
+    devices: list[str]
+
+
+class Determinism(Model):
+    requested: bool
+    """Whether the launcher was asked to enforce the deterministic recipe."""
+    num_threads: Count | None
+    cublas_workspace_config: str | None
+    pythonhashseed: str | None
+    processes: list[ProcessDeterminism] = Field(default_factory=list)
+    unavailable: Reasons = Field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ command
+
+
+class Command(Model):
+    argv: list[str]
+    cwd: str
+    """Working directory relative to the repository root ("." for the root)."""
+    outputs: list[str]
+    datasets: list[str]
+
+
+# ------------------------------------------------------------------ outputs
+
+
+class Tensor(Model):
+    dtype: str
+    shape: list[Count]
+    digest: Digest
+
+
+class Artifact(Model):
+    path: str
+    digest: Digest
+    bytes: Count
+    format: Literal["safetensors", "torch", "file"]
+    tensors: dict[str, Tensor] | None
+
+
+class TrailPoint(Model):
+    step: Count
+    digest: Digest
+
+
+class ProcessOutcome(Model):
+    rank: Count
+    at_exit: RngFingerprints | None
+    trail: list[TrailPoint] = Field(default_factory=list)
+
+
+class Outputs(Model):
+    status: Literal["ok", "failed", "not-run"]
+    exit_code: int | None
+    error: str | None = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+    processes: list[ProcessOutcome] = Field(default_factory=list)
+
+
+# ----------------------------------------------------------------- observed
+
+
+class Observed(Model):
+    """Facts that cannot change the bits: never part of ``run_id``."""
+
+    tool_version: str
+    started_at: str
+    finished_at: str
+    duration_s: Annotated[float, Field(ge=0)]
+    hostname_hash: Digest | None
+    branch: str | None
+    remote_url: str | None
+    store: str | None
+    logical_cpus: Count | None
+    gpu_uuid_hashes: list[Digest] = Field(default_factory=list)
+    pids: list[Count] = Field(default_factory=list)
+
+
+# ----------------------------------------------------------------- manifest
+
+
+class Manifest(Model):
+    schema_: Literal["manifest/v1"] = Field(alias="schema")
+    code: Code
+    data: list[Dataset]
+    env: Env
+    hardware: Hardware
+    randomness: Randomness
+    determinism: Determinism
+    command: Command | None
+    outputs: Outputs | None
+    observed: Observed
+    run_id: Digest
+    digest: Digest
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)

@@ -1,0 +1,95 @@
+"""Atomic file writes and the content-addressed blob store.
+
+The store (default ``<repo>/.manifest/``) holds blobs named by their content:
+``blobs/blake3-<hex>``. A blob is written once, atomically, and never
+modified; the store ignores itself for git (``.gitignore`` containing ``*``)
+so it never shows up as an untracked change of the tree it describes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import blake3
+
+from manifest.errors import OutputError
+
+STORE_DIRNAME = ".manifest"
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new, never half.
+
+    The bytes go to a temporary file in the same directory, are fsynced, and
+    renamed over the target.
+    """
+    parent = path.parent
+    if not parent.is_dir():
+        raise OutputError(f"cannot write {path}: directory {parent} does not exist.")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}.") from exc
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}.") from exc
+
+
+class BlobStore:
+    """Content-addressed blobs under ``<root>/blobs``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def blobs(self) -> Path:
+        return self.root / "blobs"
+
+    def ensure(self) -> None:
+        """Create the store (and its self-ignoring .gitignore) if missing."""
+        try:
+            self.blobs.mkdir(parents=True, exist_ok=True)
+            ignore = self.root / ".gitignore"
+            if not ignore.exists():
+                atomic_write(ignore, b"# written by manifest: the store is not source\n*\n")
+        except OSError as exc:
+            raise OutputError(f"cannot create the manifest store {self.root}: {exc}.") from exc
+
+    def path_for(self, digest: str) -> Path:
+        algo, _, hexpart = digest.partition(":")
+        return self.blobs / f"{algo}-{hexpart}"
+
+    def put(self, data: bytes) -> str:
+        """Store bytes; return their ``blake3:<hex>`` name."""
+        digest = "blake3:" + blake3.blake3(data).hexdigest()
+        target = self.path_for(digest)
+        if not target.exists():
+            self.ensure()
+            atomic_write(target, data, mode=0o444)
+        return digest
+
+    def get(self, digest: str) -> bytes | None:
+        """Return a blob's bytes, or None if absent or corrupted."""
+        try:
+            data = self.path_for(digest).read_bytes()
+        except OSError:
+            return None
+        if "blake3:" + blake3.blake3(data).hexdigest() != digest:
+            return None
+        return data
