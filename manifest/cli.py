@@ -75,6 +75,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         store_dir=args.store,
         no_cache=args.no_cache,
         quiet=args.quiet,
+        per_rank_seed=args.per_rank_seed,
     )
     _write_output(dumps(manifest), args.output)
     return exit_code
@@ -125,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pin the torch/OpenMP thread count (default: the count in force)")
     cap.add_argument("--no-deterministic", action="store_true",
                      help="do not enforce the deterministic recipe (flags are still recorded)")
+    cap.add_argument("--per-rank-seed", action="store_true",
+                     help="seed each rank with base + RANK (default: every rank gets the base)")
     cap.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
     cap.add_argument("--no-cache", action="store_true", help="re-read every data file")
     cap.add_argument("-q", "--quiet", action="store_true", help="no progress output")

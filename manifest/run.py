@@ -1,12 +1,278 @@
-"""``manifest capture``: snapshot, datasets, and (with a command) the run itself."""
+"""``manifest capture [-- CMD]``: record the environment, and run and record a command.
+
+Running a command (``run_under_launcher``):
+
+1. The child gets ``manifest/_launch`` first on ``PYTHONPATH``; its
+   ``sitecustomize`` prepares every Python process the command starts
+   (seeds, flags, thread count; see ``manifest._launch._manifest_launch``),
+   plus ``PYTHONHASHSEED``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` and the
+   OpenMP/MKL thread counts in its environment. ``python -I``/``-S`` skip
+   ``PYTHONPATH``/site and so escape the launcher: don't use them under it.
+2. The child's stdout is sent to our stderr, so stdout carries only the
+   manifest.
+3. Each prepared process writes a JSON record at exit; they are merged into
+   ``randomness``/``determinism`` (identity) and ``outputs.processes``.
+   Ranks are processes with a ``RANK`` variable (torchrun); without any,
+   every prepared process that is not a multiprocessing child, in start
+   order.
+4. Declared outputs (globs relative to the working directory) are digested,
+   weight files tensor by tensor (``manifest.weights``).
+"""
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from manifest.capture import capture_snapshot
-from manifest.errors import UsageError
-from manifest.models import Manifest
+from manifest.canonical import seal
+from manifest.capture import Snapshot, observed_for, take_snapshot
+from manifest.config import load_config, string_list
+from manifest.errors import ConfigError, UsageError
+from manifest.models import (
+    Artifact,
+    Flags,
+    Manifest,
+    ProcessDeterminism,
+    ProcessOutcome,
+    ProcessRandomness,
+    RngFingerprints,
+    TrailPoint,
+)
+from manifest.probes.code import strip_credentials
+
+LAUNCH_DIR = Path(__file__).resolve().parent / "_launch"
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|secret|password|passwd|api[-_]?key|auth)[\w-]*$", re.I)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv with credentials removed: URL userinfo, and values of secret-named flags."""
+    out: list[str] = []
+    redact_next = False
+    for arg in argv:
+        if redact_next:
+            out.append("<redacted>")
+            redact_next = False
+            continue
+        flag, eq, _value = arg.partition("=")
+        if _SECRET_FLAG.match(flag):
+            if eq:
+                out.append(f"{flag}=<redacted>")
+            else:
+                out.append(arg)
+                redact_next = True
+            continue
+        out.append(strip_credentials(arg) if "://" in arg and "@" in arg else arg)
+    return out
+
+
+def default_threads() -> int:
+    """The thread count torch would use here: OMP_NUM_THREADS, else the CPUs we may run on."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Everything the launcher needs; verify rebuilds it from a manifest."""
+
+    seed: int
+    derivation: str
+    threads: int
+    deterministic: bool
+
+    def child_env(self, records_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        existing = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(LAUNCH_DIR) + (os.pathsep + existing if existing else "")
+        env["MANIFEST_LAUNCH"] = json.dumps({
+            "seed": self.seed, "derivation": self.derivation,
+            "threads": self.threads, "deterministic": self.deterministic,
+        })
+        env["MANIFEST_LAUNCH_RECORDS"] = str(records_dir)
+        env.setdefault("PYTHONHASHSEED", str(self.seed % 2**32))
+        if self.deterministic:
+            env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+        env["OMP_NUM_THREADS"] = str(self.threads)
+        env["MKL_NUM_THREADS"] = str(self.threads)
+        return env
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    exit_code: int
+    records: list[dict[str, Any]]
+    env: dict[str, str]
+
+
+def run_under_launcher(
+    argv: list[str], cwd: Path, settings: LaunchSettings, *, base_env: dict[str, str] | None = None
+) -> LaunchResult:
+    """Run ``argv`` with every Python process prepared; return its records."""
+    with tempfile.TemporaryDirectory(prefix="manifest-records-") as tmp:
+        env = settings.child_env(Path(tmp), base_env)
+        try:
+            proc = subprocess.run(argv, cwd=cwd, env=env, stdout=sys.stderr.fileno(),
+                                  stdin=subprocess.DEVNULL, check=False)
+            code = proc.returncode
+        except FileNotFoundError as exc:
+            raise UsageError(f"command not found: {argv[0]}.") from exc
+        except PermissionError as exc:
+            raise UsageError(f"command is not executable: {argv[0]}.") from exc
+        records = []
+        for name in sorted(os.listdir(tmp)):
+            if name.endswith(".json"):
+                try:
+                    records.append(json.loads(Path(tmp, name).read_text(encoding="utf-8")))
+                except (OSError, ValueError):
+                    continue
+    return LaunchResult(code, select_ranks(records), env)
+
+
+def select_ranks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that stand for ranks, each with its ``rank`` set."""
+    records = [r for r in records if not r.get("mp_child")]
+    ranked = [r for r in records if isinstance(r.get("rank"), int)]
+    if ranked:
+        return sorted(ranked, key=lambda r: int(r["rank"]))
+    ordered = sorted(records, key=lambda r: (int(r.get("start_ns") or 0), int(r.get("pid") or 0)))
+    return [dict(r, rank=i) for i, r in enumerate(ordered)]
+
+
+def _fingerprints(raw: Any) -> RngFingerprints | None:
+    if not isinstance(raw, dict):
+        return None
+    return RngFingerprints(python=raw.get("python"), numpy=raw.get("numpy"),
+                           torch_cpu=raw.get("torch_cpu"), cuda=list(raw.get("cuda") or []))
+
+
+def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], list[Any]]:
+    """Per-rank randomness, determinism and outcome entries from process records."""
+    rnd, det, out = [], [], []
+    for r in records:
+        rank = int(r["rank"])
+        rnd.append(ProcessRandomness(rank=rank, seed=r.get("seed"),
+                                     at_start=_fingerprints(r.get("at_start"))))
+        flags = r.get("flags")
+        det.append(ProcessDeterminism(
+            rank=rank, local_rank=r.get("local_rank"), world_size=r.get("world_size"),
+            torch_imported=bool(r.get("torch_imported")),
+            flags=Flags(**flags) if isinstance(flags, dict) else None,
+            pythonhashseed=r.get("pythonhashseed"),
+            cuda_runtime=r.get("cuda_runtime"), cudnn=r.get("cudnn"), nccl=r.get("nccl"),
+            devices=list(r.get("devices") or []),
+        ))
+        out.append(ProcessOutcome(
+            rank=rank, at_exit=_fingerprints(r.get("at_exit")),
+            trail=[TrailPoint(step=int(p["step"]), digest=p["digest"])
+                   for p in r.get("trail") or []],
+        ))
+    return rnd, det, out
+
+
+def digest_outputs(globs: list[str], cwd: Path) -> tuple[list[Artifact], list[str]]:
+    """Artifacts matching the declared globs, and the globs that matched nothing."""
+    from manifest.weights import digest_artifact
+
+    artifacts: dict[str, Artifact] = {}
+    missing: list[str] = []
+    for pattern in globs:
+        matches = sorted(glob.glob(pattern, root_dir=cwd, recursive=True))
+        files = [m for m in matches if (cwd / m).is_file()]
+        if not files:
+            missing.append(pattern)
+        for rel in files:
+            if rel not in artifacts:
+                artifacts[rel] = digest_artifact(cwd / rel, rel)
+    return [artifacts[k] for k in sorted(artifacts)], missing
+
+
+def _process_error(records: list[dict[str, Any]]) -> str | None:
+    for r in records:
+        if r.get("exception"):
+            return str(r["exception"])
+    return None
+
+
+def build_run_manifest(
+    snap: Snapshot,
+    *,
+    cwd: Path,
+    argv: list[str],
+    settings: LaunchSettings,
+    result: LaunchResult,
+    datasets: list[dict[str, Any]],
+    output_globs: list[str],
+) -> Manifest:
+    rnd, det, outcomes = merge_records(result.records)
+    artifacts, missing = digest_outputs(output_globs, cwd)
+    status = "ok"
+    error = None
+    if result.exit_code != 0:
+        status = "failed"
+        error = _process_error(result.records) or f"command exited with status {result.exit_code}"
+    elif missing:
+        status = "failed"
+        error = f"declared output(s) matched no file: {', '.join(missing)}"
+    root = snap.code.root or cwd
+    try:
+        rel_cwd = os.path.relpath(cwd, root)
+    except ValueError:
+        rel_cwd = "."
+    doc = dict(snap.sections)
+    doc["data"] = datasets
+    doc["randomness"] = {
+        "seed": settings.seed,
+        "derivation": settings.derivation,
+        "processes": [p.model_dump(mode="json") for p in rnd],
+        "unavailable": {} if rnd else {"processes": "the command started no Python process"},
+    }
+    doc["determinism"] = {
+        "requested": settings.deterministic,
+        "num_threads": settings.threads,
+        "cublas_workspace_config": result.env.get("CUBLAS_WORKSPACE_CONFIG"),
+        "pythonhashseed": result.env.get("PYTHONHASHSEED"),
+        "processes": [p.model_dump(mode="json") for p in det],
+        "unavailable": {},
+    }
+    doc["command"] = {
+        "argv": redact_argv(argv),
+        "cwd": rel_cwd,
+        "outputs": list(output_globs),
+        "datasets": [d["name"] for d in datasets],
+    }
+    doc["outputs"] = {
+        "status": status,
+        "exit_code": result.exit_code,
+        "error": error,
+        "artifacts": [a.model_dump(mode="json") for a in artifacts],
+        "processes": [p.model_dump(mode="json") for p in outcomes],
+    }
+    doc["observed"] = observed_for(snap, pids=[int(r["pid"]) for r in result.records if r.get("pid")])
+    return seal(doc)
+
+
+def _config_int(table: dict[str, Any], key: str, origin: Path | None) -> int | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"[tool.manifest] {key} in {origin} must be a non-negative integer.")
+    return value
 
 
 def capture_from_cli(
@@ -21,7 +287,43 @@ def capture_from_cli(
     store_dir: str | None,
     no_cache: bool,
     quiet: bool,
+    per_rank_seed: bool = False,
 ) -> tuple[Manifest, int]:
-    if command:
-        raise UsageError("running a command is not supported yet.")
-    return capture_snapshot(cwd, store_dir=store_dir), 0
+    """What ``manifest capture`` does; returns the manifest and the exit status."""
+    table, origin = load_config(cwd)
+    if not command:
+        configured = table.get("command")
+        if configured is not None:
+            if isinstance(configured, str):
+                import shlex
+
+                configured = shlex.split(configured)
+            if not isinstance(configured, list) or not all(isinstance(a, str) for a in configured):
+                raise ConfigError(f"[tool.manifest] command in {origin} must be a list of strings.")
+            command = list(configured)
+    data = data if data is not None else string_list(table, "data", origin) or []
+    outputs = outputs if outputs is not None else string_list(table, "outputs", origin) or []
+    store_dir = store_dir or table.get("store")
+    snap = take_snapshot(cwd, store_dir=store_dir)
+    datasets: list[dict[str, Any]] = []
+    if data:
+        from manifest.data import digest_datasets
+
+        datasets = [d.model_dump(mode="json") for d in digest_datasets(
+            data, repo_root=snap.code.root, store=snap.store, no_cache=no_cache, quiet=quiet)]
+    if not command:
+        doc = dict(snap.sections)
+        doc["data"] = datasets
+        doc["observed"] = observed_for(snap)
+        return seal(doc), 0
+    settings = LaunchSettings(
+        seed=seed if seed is not None else (_config_int(table, "seed", origin) or 0),
+        derivation="base+rank" if per_rank_seed else "same",
+        threads=threads or _config_int(table, "threads", origin) or default_threads(),
+        deterministic=deterministic and table.get("deterministic", True) is not False,
+    )
+    result = run_under_launcher(command, cwd, settings)
+    manifest = build_run_manifest(snap, cwd=cwd, argv=command, settings=settings, result=result,
+                                  datasets=datasets, output_globs=outputs)
+    assert manifest.outputs is not None
+    return manifest, 0 if manifest.outputs.status == "ok" else 3

@@ -1,0 +1,412 @@
+"""In-process side of the launcher: seed, lock, fingerprint, record.
+
+This module runs inside every Python process that ``manifest capture``
+starts (through ``sitecustomize``), before user code. It imports only the
+standard library at start-up; torch and numpy setup happen in an import hook
+the moment the user's code imports them, so a process that never imports
+torch pays nothing for it. It is also the implementation behind the public
+recipe API (``manifest.recipe``), so the launcher and a script that calls
+``manifest.seed_everything`` apply exactly the same steps.
+
+Per-process record (JSON, written atomically at exit to
+``$MANIFEST_LAUNCH_RECORDS/<pid>.json``)::
+
+    {"pid", "start_ns", "argv0", "rank", "local_rank", "world_size",
+     "seed", "torch_imported", "numpy_imported", "flags", "pythonhashseed",
+     "cuda_runtime", "cudnn", "nccl", "devices", "at_start", "at_exit",
+     "trail", "errors"}
+
+Seeds: every process gets the base seed; with derivation ``base+rank`` a
+process whose environment carries ``RANK`` gets ``base + RANK``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+CONFIG_VAR = "MANIFEST_LAUNCH"
+RECORDS_VAR = "MANIFEST_LAUNCH_RECORDS"
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+_state: dict[str, Any] = {
+    "config": None,
+    "record": None,
+    "trail": [],
+    "hooked": set(),
+}
+
+
+# ------------------------------------------------------------------ hashing
+
+
+def _blake3_hex(chunks: Sequence[bytes | memoryview]) -> str | None:
+    try:
+        import blake3
+    except ImportError:
+        return None
+    h = blake3.blake3()
+    for chunk in chunks:
+        h.update(chunk)
+    return "blake3:" + str(h.hexdigest())
+
+
+def python_rng_fingerprint() -> str | None:
+    version, internal, gauss = random.getstate()
+    return _blake3_hex([json.dumps([version, list(internal), gauss]).encode()])
+
+
+def numpy_rng_fingerprint() -> str | None:
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    header = json.dumps([str(name), int(pos), int(has_gauss), float(cached)]).encode()
+    return _blake3_hex([header, keys.tobytes()])
+
+
+def _tensor_bytes(t: Any) -> bytes:
+    return bytes(t.contiguous().view(-1).numpy().view("uint8").tobytes()) if t.numel() else b""
+
+
+def torch_rng_fingerprints() -> tuple[str | None, list[str]]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, []
+    cpu = _blake3_hex([torch.get_rng_state().numpy().tobytes()])
+    cuda: list[str] = []
+    # Never initialise CUDA just to look at it: only read states that exist.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for state in torch.cuda.get_rng_state_all():
+            digest = _blake3_hex([state.numpy().tobytes()])
+            if digest:
+                cuda.append(digest)
+    return cpu, cuda
+
+
+def rng_fingerprints() -> dict[str, Any]:
+    cpu, cuda = torch_rng_fingerprints()
+    return {
+        "python": python_rng_fingerprint(),
+        "numpy": numpy_rng_fingerprint(),
+        "torch_cpu": cpu,
+        "cuda": cuda,
+    }
+
+
+def parameters_fingerprint(module: Any) -> str | None:
+    """blake3 over (name, dtype, shape, raw bytes) of every state_dict tensor, by name."""
+    parts: list[bytes] = []
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        parts.append(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
+        parts.append(_tensor_bytes(t))
+    return _blake3_hex(parts)
+
+
+# ------------------------------------------------------------------ seeding
+
+
+def seed_python(seed: int) -> None:
+    random.seed(seed)
+
+
+def seed_numpy(seed: int) -> None:
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed % 2**32)
+
+
+def seed_torch(seed: int) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # manual_seed seeds the CPU generator and queues every CUDA device's
+        # seed lazily: it does not initialise CUDA.
+        torch.manual_seed(seed)
+
+
+def seed_all(seed: int) -> None:
+    seed_python(seed)
+    seed_numpy(seed)
+    seed_torch(seed)
+
+
+# -------------------------------------------------------------------- flags
+
+
+def read_flags() -> dict[str, Any] | None:
+    """Every determinism-relevant switch as torch reports it now."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    autocast = None
+    with contextlib.suppress(Exception):
+        autocast = bool(torch.is_autocast_enabled("cpu")) or bool(
+            torch.is_autocast_enabled("cuda")
+        )
+    return {
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "deterministic_warn_only": bool(torch.is_deterministic_algorithms_warn_only_enabled()),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "allow_tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "allow_tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": str(torch.get_float32_matmul_precision()),
+        "autocast": autocast,
+        "num_threads": int(torch.get_num_threads()),
+        "num_interop_threads": int(torch.get_num_interop_threads()),
+    }
+
+
+def apply_flags(torch: Any, *, warn_only: bool = False) -> None:
+    """The deterministic recipe: flags that make kernels and reductions repeatable."""
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
+def snapshot_flags(torch: Any) -> dict[str, Any]:
+    return {
+        "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
+        "warn_only": bool(torch.is_deterministic_algorithms_warn_only_enabled()),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def restore_flags(torch: Any, saved: dict[str, Any]) -> None:
+    torch.use_deterministic_algorithms(saved["deterministic"], warn_only=saved["warn_only"])
+    torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
+    torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
+    torch.backends.cuda.matmul.allow_tf32 = saved["tf32_matmul"]
+    torch.backends.cudnn.allow_tf32 = saved["tf32_cudnn"]
+    torch.set_float32_matmul_precision(saved["precision"])
+
+
+def loaded_versions() -> dict[str, Any]:
+    """CUDA runtime/cuDNN/NCCL versions loaded in this process, and devices used."""
+    out: dict[str, Any] = {"cuda_runtime": None, "cudnn": None, "nccl": None, "devices": []}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return out
+    out["cuda_runtime"] = torch.version.cuda or getattr(torch.version, "hip", None)
+    with contextlib.suppress(Exception):
+        if torch.backends.cudnn.is_available():
+            v = torch.backends.cudnn.version()
+            out["cudnn"] = None if v is None else _cudnn_text(int(v))
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            nccl = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(str(p) for p in nccl) if isinstance(nccl, tuple) else str(nccl)
+            out["devices"] = [
+                torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
+            ]
+    return out
+
+
+def _cudnn_text(v: int) -> str:
+    # cuDNN 9 encodes major*10000 + minor*100 + patch; cuDNN 8 major*1000 + minor*100 + patch.
+    if v >= 10000:
+        return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
+    return f"{v // 1000}.{(v % 1000) // 100}.{v % 100}"
+
+
+# -------------------------------------------------------------------- trail
+
+
+def record_trail(step: int, digest: str | None) -> None:
+    if digest is not None:
+        _state["trail"].append({"step": int(step), "digest": digest})
+
+
+def trail_points() -> list[dict[str, Any]]:
+    return list(_state["trail"])
+
+
+# ------------------------------------------------------------- import hook
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a watched top-level module finishes importing."""
+
+    def __init__(self, callbacks: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.callbacks = callbacks
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        callback = self.callbacks.get(fullname)
+        if callback is None or fullname in _state["hooked"]:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(fullname, path, target)  # type: ignore[attr-defined]
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        _state["hooked"].add(fullname)
+        original = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            original(module)
+            try:
+                callback(module)
+            except Exception as exc:  # recorded, never breaks the user's import
+                _note_error(f"{fullname} setup failed: {type(exc).__name__}: {exc}")
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _note_error(text: str) -> None:
+    record = _state["record"]
+    if record is not None:
+        record["errors"].append(text)
+
+
+def _rank_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def process_seed(config: dict[str, Any]) -> int:
+    base = int(config["seed"])
+    if config.get("derivation") == "base+rank":
+        return base + (_rank_env("RANK") or 0)
+    return base
+
+
+def _on_numpy(module: ModuleType) -> None:
+    config = _state["config"]
+    seed_numpy(process_seed(config))
+    _state["record"]["numpy_imported"] = True
+
+
+def _on_torch(module: ModuleType) -> None:
+    config = _state["config"]
+    record = _state["record"]
+    record["torch_imported"] = True
+    threads = config.get("threads")
+    if threads:
+        module.set_num_threads(int(threads))
+        with contextlib.suppress(RuntimeError):
+            module.set_num_interop_threads(int(threads))
+    if config.get("deterministic", True):
+        apply_flags(module)
+    seed_all(process_seed(config))
+    record["at_start"] = rng_fingerprints()
+
+
+def _write_record() -> None:
+    record = _state["record"]
+    directory = os.environ.get(RECORDS_VAR)
+    if record is None or not directory:
+        return
+    try:
+        record["flags"] = read_flags()
+        record.update(loaded_versions())
+        record["at_exit"] = rng_fingerprints() if record["torch_imported"] else None
+        record["trail"] = trail_points()
+        mp = sys.modules.get("multiprocessing")
+        record["mp_child"] = bool(mp is not None and mp.parent_process() is not None)
+    except Exception as exc:
+        record["errors"].append(f"recording at exit failed: {type(exc).__name__}: {exc}")
+    path = os.path.join(directory, f"{os.getpid()}.json")
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _excepthook_wrapper(
+    previous: Callable[[type[BaseException], BaseException, Any], Any],
+) -> Callable[[type[BaseException], BaseException, Any], Any]:
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> Any:
+        record = _state["record"]
+        if record is not None:
+            record["exception"] = f"{kind.__name__}: {value}"[:2000]
+        return previous(kind, value, tb)
+
+    return hook
+
+
+def install() -> None:
+    """Prepare this process (called from sitecustomize); a no-op without config."""
+    raw = os.environ.get(CONFIG_VAR)
+    if not raw or _state["config"] is not None:
+        return
+    try:
+        config = json.loads(raw)
+    except ValueError:
+        return
+    _state["config"] = config
+    _state["record"] = {
+        "pid": os.getpid(),
+        "start_ns": time.time_ns(),
+        "argv0": sys.argv[0] if sys.argv else None,
+        "rank": _rank_env("RANK"),
+        "local_rank": _rank_env("LOCAL_RANK"),
+        "world_size": _rank_env("WORLD_SIZE"),
+        "seed": process_seed(config),
+        "torch_imported": False,
+        "numpy_imported": False,
+        "flags": None,
+        # The variable as the interpreter saw it at start-up: str hashing was
+        # fixed from then on, so later changes in os.environ do not count.
+        "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
+        "hash_randomization": bool(sys.flags.hash_randomization),
+        "at_start": None,
+        "at_exit": None,
+        "trail": [],
+        "errors": [],
+        "exception": None,
+    }
+    seed_python(process_seed(config))
+    sys.meta_path.insert(0, _AfterImport({"torch": _on_torch, "numpy": _on_numpy}))
+    for name, callback in (("numpy", _on_numpy), ("torch", _on_torch)):
+        if name in sys.modules:  # imported by an earlier sitecustomize
+            _state["hooked"].add(name)
+            callback(sys.modules[name])
+    sys.excepthook = _excepthook_wrapper(sys.excepthook)
+    atexit.register(_write_record)
+
+
+@contextlib.contextmanager
+def deterministic_flags(*, warn_only: bool = False) -> Iterator[None]:
+    import torch
+
+    saved = snapshot_flags(torch)
+    apply_flags(torch, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        restore_flags(torch, saved)
