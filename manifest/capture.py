@@ -39,6 +39,17 @@ def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def own_output_files() -> frozenset[tuple[int, int]]:
+    """(device, inode) of the regular file our stdout is redirected to, if any."""
+    try:
+        st = os.fstat(1)
+    except OSError:
+        return frozenset()
+    import stat
+
+    return frozenset({(st.st_dev, st.st_ino)}) if stat.S_ISREG(st.st_mode) else frozenset()
+
+
 def default_store(cwd: Path, code: CodeProbe, configured: str | None = None) -> BlobStore:
     base = code.root if code.root is not None else cwd
     if configured:
@@ -53,7 +64,7 @@ def take_snapshot(
     """Run the code, env and hardware probes."""
     started = time.time()
     started_iso = now_iso()
-    code = probe_code(cwd)
+    code = probe_code(cwd, exclude=own_output_files())
     store = default_store(cwd, code, store_dir)
     if code.patch:
         store.put(code.patch)

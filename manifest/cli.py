@@ -188,7 +188,87 @@ def _cmd_hash(args: argparse.Namespace) -> int:
     return 0
 
 
-_EXTRA_VERBS = [_register_hash]
+def _register_diff(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="what differs between two manifests, and whether it can change the bits",
+        description="Compare two manifests section by section; label each difference 'bits' "
+        "(can change the weights) or 'benign' (cannot), with the reason.",
+        epilog="Exit status: 0 no 'bits' difference, 1 a 'bits' difference, 2 bad input.",
+    )
+    p.add_argument("a", metavar="A.json", help="first manifest ('-' for stdin)")
+    p.add_argument("b", metavar="B.json", help="second manifest ('-' for stdin)")
+    p.add_argument("--json", action="store_true", help="print the diff as JSON")
+    p.add_argument("--only", choices=["bits", "benign"], help="list only these differences")
+    p.add_argument("--all", action="store_true", help="do not fold long runs of similar rows")
+    p.set_defaults(func=_cmd_diff)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from manifest.diff import Impact, diff_manifests, load_for_diff
+    from manifest.errors import EXIT_FAILED, EXIT_OK
+
+    if args.a == "-" and args.b == "-":
+        raise UsageError("only one of the two manifests can be read from stdin ('-').")
+    a = load_for_diff(_read_manifest_file(args.a), name=args.a)
+    b = load_for_diff(_read_manifest_file(args.b), name=args.b)
+    result = diff_manifests(a, b)
+    only = None if args.only is None else Impact(args.only)
+    if args.json:
+        from manifest.render_diff import diff_json_bytes
+
+        _write_output(diff_json_bytes(result, a_file=args.a, b_file=args.b, only=only), None)
+    else:
+        from manifest.render_diff import render_diff
+
+        render_diff(result, a_file=args.a, b_file=args.b, only=only, fold=not args.all)
+    return EXIT_FAILED if result.has_bits else EXIT_OK
+
+
+def _register_verify(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "verify", help="re-run a recorded training and compare its outputs bit for bit",
+        description="Check a manifest's integrity, environment drift and data; re-run its "
+        "command in a scratch clone under the recorded seeds and flags; compare the outputs "
+        "tensor by tensor. Exit 0 identical, 1 differs, 2 bad input, 3 no verdict.")
+    p.add_argument("file", help="manifest file ('-' for stdin)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse to re-run when the environment or data drifted in a way "
+                   "that can change bits")
+    p.add_argument("--trust", action="store_true",
+                   help="run the command even if the commit or patch is not known locally")
+    p.add_argument("--in-place", action="store_true",
+                   help="run in the current tree instead of a scratch clone (no git needed)")
+    p.add_argument("--no-rerun", action="store_true",
+                   help="check integrity, drift and data only")
+    p.add_argument("--threads", type=_positive, default=None,
+                   help="override the recorded thread count (expect differences)")
+    p.add_argument("--keep", action="store_true", help="keep the scratch tree")
+    p.add_argument("--no-cache", action="store_true", help="re-read every data file")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_cmd_verify)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from manifest.render import render_command, render_verify
+    from manifest.verify import VerifyOptions, verify_run
+
+    options = VerifyOptions(strict=args.strict, trust=args.trust, in_place=args.in_place,
+                            no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
+                            no_cache=args.no_cache, quiet=args.quiet)
+    report = verify_run(_read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
+                        options=options, announce=render_command)
+    if args.json:
+        import json
+
+        sys.stdout.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+    else:
+        render_verify(report)
+    return report.exit_code
+
+
+_EXTRA_VERBS = [_register_verify, _register_hash, _register_diff]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,6 +13,7 @@ process record that the capture merges into ``outputs``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -54,10 +55,8 @@ def seed_everything(seed: int, *, check_hashseed: bool = True) -> None:
             stacklevel=2,
         )
     rt = _runtime()
-    try:
+    with contextlib.suppress(ImportError):
         import numpy  # noqa: F401  - seed numpy only if it is installed
-    except ImportError:
-        pass
     rt.seed_all(seed)
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from manifest.models import Manifest
+
+if TYPE_CHECKING:
+    from manifest.verify import VerifyReport
 
 
 def _console(file: TextIO | None = None):  # type: ignore[no-untyped-def]
@@ -61,3 +64,65 @@ def render_show(manifest: Manifest, file: TextIO | None = None) -> None:
             table.add_row("", art.path, f"{art.format}, {n} tensors, {art.digest}")
     table.add_row("observed", "captured", manifest.observed.started_at)
     console.print(table)
+
+
+def render_command(argv: list[str], file: TextIO | None = None) -> None:
+    """Show the command verify is about to run (stderr)."""
+    import shlex
+
+    stream = file or sys.stderr
+    stream.write(f"manifest: re-running: {shlex.join(argv)}\n")
+    stream.flush()
+
+
+def _fmt(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
+    """The human verify report: verdict first, then where and by how much."""
+    from rich.table import Table
+
+    console = _console(file)
+    style = {"identical": "green", "checked": "green", "differs": "red"}.get(
+        report.verdict, "yellow")
+    console.print(f"[bold {style}]{report.verdict}[/bold {style}]  {report.file}  "
+                  f"run_id {report.run_id[:23]}…")
+    if report.reason:
+        console.print(f"reason: {report.reason}")
+    for drift in report.drift:
+        tag = "[red]bits[/red]" if drift.impact == "bits" else "benign"
+        console.print(f"drift ({tag}): {drift.reason}")
+    if report.bits_drift and report.verdict != "identical":
+        console.print("the environment drifted in ways that can change bits: "
+                      "bit-exactness is not expected.")
+    for change in report.data:
+        console.print(f"[red]data[/red]: {change.detail}")
+        for name in change.files[:20]:
+            console.print(f"  {name}")
+        if len(change.files) > 20:
+            console.print(f"  … and {len(change.files) - 20} more")
+    for art in report.artifacts:
+        if art.identical:
+            console.print(f"[green]identical[/green] {art.path}")
+            continue
+        console.print(f"[red]differs[/red] {art.path}" + (f" ({art.detail})" if art.detail else ""))
+        if not art.tensors:
+            continue
+        table = Table(show_header=True, header_style="bold")
+        for col in ("tensor", "change", "elements", "max |Δ|", "max ULP"):
+            table.add_column(col)
+        for t in art.tensors:
+            count = "-" if t.elements is None else (
+                f"{t.elements}/{t.total}" if t.total else str(t.elements))
+            what = t.change if not t.detail else f"{t.change}: {t.detail}"
+            table.add_row(t.name, what, count, _fmt(t.max_abs), _fmt(t.max_ulp))
+        console.print(table)
+    if report.first_divergent_step is not None:
+        console.print(f"first divergent step: {report.first_divergent_step}")
+    elif report.trail_compared:
+        console.print("step trails agree at every recorded step")

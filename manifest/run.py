@@ -262,7 +262,8 @@ def build_run_manifest(
         "artifacts": [a.model_dump(mode="json") for a in artifacts],
         "processes": [p.model_dump(mode="json") for p in outcomes],
     }
-    doc["observed"] = observed_for(snap, pids=[int(r["pid"]) for r in result.records if r.get("pid")])
+    pids = [int(r["pid"]) for r in result.records if r.get("pid")]
+    doc["observed"] = observed_for(snap, pids=pids)
     return seal(doc)
 
 

@@ -90,10 +90,7 @@ class RawTensor:
 
 
 def hash_bytes(data: memoryview | bytes) -> str:
-    if len(data) >= _BIG:
-        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    else:
-        h = blake3.blake3()
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO) if len(data) >= _BIG else blake3.blake3()
     h.update(data)
     return "blake3:" + h.hexdigest()
 
@@ -401,9 +398,12 @@ class MappedFile:
         self.view = memoryview(self._map) if self._map is not None else memoryview(b"")
 
     def close(self) -> None:
-        self.view.release()
-        if self._map is not None:
-            self._map.close()
+        try:
+            self.view.release()
+            if self._map is not None:
+                self._map.close()
+        except BufferError:
+            pass  # a tensor view is still referenced; the map closes when it is collected
         self._fh.close()
 
     def __enter__(self) -> MappedFile:

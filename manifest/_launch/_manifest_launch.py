@@ -277,7 +277,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             except Exception as exc:  # recorded, never breaks the user's import
                 _note_error(f"{fullname} setup failed: {type(exc).__name__}: {exc}")
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = exec_module
         return spec
 
 

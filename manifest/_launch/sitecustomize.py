@@ -28,6 +28,6 @@ _chain()
 
 if _here not in sys.path:
     sys.path.insert(0, _here)
-import _manifest_launch  # noqa: E402
+import _manifest_launch  # type: ignore[import-not-found]  # noqa: E402
 
 _manifest_launch.install()
