@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import blake3
 
-from manifest.gitrun import EMPTY_TREE, GitFailedError, GitMissingError, run_git
+from manifest.gitrun import EMPTY_TREE, GitMissingError, run_git
 from manifest.models import Code, Submodule
 from manifest.store import BlobStore
 
@@ -99,97 +99,204 @@ def _none(reason_field: str, reason: str) -> Code:
     )
 
 
-def working_patch(root: Path, head: str | None) -> tuple[bytes, int]:
+def _same_file(root: Path, rel: bytes, exclude: frozenset[tuple[int, int]]) -> bool:
+    try:
+        st = os.stat(root / os.fsdecode(rel))
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) in exclude
+
+
+def working_patch(root: Path, head: str | None, git_dir: Path | None = None,
+                  untracked: list[bytes] | None = None) -> tuple[bytes, int]:
     """The binary patch from ``head`` (or the empty tree) to the working tree.
 
-    Returns (patch bytes, number of untracked files included).
+    ``untracked`` (the untracked, not-ignored paths) is listed with git when
+    not given. Returns (patch bytes, number of untracked files included).
     """
-    untracked = run_git(["ls-files", "--others", "--exclude-standard", "-z"], root).stdout
-    paths = [p for p in untracked.split(b"\0") if p]
+    if untracked is None:
+        listing = run_git(["ls-files", "--others", "--exclude-standard", "-z"], root).stdout
+        untracked = [p for p in listing.split(b"\0") if p]
     base = head or EMPTY_TREE
     diff_args = ["diff", "--binary", "--no-ext-diff", "--no-textconv", "--no-color",
-                 "--full-index", base, "--"]
-    if not paths:
+                 "--full-index", "--ignore-submodules=none", base, "--"]
+    if not untracked:
         return run_git(diff_args, root).stdout, 0
-    # A private index: copy of the user's, plus intent-to-add entries.
-    git_dir = Path(os.fsdecode(run_git(["rev-parse", "--absolute-git-dir"], root).stdout.strip()))
+    if git_dir is None:
+        git_dir = Path(os.fsdecode(
+            run_git(["rev-parse", "--absolute-git-dir"], root).stdout.strip()))
+    # A private index: copy of the user's, plus intent-to-add entries, so the
+    # user's own index is never written.
     with tempfile.TemporaryDirectory(prefix="manifest-index-") as tmp:
         index = Path(tmp) / "index"
         if (git_dir / "index").exists():
             shutil.copyfile(git_dir / "index", index)
         env = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1"}
         run_git(["add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul"],
-                root, env=env, input_bytes=b"\0".join(paths) + b"\0")
-        return run_git(diff_args, root, env=env).stdout, len(paths)
+                root, env=env, input_bytes=b"\0".join(untracked) + b"\0")
+        return run_git(diff_args, root, env=env).stdout, len(untracked)
 
 
-def _submodules(root: Path) -> list[Submodule]:
-    out = run_git(["ls-files", "--stage", "-z"], root).stdout
-    subs: list[Submodule] = []
+@dataclass(frozen=True)
+class RepoState:
+    """Where the repository is and what HEAD is, from one ``git rev-parse``."""
+
+    root: Path
+    git_dir: Path
+    shallow: bool
+    head: str | None
+    branch: str | None
+    detached: bool
+    head_problem: str | None
+
+
+def _not_a_repo_reason(stderr: bytes) -> str:
+    text = stderr.decode("utf-8", "replace")
+    if "dubious ownership" in text:
+        return ("git refuses to read the repository because another user owns it "
+                "(see git's safe.directory)")
+    if "not a git repository" in text:
+        return "not inside a git repository"
+    if "work tree" in text:
+        return "not inside a git work tree (a bare repository or a .git directory)"
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return f"git cannot read the repository ({lines[-1] if lines else 'no message'})"
+
+
+def read_repo_state(cwd: Path) -> RepoState | str:
+    """The repository around ``cwd``, or the reason there is none.
+
+    One ``rev-parse`` answers root, git dir, shallowness, HEAD's commit and
+    its symbolic name; only an unborn or broken HEAD needs a second call.
+    Raises :class:`GitMissingError` when git is not installed.
+    """
+    proc = run_git(["rev-parse", "--show-toplevel", "--absolute-git-dir",
+                    "--is-shallow-repository", "HEAD^{commit}", "--symbolic-full-name", "HEAD",
+                    "--"], cwd, check=False)
+    lines = proc.stdout.split(b"\n")
+    if len(lines) < 4:
+        return _not_a_repo_reason(proc.stderr)
+    root = Path(os.fsdecode(lines[0]))
+    git_dir = Path(os.fsdecode(lines[1]))
+    shallow = lines[2] == b"true"
+    if proc.returncode == 0 and len(lines) >= 5:
+        head = lines[3].decode("ascii", "replace")
+        name = lines[4].decode("utf-8", "replace")
+        detached = name == "HEAD"
+        branch = None if detached else name.removeprefix("refs/heads/")
+        return RepoState(root, git_dir, shallow, head, branch, detached, None)
+    sym = run_git(["symbolic-ref", "-q", "HEAD"], root, check=False)
+    if sym.returncode == 0:
+        branch = sym.stdout.decode("utf-8", "replace").strip().removeprefix("refs/heads/")
+        problem = "the repository has no commits yet (unborn HEAD)"
+        return RepoState(root, git_dir, shallow, None, branch, False, problem)
+    err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    problem = f"HEAD does not name a commit ({err[-1] if err else 'git rev-parse failed'})"
+    return RepoState(root, git_dir, shallow, None, None, True, problem)
+
+
+def _index_listing(root: Path) -> tuple[list[tuple[str, str]], list[bytes]]:
+    """Gitlinks (path, recorded commit) and untracked-not-ignored paths, in one call."""
+    out = run_git(["ls-files", "-z", "-t", "--stage", "--others", "--exclude-standard"],
+                  root).stdout
+    gitlinks: list[tuple[str, str]] = []
+    untracked: list[bytes] = []
     for entry in out.split(b"\0"):
-        if not entry.startswith(b"160000 "):
+        if not entry:
             continue
-        meta, _, path_b = entry.partition(b"\t")
-        recorded = meta.split(b" ")[1].decode()
-        path = os.fsdecode(path_b)
+        tag, body = entry[:2], entry[2:]
+        if tag == b"? ":
+            untracked.append(body)
+        elif body.startswith(b"160000 "):
+            meta, _, path_b = body.partition(b"\t")
+            gitlinks.append((os.fsdecode(path_b), meta.split(b" ")[1].decode("ascii")))
+    return gitlinks, untracked
+
+
+def _submodules(root: Path, gitlinks: list[tuple[str, str]]) -> list[Submodule]:
+    """Each submodule's checked-out commit (the recorded one if not checked out)."""
+    subs: list[Submodule] = []
+    for path, recorded in gitlinks:
         commit: str | None = recorded
         sub = root / path
         if (sub / ".git").exists():
-            try:
-                commit = run_git(["rev-parse", "HEAD"], sub).stdout.decode().strip()
-            except GitFailedError:
-                commit = recorded
+            got = run_git(["rev-parse", "--verify", "-q", "HEAD^{commit}"], sub, check=False)
+            if got.returncode == 0:
+                commit = got.stdout.decode("ascii", "replace").strip()
         subs.append(Submodule(path=path, commit=commit))
     return subs
 
 
-def probe_code(cwd: Path, store: BlobStore | None = None) -> CodeProbe:
+def remote_url(root: Path) -> str | None:
+    """URL of ``origin`` (else of the first remote configured), credentials stripped.
+
+    Read from config in one call; ``url.*.insteadOf`` rewriting is not applied
+    (the URL is an observed fact, outside the run's identity).
+    """
+    got = run_git(["config", "-z", "--get-regexp", r"^remote\..*\.url$"], root, check=False)
+    urls: dict[str, str] = {}
+    for item in got.stdout.split(b"\0"):
+        key, _, value = item.partition(b"\n")
+        name = key.decode("utf-8", "replace").removeprefix("remote.").removesuffix(".url")
+        if key and name not in urls:
+            urls[name] = value.decode("utf-8", "replace").strip()
+    if not urls:
+        return None
+    return strip_credentials(urls.get("origin") or next(iter(urls.values())))
+
+
+def _without(untracked: list[bytes], root: Path,
+             exclude: frozenset[tuple[int, int]]) -> list[bytes]:
+    """Untracked paths minus the files named by (device, inode) in ``exclude``."""
+    if not exclude:
+        return untracked
+    kept: list[bytes] = []
+    for rel in untracked:
+        try:
+            st = os.lstat(root / os.fsdecode(rel))
+        except OSError:
+            kept.append(rel)
+            continue
+        if (st.st_dev, st.st_ino) not in exclude:
+            kept.append(rel)
+    return kept
+
+
+def probe_code(cwd: Path, store: BlobStore | None = None, *,
+               exclude: frozenset[tuple[int, int]] = frozenset()) -> CodeProbe:
     """Record the code state of the repository containing ``cwd``.
 
     Never raises for a missing git or a non-repository: records the reason.
-    Writes the patch blob into ``store`` when the tree is dirty.
+    Writes the patch blob into ``store`` when the tree is dirty. Untracked
+    files whose (device, inode) is in ``exclude`` are left out of the patch:
+    that is the file ``manifest capture > run.json`` is writing into, which
+    must not change the run it describes.
     """
     try:
-        top = run_git(["rev-parse", "--show-toplevel"], cwd, check=False)
+        state = read_repo_state(cwd)
     except GitMissingError:
         return CodeProbe(_none("commit", "git is not installed"), None, None, None, None)
-    if top.returncode != 0:
-        return CodeProbe(_none("commit", "not inside a git repository"), None, None, None, None)
-    root = Path(os.fsdecode(top.stdout.strip()))
-    lockfiles = find_lockfiles(root)
+    if isinstance(state, str):
+        return CodeProbe(_none("commit", state), None, None, None, None)
+    root = state.root
     unavailable: dict[str, str] = {}
-
-    head_proc = run_git(["rev-parse", "--verify", "-q", "HEAD^{commit}"], root, check=False)
-    head = head_proc.stdout.decode().strip() if head_proc.returncode == 0 else None
-    if head is None:
-        unavailable["commit"] = "the repository has no commits yet (unborn HEAD)"
-    branch_proc = run_git(["symbolic-ref", "-q", "--short", "HEAD"], root, check=False)
-    branch = branch_proc.stdout.decode("utf-8", "replace").strip() or None
-    detached = branch_proc.returncode != 0
-    shallow = run_git(["rev-parse", "--is-shallow-repository"], root).stdout.strip() == b"true"
-
-    patch, n_untracked = working_patch(root, head)
+    if state.head_problem:
+        unavailable["commit"] = state.head_problem
+    gitlinks, untracked = _index_listing(root)
+    untracked = _without(untracked, root, exclude)
+    patch, n_untracked = working_patch(root, state.head, state.git_dir, untracked)
     diff_digest = "blake3:" + blake3.blake3(patch).hexdigest() if patch else None
     if patch and store is not None:
         store.put(patch)
-
-    remote_url = None
-    remotes = run_git(["remote"], root).stdout.decode().split()
-    if remotes:
-        name = "origin" if "origin" in remotes else remotes[0]
-        got = run_git(["remote", "get-url", name], root, check=False)
-        if got.returncode == 0:
-            remote_url = strip_credentials(got.stdout.decode("utf-8", "replace").strip())
-
     code = Code(
-        commit=head,
+        commit=state.head,
         dirty=bool(patch),
         diff_digest=diff_digest,
         untracked_files=n_untracked,
-        submodules=_submodules(root),
-        shallow=shallow,
-        detached=detached,
-        lockfiles=lockfiles,
+        submodules=_submodules(root, gitlinks),
+        shallow=state.shallow,
+        detached=state.detached,
+        lockfiles=find_lockfiles(root),
         unavailable=unavailable,
     )
-    return CodeProbe(code, root, branch, remote_url, patch or None)
+    return CodeProbe(code, root, state.branch, remote_url(root), patch or None)

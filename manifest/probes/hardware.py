@@ -12,9 +12,10 @@ hashes only, never into the run's identity.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
-import platform
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ class NvmlFacts:
 
 def _load_pynvml() -> Any:
     """pynvml, or raise OSError/ImportError if no driver library is loadable."""
-    if platform.system() == "Linux":
+    if sys.platform.startswith("linux"):
         ctypes.CDLL(NVML_LIBRARY)  # raises OSError fast when there is no driver
     import pynvml
 
@@ -94,10 +95,9 @@ def read_nvml(nvml: Any | None = None) -> tuple[NvmlFacts | None, str | None]:
     except Exception as exc:
         return None, f"NVML query failed: {exc}"
     finally:
-        try:
+        # A failing shutdown changes nothing already recorded.
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:  # noqa: S110 - shutdown failure changes nothing recorded
-            pass
 
 
 def _optional(read: Any) -> Any:
@@ -115,7 +115,7 @@ def read_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str | None, list[st
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return (platform.processor() or None), []
+        return None, []
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -127,7 +127,7 @@ def read_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str | None, list[st
         for line in text.splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "CPU part":
-                model = f"{platform.machine()} part {value.strip()}"
+                model = f"{os.uname().machine} part {value.strip()}"
                 break
     return model, sorted(flags & ISA_FLAGS)
 
