@@ -78,6 +78,11 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         per_rank_seed=args.per_rank_seed,
     )
     _write_output(dumps(manifest), args.output)
+    if not args.quiet:
+        from manifest.render import capture_notes
+
+        for note in capture_notes(manifest):
+            sys.stderr.write(f"manifest: note: {note}\n")
     return exit_code
 
 

@@ -126,3 +126,40 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
         console.print(f"first divergent step: {report.first_divergent_step}")
     elif report.trail_compared:
         console.print("step trails agree at every recorded step")
+
+
+def capture_notes(manifest: Manifest) -> list[str]:
+    """One sentence per fact a capture could not record or the user should know.
+
+    The CLI prints these to stderr (``manifest: note: …``); the manifest
+    itself carries the same reasons in each section's ``unavailable`` map.
+    """
+    notes: list[str] = []
+    code = manifest.code
+    if "commit" in code.unavailable:
+        reason = code.unavailable["commit"]
+        if code.dirty is None:
+            notes.append(f"{reason}; the code section is recorded as null.")
+        else:
+            notes.append(f"{reason}; the working tree is recorded as a patch against nothing.")
+    if code.detached and code.commit:
+        notes.append(f"HEAD is detached at {code.commit[:12]}; the commit is recorded, "
+                     "no branch.")
+    if code.shallow:
+        notes.append("the repository is a shallow clone; verify needs the commit in local "
+                     "history ('git fetch --unshallow' if it is missing).")
+    if code.dirty and code.diff_digest:
+        store = manifest.observed.store or ".manifest"
+        blob = code.diff_digest.replace(":", "-", 1)
+        untracked = f", {code.untracked_files} untracked file(s) included" if (
+            code.untracked_files) else ""
+        notes.append(f"the working tree has uncommitted changes{untracked}; their patch is "
+                     f"stored as {store}/blobs/{blob}.")
+    missing: list[str] = []
+    if manifest.env.torch is None:
+        missing.append(f"torch ({manifest.env.unavailable.get('torch', 'not found')})")
+    if manifest.hardware.gpus is None:
+        missing.append(f"GPUs ({manifest.hardware.unavailable.get('gpus', 'not found')})")
+    if missing:
+        notes.append(f"recorded as null: {'; '.join(missing)}.")
+    return notes
