@@ -6,6 +6,7 @@ import json
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,20 +22,20 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def twice(repo: Path) -> tuple[dict[str, object], dict[str, object]]:
+def twice(repo: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     _, a = capture(repo, "--seed", "0", name="a.json")
     _, b = capture(repo, "--seed", "0", name="b.json")
     return a, b
 
 
 def test_same_seed_twice_gives_same_run_id_and_identical_outputs(
-    twice: tuple[dict[str, object], dict[str, object]],
+    twice: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     a, b = twice
     assert a["run_id"] == b["run_id"]
     assert a["digest"] != b["digest"]  # observed times differ
-    arts_a = a["outputs"]["artifacts"]  # type: ignore[index]
-    arts_b = b["outputs"]["artifacts"]  # type: ignore[index]
+    arts_a = a["outputs"]["artifacts"]
+    arts_b = b["outputs"]["artifacts"]
     assert [x["digest"] for x in arts_a] == [x["digest"] for x in arts_b]
     tensors = arts_a[0]["tensors"]
     assert set(tensors) >= {"conv1.weight", "bn1.running_mean", "fc.bias"}
@@ -43,13 +44,13 @@ def test_same_seed_twice_gives_same_run_id_and_identical_outputs(
 
 
 def test_launcher_records_flags_seed_and_threads(
-    twice: tuple[dict[str, object], dict[str, object]],
+    twice: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     a, _ = twice
     det = a["determinism"]
-    assert det["requested"] is True  # type: ignore[index]
-    assert det["cublas_workspace_config"] == ":4096:8"  # type: ignore[index]
-    [proc] = det["processes"]  # type: ignore[index]
+    assert det["requested"] is True
+    assert det["cublas_workspace_config"] == ":4096:8"
+    [proc] = det["processes"]
     flags = proc["flags"]
     assert proc["torch_imported"] is True
     assert flags["deterministic_algorithms"] is True
@@ -57,31 +58,31 @@ def test_launcher_records_flags_seed_and_threads(
     assert flags["cudnn_benchmark"] is False
     assert flags["allow_tf32_matmul"] is False
     assert flags["float32_matmul_precision"] == "highest"
-    assert flags["num_threads"] == det["num_threads"]  # type: ignore[index]
+    assert flags["num_threads"] == det["num_threads"]
     assert proc["pythonhashseed"] == "0"
     rnd = a["randomness"]
-    assert rnd["seed"] == 0  # type: ignore[index]
-    [r] = rnd["processes"]  # type: ignore[index]
+    assert rnd["seed"] == 0
+    [r] = rnd["processes"]
     assert r["at_start"]["torch_cpu"].startswith("blake3:")
-    assert a["outputs"]["processes"][0]["at_exit"]["torch_cpu"].startswith("blake3:")  # type: ignore[index]
-    assert a["command"]["argv"] == ["python", "train.py", "--steps", "20"]  # type: ignore[index]
+    assert a["outputs"]["processes"][0]["at_exit"]["torch_cpu"].startswith("blake3:")
+    assert a["command"]["argv"] == ["python", "train.py", "--steps", "20"]
 
 
 def test_different_seed_changes_run_id_and_outputs(
-    repo: Path, twice: tuple[dict[str, object], dict[str, object]],
+    repo: Path, twice: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     a, _ = twice
     _, c = capture(repo, "--seed", "1", name="c.json")
     assert c["run_id"] != a["run_id"]
-    assert (c["outputs"]["artifacts"][0]["digest"]  # type: ignore[index]
-            != a["outputs"]["artifacts"][0]["digest"])  # type: ignore[index]
+    assert (c["outputs"]["artifacts"][0]["digest"]
+            != a["outputs"]["artifacts"][0]["digest"])
 
 
 def test_thread_count_is_part_of_identity(repo: Path) -> None:
     _, one = capture(repo, "--seed", "0", "--threads", "1", name="t1.json")
     _, two = capture(repo, "--seed", "0", "--threads", "2", name="t2.json")
-    assert one["determinism"]["num_threads"] == 1  # type: ignore[index]
-    assert one["determinism"]["processes"][0]["flags"]["num_threads"] == 1  # type: ignore[index]
+    assert one["determinism"]["num_threads"] == 1
+    assert one["determinism"]["processes"][0]["flags"]["num_threads"] == 1
     assert one["run_id"] != two["run_id"]
 
 
@@ -99,7 +100,7 @@ torch.save({"model": m.state_dict(), "optim": opt.state_dict(), "epoch": 3}, "ou
 """
     repo = make_repo(tmp_path / "repo", {"save.py": script}, example=False)
     _, doc = capture(repo, command=["python", "save.py"], outputs="out/*.pt")
-    arts = {a["path"]: a for a in doc["outputs"]["artifacts"]}  # type: ignore[index]
+    arts = {a["path"]: a for a in doc["outputs"]["artifacts"]}
     whole, ckpt = arts["out/whole.pt"], arts["out/ckpt.pt"]
     assert whole["format"] == ckpt["format"] == "torch"
     assert set(whole["tensors"]) == {"0.weight", "0.bias", "1.weight", "1.bias",
@@ -147,7 +148,8 @@ torch.cuda.synchronize()
 
 
 def test_script_without_torch_pays_no_torch_import(tmp_path: Path) -> None:
-    script = "import sys, random\nprint('torch' in sys.modules, 'numpy' in sys.modules, random.random())\n"
+    script = ("import sys, random\n"
+              "print('torch' in sys.modules, 'numpy' in sys.modules, random.random())\n")
     repo = make_repo(tmp_path / "repo", {"plain.py": script}, example=False)
     proc = manifest_cli("capture", "--seed", "7", "--", "python", "plain.py", cwd=repo)
     assert proc.returncode == 0, proc.stderr.decode()
@@ -213,14 +215,15 @@ def test_redact_argv_keeps_ordinary_arguments() -> None:
 
 
 def test_select_ranks_prefers_ranked_processes() -> None:
-    records = [
+    records: list[dict[str, Any]] = [
         {"pid": 1, "start_ns": 1, "rank": None},  # torchrun's own process
         {"pid": 3, "start_ns": 3, "rank": 1},
         {"pid": 2, "start_ns": 2, "rank": 0},
         {"pid": 4, "start_ns": 4, "rank": None, "mp_child": True},
     ]
     assert [r["pid"] for r in select_ranks(records)] == [2, 3]
-    plain = [{"pid": 9, "start_ns": 5, "rank": None}, {"pid": 8, "start_ns": 4, "rank": None}]
+    plain: list[dict[str, Any]] = [{"pid": 9, "start_ns": 5, "rank": None},
+                                   {"pid": 8, "start_ns": 4, "rank": None}]
     assert [(r["pid"], r["rank"]) for r in select_ranks(plain)] == [(8, 0), (9, 1)]
 
 
@@ -253,10 +256,10 @@ def test_torchrun_two_ranks_gloo_records_each_rank_and_agrees(tmp_path: Path) ->
         _, doc = capture(repo, "--seed", "0", "--per-rank-seed", command=cmd, name=f"d{i}.json")
         docs.append(doc)
     a, b = docs
-    ranks = a["determinism"]["processes"]  # type: ignore[index]
+    ranks = a["determinism"]["processes"]
     assert [(p["rank"], p["world_size"]) for p in ranks] == [(0, 2), (1, 2)]
-    seeds = [p["seed"] for p in a["randomness"]["processes"]]  # type: ignore[index]
+    seeds = [p["seed"] for p in a["randomness"]["processes"]]
     assert seeds == [0, 1]  # base + RANK
     assert a["run_id"] == b["run_id"]
-    assert (a["outputs"]["artifacts"][0]["tensors"]  # type: ignore[index]
-            == b["outputs"]["artifacts"][0]["tensors"])  # type: ignore[index]
+    assert (a["outputs"]["artifacts"][0]["tensors"]
+            == b["outputs"]["artifacts"][0]["tensors"])

@@ -259,7 +259,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         for finder in sys.meta_path:
             if finder is self:
                 continue
-            spec = finder.find_spec(fullname, path, target)  # type: ignore[attr-defined]
+            spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 break
         else:
@@ -277,7 +277,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             except Exception as exc:  # recorded, never breaks the user's import
                 _note_error(f"{fullname} setup failed: {type(exc).__name__}: {exc}")
 
-        loader.exec_module = exec_module
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
