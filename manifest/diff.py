@@ -1,0 +1,795 @@
+"""Structural diff of two manifests, each difference labelled by its impact.
+
+The diff walks the pydantic models, not the JSON text. Lists whose elements
+have a natural key are compared by that key (:data:`KEYED_LISTS`: datasets by
+name, GPUs by index, processes by rank, artifacts by path, trail points by
+step), dicts by key (packages, variables, tensors, lockfiles), and
+:data:`SET_LISTS` as sets, so a reordered list is not a difference and one
+changed package is one line. Other lists (``argv``, fingerprints) are one
+value each.
+
+Every difference gets an :class:`Impact` from :data:`RULES`, the one table
+that says which fields can change the bits and why. A path is looked up
+concretely first (``env.variables[OMP_NUM_THREADS]``), then with keys as
+``[*]`` (``env.packages[*]``); a path in neither is labelled ``bits`` (fail
+safe) and the test suite checks that every model field has a rule.
+
+Two refinements sit on top of the table, both documented where they apply:
+
+* ``env.packages_digest`` is a summary of ``env.packages``: it is not listed
+  when a package line already says what changed.
+* An artifact whose file digest (or size) differs while every tensor in it
+  is identical differs in container metadata only (``torch.save`` embeds the
+  archive name): that line is ``benign``.
+
+When both manifests have the same ``run_id`` and their outputs differ in a
+way that is ``bits``, the inputs were the same and the results were not:
+:attr:`ManifestDiff.nondeterminism` says so and names the differing tensors.
+
+``--json`` shape (``format`` is bumped on any incompatible change)::
+
+    {
+      "format": "manifest-diff/v1",
+      "a": {"file": "a.json", "run_id": "blake3:…", "digest": "blake3:…"},
+      "b": {"file": "b.json", "run_id": "blake3:…", "digest": "blake3:…"},
+      "same_run_id": false,
+      "verdict": "bits" | "benign" | "identical",
+      "counts": {"bits": 2, "benign": 1},          # over all differences
+      "only": null | "bits" | "benign",            # the filter applied below
+      "nondeterminism": null | {
+        "message": "same inputs, different weights: the run is not deterministic here",
+        "tensors": [{"artifact": "model.safetensors", "tensor": "fc.weight"}],
+        "artifacts": ["model.safetensors"],        # artifacts whose bytes differ
+        "first_divergent_step": null | 120         # from the step trail, if any
+      },
+      "differences": [                             # bits first, then by section
+        {
+          "section": "env",
+          "path": "env.cudnn",                     # keys shown in [brackets]
+          "location": ["env", "cudnn"],            # the same path, unambiguous
+          "rule": "env.cudnn",                     # the RULES entry that applied
+          "change": "changed" | "added" | "removed",   # added: only in b
+          "impact": "bits" | "benign",
+          "reason": "cuDNN 9.1.0 → 9.3.0: convolution kernels may change",
+          "before": <JSON value in a, null if absent>,
+          "after": <JSON value in b, null if absent>
+        }
+      ]
+    }
+
+This module never prints or exits; ``manifest.cli`` renders the result and
+turns :attr:`ManifestDiff.has_bits` into the exit status. It imports neither
+torch, git, pynvml nor numpy: diff runs in CI jobs that have none of them.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+from manifest.errors import ManifestError, UnsupportedSchemaError
+from manifest.models import SCHEMA_V1, Manifest
+
+JSON_FORMAT = "manifest-diff/v1"
+
+SECTIONS = (
+    "schema", "code", "data", "env", "hardware", "randomness", "determinism",
+    "command", "outputs", "observed",
+)
+"""Report order of the sections; ``run_id`` and ``digest`` are derived, not compared."""
+
+DERIVED_FIELDS = frozenset({"run_id", "digest"})
+
+KEYED_LISTS: Mapping[str, str] = {
+    "code.submodules": "path",
+    "data": "name",
+    "hardware.gpus": "index",
+    "randomness.processes": "rank",
+    "determinism.processes": "rank",
+    "outputs.artifacts": "path",
+    "outputs.processes": "rank",
+    "outputs.processes[*].trail": "step",
+}
+"""List pattern -> the field that names an element. The key field itself is never a difference."""
+
+SET_LISTS = frozenset({"hardware.cpu_isa"})
+"""Lists whose order carries no meaning: compared as sets of strings."""
+
+
+class Impact(StrEnum):
+    BITS = "bits"
+    """Can change the weights (or, under ``outputs``, the weights do differ)."""
+    BENIGN = "benign"
+    """Cannot change the weights."""
+
+
+class ChangeKind(StrEnum):
+    CHANGED = "changed"
+    ADDED = "added"
+    """Present only in the second manifest."""
+    REMOVED = "removed"
+    """Present only in the first manifest."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """How one field's difference is labelled and explained.
+
+    The reason reads ``"<label> <before> → <after>: <why>"``; ``label`` may
+    name the keys on the path (``{key}`` the innermost, ``{keys[0]}`` the
+    outermost). ``missing`` is how an absent or null value reads. With
+    ``show_values=False`` (digests, long lists) the reason says only
+    ``"<label> changed: <why>"``; the values are still in ``--json``.
+    """
+
+    impact: Impact
+    label: str
+    why: str = ""
+    missing: str | None = None
+    show_values: bool = True
+
+
+B, N = Impact.BITS, Impact.BENIGN
+
+_THREADS = "CPU reduction order changes"
+_CODE = "different source code"
+_DATA = "different training data"
+_WEIGHTS = "different weights"
+_UNAVAILABLE = "why a fact was not recorded; the fact itself is compared on its own line"
+
+RULES: Mapping[str, Rule] = {
+    "schema": Rule(B, "schema"),
+    # ---------------------------------------------------------------- code
+    "code.commit": Rule(B, "commit", _CODE),
+    "code.dirty": Rule(B, "uncommitted changes", _CODE),
+    "code.diff_digest": Rule(B, "uncommitted diff", _CODE, missing="none", show_values=False),
+    "code.untracked_files": Rule(B, "untracked files", "different source files"),
+    "code.submodules[*]": Rule(B, "submodule {key}", _CODE, missing="absent"),
+    "code.submodules[*].commit": Rule(B, "submodule {key} commit", _CODE),
+    "code.shallow": Rule(N, "shallow clone", "how the history was fetched, not the code"),
+    "code.detached": Rule(N, "detached HEAD", "how the commit was checked out, not the code"),
+    "code.lockfiles[*]": Rule(B, "lockfile {key}", "pinned dependencies differ",
+                              missing="absent", show_values=False),
+    "code.unavailable[*]": Rule(N, "code: reason for {key}", _UNAVAILABLE, missing="none"),
+    # ---------------------------------------------------------------- data
+    "data[*]": Rule(B, "dataset {key}", _DATA, missing="absent"),
+    "data[*].path": Rule(N, "dataset {key} path",
+                         "the bytes are identified by the content digest, compared separately"),
+    "data[*].root": Rule(B, "dataset {key} content", _DATA, show_values=False),
+    "data[*].files": Rule(B, "dataset {key} file count", _DATA),
+    "data[*].bytes": Rule(B, "dataset {key} size", _DATA),
+    "data[*].listing": Rule(N, "dataset {key} file listing",
+                            "an index of the files for reporting; the content digest decides",
+                            show_values=False),
+    # ----------------------------------------------------------------- env
+    "env.python": Rule(B, "Python", "interpreter and standard library behaviour may change"),
+    "env.implementation": Rule(B, "Python implementation", "a different interpreter"),
+    "env.torch": Rule(B, "torch", "kernels and defaults may change"),
+    "env.torch_cuda": Rule(B, "torch CUDA build", "different GPU kernels"),
+    "env.torch_hip": Rule(B, "torch ROCm build", "different GPU kernels"),
+    "env.torch_git": Rule(B, "torch source revision", "a different torch build"),
+    "env.numpy": Rule(B, "numpy", "random streams and kernels may change"),
+    "env.cuda_runtime": Rule(B, "CUDA runtime", "GPU libraries and kernels may change"),
+    "env.cuda_driver": Rule(B, "CUDA driver", "JIT-compiled kernels may change"),
+    "env.cudnn": Rule(B, "cuDNN", "convolution kernels may change"),
+    "env.nccl": Rule(B, "NCCL", "collective reduction order may change"),
+    "env.blas": Rule(B, "BLAS backend", "matrix-multiply kernels change"),
+    "env.packages[*]": Rule(B, "package {key}", "installed libraries differ",
+                            missing="not installed"),
+    "env.packages_digest": Rule(B, "installed distributions", "the name==version set differs",
+                                show_values=False),
+    "env.container.runtime": Rule(N, "container runtime",
+                                  "the image decides the software, not the runtime"),
+    "env.container.image_digest": Rule(B, "container image", "different system libraries"),
+    "env.container.source": Rule(N, "container digest source",
+                                 "where the image digest was read from"),
+    "env.variables[*]": Rule(B, "{key}", "allow-listed because it can change numerics",
+                             missing="unset"),
+    "env.variables[OMP_NUM_THREADS]": Rule(B, "OMP_NUM_THREADS", _THREADS, missing="unset"),
+    "env.variables[MKL_NUM_THREADS]": Rule(B, "MKL_NUM_THREADS", _THREADS, missing="unset"),
+    "env.variables[OPENBLAS_NUM_THREADS]": Rule(B, "OPENBLAS_NUM_THREADS", _THREADS,
+                                                missing="unset"),
+    "env.variables[CUBLAS_WORKSPACE_CONFIG]": Rule(B, "CUBLAS_WORKSPACE_CONFIG",
+                                                   "cuBLAS reduction order may change",
+                                                   missing="unset"),
+    "env.variables[PYTHONHASHSEED]": Rule(B, "PYTHONHASHSEED",
+                                          "set and dict iteration order changes",
+                                          missing="unset"),
+    "env.variables[CUDA_VISIBLE_DEVICES]": Rule(B, "CUDA_VISIBLE_DEVICES",
+                                                "a different set of GPUs", missing="unset"),
+    "env.variables[NCCL_ALGO]": Rule(B, "NCCL_ALGO", "collective reduction order changes",
+                                     missing="unset"),
+    "env.variables[NCCL_PROTO]": Rule(B, "NCCL_PROTO", "collective reduction order changes",
+                                      missing="unset"),
+    "env.variables[MKL_CBWR]": Rule(B, "MKL_CBWR", "MKL's reproducibility mode changes",
+                                    missing="unset"),
+    "env.unavailable[*]": Rule(N, "env: reason for {key}", _UNAVAILABLE, missing="none"),
+    # ------------------------------------------------------------ hardware
+    "hardware.gpus": Rule(B, "GPUs", "different devices"),
+    "hardware.gpus[*]": Rule(B, "GPU {key}", "different devices", missing="absent"),
+    "hardware.gpus[*].name": Rule(B, "GPU {key}", "kernel selection and arithmetic differ"),
+    "hardware.gpus[*].memory_bytes": Rule(B, "GPU {key} memory",
+                                          "workspace-sized kernel choices may change"),
+    "hardware.gpus[*].compute_capability": Rule(B, "GPU {key} compute capability",
+                                                "kernels are built per architecture"),
+    "hardware.gpus[*].mig_mode": Rule(B, "GPU {key} MIG mode",
+                                      "the compute units a kernel gets change"),
+    "hardware.gpus[*].ecc_mode": Rule(B, "GPU {key} ECC mode",
+                                      "usable memory changes, so workspace-sized kernel "
+                                      "choices may change"),
+    "hardware.gpu_count": Rule(B, "GPU count", "parallel layout and reductions change"),
+    "hardware.gpu_driver": Rule(B, "GPU driver", "JIT-compiled kernels may change"),
+    "hardware.cpu_model": Rule(B, "CPU", "CPU kernels are dispatched per model"),
+    "hardware.cpu_isa[*]": Rule(B, "CPU ISA flag {key}", "CPU kernels are dispatched on it",
+                                missing="absent"),
+    "hardware.unavailable[*]": Rule(N, "hardware: reason for {key}", _UNAVAILABLE,
+                                    missing="none"),
+    # ---------------------------------------------------------- randomness
+    "randomness.seed": Rule(B, "seed"),
+    "randomness.derivation": Rule(B, "per-rank seed derivation", "ranks draw other streams"),
+    "randomness.processes[*]": Rule(B, "rank {key} randomness", "a different process layout",
+                                    missing="absent"),
+    "randomness.processes[*].seed": Rule(B, "rank {key} seed"),
+    "randomness.processes[*].at_start": Rule(B, "rank {key} RNG states at start",
+                                             "random streams start elsewhere",
+                                             show_values=False),
+    "randomness.processes[*].at_start.python": Rule(B, "rank {key} python RNG state at start",
+                                                    "random streams start elsewhere",
+                                                    show_values=False),
+    "randomness.processes[*].at_start.numpy": Rule(B, "rank {key} numpy RNG state at start",
+                                                   "random streams start elsewhere",
+                                                   show_values=False),
+    "randomness.processes[*].at_start.torch_cpu": Rule(B, "rank {key} torch CPU RNG state at "
+                                                       "start", "random streams start elsewhere",
+                                                       show_values=False),
+    "randomness.processes[*].at_start.cuda": Rule(B, "rank {key} CUDA RNG states at start",
+                                                  "random streams start elsewhere",
+                                                  show_values=False),
+    "randomness.unavailable[*]": Rule(N, "randomness: reason for {key}", _UNAVAILABLE,
+                                      missing="none"),
+    # --------------------------------------------------------- determinism
+    "determinism.requested": Rule(B, "deterministic recipe enforced",
+                                  "kernel choice and flags change"),
+    "determinism.num_threads": Rule(B, "torch threads", _THREADS),
+    "determinism.cublas_workspace_config": Rule(B, "CUBLAS_WORKSPACE_CONFIG",
+                                                "cuBLAS reduction order may change"),
+    "determinism.pythonhashseed": Rule(B, "PYTHONHASHSEED",
+                                       "set and dict iteration order changes"),
+    "determinism.processes[*]": Rule(B, "rank {key} flags", "a different process layout",
+                                     missing="absent"),
+    "determinism.processes[*].local_rank": Rule(B, "rank {key} local rank",
+                                                "a different device per process"),
+    "determinism.processes[*].world_size": Rule(B, "rank {key} world size",
+                                                "data sharding and reductions change"),
+    "determinism.processes[*].torch_imported": Rule(N, "rank {key} torch imported",
+                                                    "whether flags could be read; the flags "
+                                                    "are compared on their own lines"),
+    "determinism.processes[*].flags": Rule(B, "rank {key} torch flags",
+                                           "kernel selection may change"),
+    "determinism.processes[*].flags.deterministic_algorithms": Rule(
+        B, "rank {key} use_deterministic_algorithms", "non-deterministic kernels allowed or not"),
+    "determinism.processes[*].flags.deterministic_warn_only": Rule(
+        B, "rank {key} deterministic warn_only",
+        "ops without a deterministic kernel run instead of raising"),
+    "determinism.processes[*].flags.cudnn_deterministic": Rule(
+        B, "rank {key} cudnn.deterministic", "cuDNN algorithm choice changes"),
+    "determinism.processes[*].flags.cudnn_benchmark": Rule(
+        B, "rank {key} cudnn.benchmark", "cuDNN picks kernels by timing when on"),
+    "determinism.processes[*].flags.allow_tf32_matmul": Rule(
+        B, "rank {key} allow_tf32 (matmul)", "matmuls run in TF32 or FP32"),
+    "determinism.processes[*].flags.allow_tf32_cudnn": Rule(
+        B, "rank {key} allow_tf32 (cuDNN)", "convolutions run in TF32 or FP32"),
+    "determinism.processes[*].flags.float32_matmul_precision": Rule(
+        B, "rank {key} float32_matmul_precision", "matmul precision changes"),
+    "determinism.processes[*].flags.autocast": Rule(
+        B, "rank {key} autocast", "mixed precision changes arithmetic"),
+    "determinism.processes[*].flags.num_threads": Rule(B, "rank {key} torch threads", _THREADS),
+    "determinism.processes[*].flags.num_interop_threads": Rule(
+        B, "rank {key} inter-op threads", "the order of parallel ops and their random draws "
+        "may change"),
+    "determinism.processes[*].pythonhashseed": Rule(B, "rank {key} PYTHONHASHSEED",
+                                                    "set and dict iteration order changes"),
+    "determinism.processes[*].cuda_runtime": Rule(B, "rank {key} CUDA runtime",
+                                                  "GPU libraries and kernels may change"),
+    "determinism.processes[*].cudnn": Rule(B, "rank {key} cuDNN",
+                                           "convolution kernels may change"),
+    "determinism.processes[*].nccl": Rule(B, "rank {key} NCCL",
+                                          "collective reduction order may change"),
+    "determinism.processes[*].devices": Rule(B, "rank {key} devices", "different devices"),
+    "determinism.unavailable[*]": Rule(N, "determinism: reason for {key}", _UNAVAILABLE,
+                                       missing="none"),
+    # ------------------------------------------------------------- command
+    "command": Rule(B, "command", "a different program", show_values=False),
+    "command.argv": Rule(B, "command line", "a different program or arguments"),
+    "command.cwd": Rule(B, "working directory", "relative paths resolve elsewhere"),
+    "command.outputs": Rule(N, "declared outputs",
+                            "which files are digested after the run, not what it computes"),
+    "command.datasets": Rule(N, "declared datasets",
+                             "which datasets are digested; their content is compared under data"),
+    # ------------------------------------------------------------- outputs
+    "outputs": Rule(B, "outputs", "only one run recorded its results", show_values=False),
+    "outputs.status": Rule(B, "run status", "the runs did not end alike"),
+    "outputs.exit_code": Rule(B, "exit code", "the runs did not end alike"),
+    "outputs.error": Rule(N, "error message", "the text of a failure, not the weights"),
+    "outputs.artifacts[*]": Rule(B, "artifact {key}", "only one run produced it",
+                                 missing="absent"),
+    "outputs.artifacts[*].digest": Rule(B, "artifact {key} bytes", _WEIGHTS, show_values=False),
+    "outputs.artifacts[*].bytes": Rule(B, "artifact {key} size", _WEIGHTS),
+    "outputs.artifacts[*].format": Rule(B, "artifact {key} format", "different file contents"),
+    "outputs.artifacts[*].tensors": Rule(B, "artifact {key} tensor table",
+                                         "weights were hashed in only one run",
+                                         show_values=False),
+    "outputs.artifacts[*].tensors[*]": Rule(B, "tensor {key} of {keys[0]}",
+                                            "only one run has it", missing="absent"),
+    "outputs.artifacts[*].tensors[*].dtype": Rule(B, "tensor {key} of {keys[0]} dtype",
+                                                  _WEIGHTS),
+    "outputs.artifacts[*].tensors[*].shape": Rule(B, "tensor {key} of {keys[0]} shape",
+                                                  _WEIGHTS),
+    "outputs.artifacts[*].tensors[*].digest": Rule(B, "tensor {key} of {keys[0]}", _WEIGHTS,
+                                                   show_values=False),
+    "outputs.processes[*]": Rule(B, "rank {key} outcome", "only one run recorded it",
+                                 missing="absent"),
+    "outputs.processes[*].at_exit": Rule(B, "rank {key} RNG states at exit",
+                                         "the generators ended in another state",
+                                         show_values=False),
+    "outputs.processes[*].at_exit.python": Rule(B, "rank {key} python RNG state at exit",
+                                                "the generators ended in another state",
+                                                show_values=False),
+    "outputs.processes[*].at_exit.numpy": Rule(B, "rank {key} numpy RNG state at exit",
+                                               "the generators ended in another state",
+                                               show_values=False),
+    "outputs.processes[*].at_exit.torch_cpu": Rule(B, "rank {key} torch CPU RNG state at exit",
+                                                   "the generators ended in another state",
+                                                   show_values=False),
+    "outputs.processes[*].at_exit.cuda": Rule(B, "rank {key} CUDA RNG states at exit",
+                                              "the generators ended in another state",
+                                              show_values=False),
+    "outputs.processes[*].trail[*]": Rule(B, "rank {keys[0]} step {key}",
+                                          "the step trail has it in only one run",
+                                          missing="absent", show_values=False),
+    "outputs.processes[*].trail[*].digest": Rule(B, "rank {keys[0]} state at step {key}",
+                                                 "training diverged here", show_values=False),
+    # ------------------------------------------------------------ observed
+    "observed.tool_version": Rule(N, "manifest version", "the recorder, not the run"),
+    "observed.started_at": Rule(N, "start time", "wall-clock time"),
+    "observed.finished_at": Rule(N, "finish time", "wall-clock time"),
+    "observed.duration_s": Rule(N, "duration (s)", "wall-clock time"),
+    "observed.hostname_hash": Rule(N, "host", "a host name does not change arithmetic",
+                                   show_values=False),
+    "observed.branch": Rule(N, "branch", "the commit decides the code, not its branch name"),
+    "observed.remote_url": Rule(N, "remote URL", "the commit decides the code, not where it "
+                                "was fetched from"),
+    "observed.store": Rule(N, "blob store", "where blobs are kept"),
+    "observed.logical_cpus": Rule(N, "logical CPUs",
+                                  "the thread count in force is compared under determinism"),
+    "observed.gpu_uuid_hashes": Rule(N, "GPU boards", "other boards of the same recorded SKU",
+                                     show_values=False),
+    "observed.pids": Rule(N, "process ids", "bookkeeping"),
+}
+"""Field pattern -> impact and reason. Keys on a path are ``[*]``; a concrete key overrides."""
+
+FALLBACK_RULE = Rule(B, "{path}", "not in the impact table, so assumed to change bits")
+
+SUMMARY_FIELDS: Mapping[str, str] = {"env.packages_digest": "env.packages["}
+"""Summary field -> path prefix of the facts it summarises (listed only if those are equal)."""
+
+
+Key = str | int
+JsonValue = Any
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """One field that differs between manifest ``a`` and manifest ``b``."""
+
+    location: tuple[Key, ...]
+    path: str
+    rule: str
+    change: ChangeKind
+    impact: Impact
+    reason: str
+    before: Any = field(repr=False)
+    """The value in ``a`` (a model, a scalar, a list or dict, or None)."""
+    after: Any = field(repr=False)
+
+    @property
+    def section(self) -> str:
+        return str(self.location[0])
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "section": self.section,
+            "path": self.path,
+            "location": list(self.location),
+            "rule": self.rule,
+            "change": self.change.value,
+            "impact": self.impact.value,
+            "reason": self.reason,
+            "before": _jsonable(self.before),
+            "after": _jsonable(self.after),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NonDeterminism:
+    """Same ``run_id``, different outputs: the inputs were the same, the bits were not."""
+
+    message: str
+    tensors: tuple[tuple[str, str], ...]
+    """(artifact path, tensor name) of every tensor that differs or exists in one run only."""
+    artifacts: tuple[str, ...]
+    """Artifacts whose bytes differ (with or without a tensor table)."""
+    first_divergent_step: int | None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "message": self.message,
+            "tensors": [{"artifact": a, "tensor": t} for a, t in self.tensors],
+            "artifacts": list(self.artifacts),
+            "first_divergent_step": self.first_divergent_step,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestDiff:
+    """Every difference between two manifests, ``bits`` first."""
+
+    a_run_id: str
+    b_run_id: str
+    a_digest: str
+    b_digest: str
+    differences: tuple[Difference, ...]
+    nondeterminism: NonDeterminism | None
+
+    @property
+    def same_run_id(self) -> bool:
+        return self.a_run_id == self.b_run_id
+
+    @property
+    def bits(self) -> tuple[Difference, ...]:
+        return tuple(d for d in self.differences if d.impact is Impact.BITS)
+
+    @property
+    def benign(self) -> tuple[Difference, ...]:
+        return tuple(d for d in self.differences if d.impact is Impact.BENIGN)
+
+    @property
+    def has_bits(self) -> bool:
+        return any(d.impact is Impact.BITS for d in self.differences)
+
+    @property
+    def verdict(self) -> str:
+        """``bits``, ``benign`` (only benign differences) or ``identical``."""
+        if self.has_bits:
+            return Impact.BITS.value
+        return Impact.BENIGN.value if self.differences else "identical"
+
+    def selected(self, only: Impact | None = None) -> tuple[Difference, ...]:
+        if only is None:
+            return self.differences
+        return tuple(d for d in self.differences if d.impact is only)
+
+    def to_json(
+        self, *, a_file: str | None = None, b_file: str | None = None, only: Impact | None = None
+    ) -> dict[str, JsonValue]:
+        """The documented ``--json`` document (see the module docstring)."""
+        return {
+            "format": JSON_FORMAT,
+            "a": {"file": a_file, "run_id": self.a_run_id, "digest": self.a_digest},
+            "b": {"file": b_file, "run_id": self.b_run_id, "digest": self.b_digest},
+            "same_run_id": self.same_run_id,
+            "verdict": self.verdict,
+            "counts": {"bits": len(self.bits), "benign": len(self.benign)},
+            "only": None if only is None else only.value,
+            "nondeterminism": None if self.nondeterminism is None
+            else self.nondeterminism.to_json(),
+            "differences": [d.to_json() for d in self.selected(only)],
+        }
+
+
+# ------------------------------------------------------------------ loading
+
+
+def schema_major(schema: str) -> str:
+    """``manifest/v1`` and ``manifest/v1.2`` -> ``v1``."""
+    return schema.rpartition("/")[2].split(".")[0]
+
+
+def load_for_diff(data: bytes, *, name: str) -> Manifest:
+    """Load one side of a diff; every error names the file it came from.
+
+    A manifest of another schema major version is refused with a sentence
+    saying why: its fields cannot be compared one by one with ours.
+    """
+    from manifest.canonical import load_manifest, parse_json
+
+    try:
+        return load_manifest(data)
+    except UnsupportedSchemaError as exc:
+        doc = parse_json(data)
+        found = doc.get("schema") if isinstance(doc, dict) else None
+        if not isinstance(found, str):
+            raise UnsupportedSchemaError(
+                f"{name}: has no schema field, so it is not a manifest this tool wrote.",
+                hint=exc.hint,
+            ) from exc
+        raise UnsupportedSchemaError(
+            f"{name}: schema {found!r} is major version {schema_major(found)}, and this "
+            f"manifest reads {SCHEMA_V1!r} (major {schema_major(SCHEMA_V1)}); manifests of "
+            "different major versions cannot be compared field by field.",
+            hint="Upgrade manifest to diff them, or diff two manifests of the same version.",
+        ) from exc
+    except ManifestError as exc:
+        raise type(exc)(f"{name}: {exc.message}", hint=exc.hint) from exc
+
+
+# ------------------------------------------------------------------- diffing
+
+
+def diff_manifests(a: Manifest, b: Manifest) -> ManifestDiff:
+    """Compare two manifests field by field; see the module docstring."""
+    walker = _Walker()
+    for name in type(a).model_fields:
+        loc_name = "schema" if name == "schema_" else name
+        if loc_name in DERIVED_FIELDS:
+            continue
+        walker.walk(getattr(a, name), getattr(b, name), (loc_name,), loc_name, (), loc_name)
+    found = _refine(walker.found, a, b)
+    order = {s: i for i, s in enumerate(SECTIONS)}
+    # Stable sort: bits first, then section order, then the walk's order.
+    ranked = sorted(
+        found, key=lambda d: (d.impact is not Impact.BITS, order.get(d.section, len(order)))
+    )
+    nondet = _nondeterminism(found) if a.run_id == b.run_id else None
+    return ManifestDiff(
+        a_run_id=a.run_id, b_run_id=b.run_id, a_digest=a.digest, b_digest=b.digest,
+        differences=tuple(ranked), nondeterminism=nondet,
+    )
+
+
+def rule_for(path: str, pattern: str) -> tuple[str, Rule]:
+    """The rule for a concrete path and its ``[*]`` pattern: (rule name, rule)."""
+    rule = RULES.get(path)
+    if rule is not None:
+        return path, rule
+    rule = RULES.get(pattern)
+    if rule is not None:
+        return pattern, rule
+    return "(default)", FALLBACK_RULE
+
+
+def _sort_key(key: Key) -> tuple[int, int, str]:
+    return (0, key, "") if isinstance(key, int) else (1, 0, key)
+
+
+class _Walker:
+    def __init__(self) -> None:
+        self.found: list[Difference] = []
+
+    def walk(
+        self, a: Any, b: Any, loc: tuple[Key, ...], path: str, keys: tuple[Key, ...],
+        pattern: str,
+    ) -> None:
+        if a == b:
+            return
+        if a is None or b is None:
+            self.emit(a, b, ChangeKind.CHANGED, loc, path, keys, pattern)
+        elif isinstance(a, BaseModel) and type(a) is type(b):
+            key_field = _key_field(pattern)
+            for name in type(a).model_fields:
+                if name == key_field:
+                    continue
+                self.walk(getattr(a, name), getattr(b, name), (*loc, name), f"{path}.{name}",
+                          keys, f"{pattern}.{name}")
+        elif isinstance(a, dict) and isinstance(b, dict):
+            self.walk_mapping(a, b, loc, path, keys, pattern)
+        elif isinstance(a, list) and isinstance(b, list) and pattern in KEYED_LISTS:
+            key_field = KEYED_LISTS[pattern]
+            self.walk_mapping(_keyed(a, key_field), _keyed(b, key_field), loc, path, keys, pattern)
+        elif isinstance(a, list) and isinstance(b, list) and pattern in SET_LISTS:
+            self.walk_mapping(dict.fromkeys(map(str, a), "present"),
+                              dict.fromkeys(map(str, b), "present"),
+                              loc, path, keys, pattern)
+        else:
+            self.emit(a, b, ChangeKind.CHANGED, loc, path, keys, pattern)
+
+    def walk_mapping(
+        self, a: Mapping[Key, Any], b: Mapping[Key, Any], loc: tuple[Key, ...], path: str,
+        keys: tuple[Key, ...], pattern: str,
+    ) -> None:
+        child_pattern = f"{pattern}[*]"
+        for key in sorted(a.keys() | b.keys(), key=_sort_key):
+            child = ((*loc, key), f"{path}[{key}]", (*keys, key))
+            if key not in b:
+                self.emit(a[key], None, ChangeKind.REMOVED, *child, child_pattern)
+            elif key not in a:
+                self.emit(None, b[key], ChangeKind.ADDED, *child, child_pattern)
+            else:
+                self.walk(a[key], b[key], *child, child_pattern)
+
+    def emit(
+        self, a: Any, b: Any, change: ChangeKind, loc: tuple[Key, ...], path: str,
+        keys: tuple[Key, ...], pattern: str,
+    ) -> None:
+        rule_name, rule = rule_for(path, pattern)
+        self.found.append(Difference(
+            location=loc, path=path, rule=rule_name, change=change, impact=rule.impact,
+            reason=_reason(rule, change, a, b, keys, path), before=a, after=b,
+        ))
+
+
+def _key_field(pattern: str) -> str | None:
+    """The key field of a keyed list element pattern (``data[*]`` -> ``name``)."""
+    if pattern.endswith("[*]"):
+        return KEYED_LISTS.get(pattern[:-3])
+    return None
+
+
+def _keyed(items: list[Any], key_field: str) -> dict[Key, Any]:
+    """A keyed list as a dict; a repeated key gets ``#2``, ``#3`` … so nothing is lost."""
+    out: dict[Key, Any] = {}
+    for item in items:
+        key: Key = getattr(item, key_field)
+        if key in out:
+            n = 2
+            while f"{key}#{n}" in out:
+                n += 1
+            key = f"{key}#{n}"
+        out[key] = item
+    return out
+
+
+# ------------------------------------------------------------------ reasons
+
+
+_DIGEST = re.compile(r"^blake3:[0-9a-f]{64}$")
+_HEX_COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+def show_value(value: Any, missing: str = "none") -> str:
+    """A short human form of a field value, for reasons and tables."""
+    if value is None:
+        return missing
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        if _DIGEST.match(value):
+            return value[:19] + "…"
+        if _HEX_COMMIT.match(value):
+            return value[:12]
+        return value if value else '""'
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        if all(isinstance(v, str) for v in value):
+            return shlex.join(value)
+        return ", ".join(show_value(v) for v in value) if len(value) <= 8 else f"{len(value)} items"
+    if isinstance(value, dict):
+        return f"{len(value)} entries"
+    return _summarise_model(value)
+
+
+def _summarise_model(value: Any) -> str:
+    from manifest.models import Artifact, Dataset, Gpu, Submodule, Tensor
+
+    if isinstance(value, Dataset):
+        return f"{show_value(value.root)} ({value.files} files, {value.bytes} bytes)"
+    if isinstance(value, Artifact):
+        return f"{value.format} {show_value(value.digest)}"
+    if isinstance(value, Gpu):
+        return value.name
+    if isinstance(value, Submodule):
+        return show_value(value.commit)
+    if isinstance(value, Tensor):
+        return f"{value.dtype}{value.shape}"
+    return "recorded"
+
+
+def _reason(
+    rule: Rule, change: ChangeKind, a: Any, b: Any, keys: tuple[Key, ...], path: str
+) -> str:
+    label = rule.label.format(key=keys[-1] if keys else "", keys=keys, path=path)
+    if not rule.show_values:
+        what = {ChangeKind.CHANGED: "changed", ChangeKind.ADDED: "only in b",
+                ChangeKind.REMOVED: "only in a"}[change]
+        if change is ChangeKind.CHANGED and (a is None or b is None):
+            what = "recorded only in b" if a is None else "recorded only in a"
+        text = f"{label} {what}"
+    elif change is not ChangeKind.CHANGED and rule.missing is None:
+        text = (f"{label} added ({show_value(b)})" if change is ChangeKind.ADDED
+                else f"{label} removed (was {show_value(a)})")
+    else:
+        missing = rule.missing or "none"
+        text = f"{label} {show_value(a, missing)} → {show_value(b, missing)}"
+    return f"{text}: {rule.why}" if rule.why else text
+
+
+# -------------------------------------------------------------- refinements
+
+
+_ARTIFACT_FILE_FIELDS = ("outputs.artifacts[*].digest", "outputs.artifacts[*].bytes")
+
+
+def _refine(found: list[Difference], a: Manifest, b: Manifest) -> list[Difference]:
+    """Apply the two documented refinements to the table's labels."""
+    out: list[Difference] = []
+    same_tensors = _artifacts_with_same_tensors(a, b)
+    for d in found:
+        prefix = SUMMARY_FIELDS.get(d.rule)
+        if prefix is not None and any(o.path.startswith(prefix) for o in found):
+            continue
+        if d.rule in _ARTIFACT_FILE_FIELDS and d.location[2] in same_tensors:
+            d = Difference(
+                location=d.location, path=d.path, rule=d.rule, change=d.change,
+                impact=Impact.BENIGN,
+                reason=d.reason.partition(":")[0] + ": every tensor is identical, the file "
+                "differs in container metadata only (torch.save embeds the archive name)",
+                before=d.before, after=d.after,
+            )
+        out.append(d)
+    return out
+
+
+def _artifacts_with_same_tensors(a: Manifest, b: Manifest) -> set[Key]:
+    if a.outputs is None or b.outputs is None:
+        return set()
+    a_arts = _keyed(a.outputs.artifacts, "path")
+    b_arts = _keyed(b.outputs.artifacts, "path")
+    return {
+        k for k, art in a_arts.items()
+        if k in b_arts and art.tensors is not None and art.tensors == b_arts[k].tensors
+        and art.format == b_arts[k].format
+    }
+
+
+def _nondeterminism(found: list[Difference]) -> NonDeterminism | None:
+    """Same run_id: say so first if the outputs differ in bits."""
+    outputs = [d for d in found if d.section == "outputs" and d.impact is Impact.BITS]
+    if not outputs:
+        return None
+    tensors: list[tuple[str, str]] = []
+    artifacts: list[str] = []
+    steps: list[int] = []
+    for d in outputs:
+        loc = d.location
+        if len(loc) >= 5 and loc[1] == "artifacts" and loc[3] == "tensors":
+            pair = (str(loc[2]), str(loc[4]))
+            if pair not in tensors:
+                tensors.append(pair)
+        if len(loc) >= 3 and loc[1] == "artifacts" and str(loc[2]) not in artifacts:
+            artifacts.append(str(loc[2]))
+        if d.rule == "outputs.processes[*].trail[*].digest" and isinstance(loc[4], int):
+            steps.append(loc[4])
+    weights = "weights" if artifacts else "outputs"
+    return NonDeterminism(
+        message=f"same inputs, different {weights}: the run is not deterministic here",
+        tensors=tuple(tensors),
+        artifacts=tuple(artifacts),
+        first_divergent_step=min(steps) if steps else None,
+    )
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _jsonable(value: Any) -> JsonValue:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def iter_rule_names() -> Iterator[str]:
+    """Every pattern in the rule table (for documentation and tests)."""
+    return iter(RULES)
