@@ -43,19 +43,28 @@ class CodeProbe:
 
 
 def strip_credentials(url: str) -> str:
-    """Remove userinfo (user:token@) from a URL; scp-style ``git@host:path`` is kept.
+    """Remove credentials from a remote URL.
 
-    Query strings are dropped too: tokens travel there as well (``?token=``).
+    URLs lose their userinfo (``user:token@``), query and fragment (tokens
+    travel there too: ``?private_token=``). scp-style ``user@host:path`` keeps
+    a plain user name (``git@github.com:org/x.git``) but loses a userinfo
+    that carries a password (``oauth2:TOKEN@host:path``).
     """
     if "://" not in url:
+        userinfo, at, rest = url.partition("@")
+        if at and ":" in userinfo and "/" not in userinfo:
+            return rest
         return url
     try:
         parts = urlsplit(url)
+        port = parts.port
     except ValueError:
         return "<unparseable URL>"
     host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    if ":" in host:
+        host = f"[{host}]"
+    if port:
+        host = f"{host}:{port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 

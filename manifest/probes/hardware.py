@@ -63,8 +63,10 @@ def read_nvml(nvml: Any | None = None) -> tuple[NvmlFacts | None, str | None]:
     if nvml is None:
         try:
             nvml = _load_pynvml()
-        except (OSError, ImportError) as exc:
-            return None, f"NVML library not available ({type(exc).__name__}): no NVIDIA driver"
+        except OSError:
+            return None, f"NVML library not available ({NVML_LIBRARY}): no NVIDIA driver"
+        except ImportError:
+            return None, "nvidia-ml-py (pynvml) is not installed"
     try:
         nvml.nvmlInit()
     except Exception as exc:  # pynvml.NVMLError and subclasses
