@@ -39,15 +39,28 @@ def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def own_output_files() -> frozenset[tuple[int, int]]:
-    """(device, inode) of the regular file our stdout is redirected to, if any."""
-    try:
-        st = os.fstat(1)
-    except OSError:
-        return frozenset()
+def own_output_files(extra: Path | None = None) -> frozenset[tuple[int, int]]:
+    """(device, inode) of the files this capture writes its manifest to.
+
+    That is the regular file stdout is redirected to, and ``-o FILE`` if it
+    exists already (a previous capture's manifest, about to be replaced).
+    """
     import stat
 
-    return frozenset({(st.st_dev, st.st_ino)}) if stat.S_ISREG(st.st_mode) else frozenset()
+    found: set[tuple[int, int]] = set()
+    try:
+        st = os.fstat(1)
+        if stat.S_ISREG(st.st_mode):
+            found.add((st.st_dev, st.st_ino))
+    except OSError:
+        pass
+    if extra is not None:
+        try:
+            st = os.stat(extra)
+            found.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+    return frozenset(found)
 
 
 def default_store(cwd: Path, code: CodeProbe, configured: str | None = None) -> BlobStore:
@@ -59,12 +72,13 @@ def default_store(cwd: Path, code: CodeProbe, configured: str | None = None) -> 
 
 
 def take_snapshot(
-    cwd: Path, *, store_dir: str | None = None, nvml: Any | None = None
+    cwd: Path, *, store_dir: str | None = None, nvml: Any | None = None,
+    manifest_file: Path | None = None,
 ) -> Snapshot:
     """Run the code, env and hardware probes."""
     started = time.time()
     started_iso = now_iso()
-    code = probe_code(cwd, exclude=own_output_files())
+    code = probe_code(cwd, exclude=own_output_files(manifest_file))
     store = default_store(cwd, code, store_dir)
     if code.patch:
         store.put(code.patch)

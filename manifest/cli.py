@@ -76,6 +76,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         no_cache=args.no_cache,
         quiet=args.quiet,
         per_rank_seed=args.per_rank_seed,
+        manifest_file=Path(args.output) if args.output and args.output != "-" else None,
     )
     _write_output(dumps(manifest), args.output)
     if not args.quiet:

@@ -289,6 +289,7 @@ def capture_from_cli(
     no_cache: bool,
     quiet: bool,
     per_rank_seed: bool = False,
+    manifest_file: Path | None = None,
 ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status."""
     table, origin = load_config(cwd)
@@ -305,7 +306,7 @@ def capture_from_cli(
     data = data if data is not None else string_list(table, "data", origin) or []
     outputs = outputs if outputs is not None else string_list(table, "outputs", origin) or []
     store_dir = store_dir or table.get("store")
-    snap = take_snapshot(cwd, store_dir=store_dir)
+    snap = take_snapshot(cwd, store_dir=store_dir, manifest_file=manifest_file)
     datasets: list[dict[str, Any]] = []
     if data:
         from manifest.data import digest_datasets

@@ -263,3 +263,14 @@ def test_torchrun_two_ranks_gloo_records_each_rank_and_agrees(tmp_path: Path) ->
     assert a["run_id"] == b["run_id"]
     assert (a["outputs"]["artifacts"][0]["tensors"]
             == b["outputs"]["artifacts"][0]["tensors"])
+
+
+def test_manifest_written_inside_the_repo_is_not_part_of_the_code(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"noop.py": "pass\n"}, example=False)
+    (repo / ".gitignore").write_text("")  # manifests are not ignored here
+    ids = []
+    for _ in range(2):
+        proc = manifest_cli("capture", "-o", "run.json", "--", "python", "noop.py", cwd=repo)
+        assert proc.returncode == 0, proc.stderr.decode()
+        ids.append(json.loads((repo / "run.json").read_bytes())["run_id"])
+    assert ids[0] == ids[1]
