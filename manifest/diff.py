@@ -583,10 +583,10 @@ class _Walker:
         elif isinstance(a, BaseModel) and type(a) is type(b):
             key_field = _key_field(pattern)
             for name in type(a).model_fields:
-                if name == key_field:
-                    continue
-                self.walk(getattr(a, name), getattr(b, name), (*loc, name), f"{path}.{name}",
-                          keys, f"{pattern}.{name}")
+                va, vb = getattr(a, name), getattr(b, name)
+                if name == key_field or va == vb:
+                    continue  # most fields are equal: skip them before building path strings
+                self.walk(va, vb, (*loc, name), f"{path}.{name}", keys, f"{pattern}.{name}")
         elif isinstance(a, dict) and isinstance(b, dict):
             self.walk_mapping(a, b, loc, path, keys, pattern)
         elif isinstance(a, list) and isinstance(b, list) and pattern in KEYED_LISTS:
@@ -605,6 +605,8 @@ class _Walker:
     ) -> None:
         child_pattern = f"{pattern}[*]"
         for key in sorted(a.keys() | b.keys(), key=_sort_key):
+            if key in a and key in b and a[key] == b[key]:
+                continue
             child = ((*loc, key), f"{path}[{key}]", (*keys, key))
             if key not in b:
                 self.emit(a[key], None, ChangeKind.REMOVED, *child, child_pattern)
