@@ -3,7 +3,9 @@
 Every git invocation in manifest goes through :func:`run_git`, which
 
 * passes ``-c core.fsmonitor=false -c core.hooksPath=/dev/null`` so a
-  repository's own config cannot make us run its fsmonitor command or hooks;
+  repository's own config cannot make us run its fsmonitor command or hooks
+  (filter drivers, the other command a repository's config can name for
+  ``git diff``, are switched off by the code probe, which knows their names);
 * uses ``--no-optional-locks`` so reading never rewrites the user's index;
 * drops every inherited ``GIT_*`` variable (``GIT_DIR``, ``GIT_INDEX_FILE``,
   ``GIT_EXTERNAL_DIFF`` …) and disables terminal prompts;
@@ -70,11 +72,13 @@ def run_git(
     env: Mapping[str, str] | None = None,
     input_bytes: bytes | None = None,
     check: bool = True,
+    config: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run ``git <hardening> args`` in ``cwd`` and return the completed process."""
+    """Run ``git <hardening> [-c CONFIG]... args`` in ``cwd``; return the completed process."""
+    overrides = [part for item in config for part in ("-c", item)]
     try:
         proc = subprocess.run(
-            ["git", *HARDENING, *args],
+            ["git", *HARDENING, *overrides, *args],
             cwd=cwd,
             env=git_env(env),
             input=input_bytes,

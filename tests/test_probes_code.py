@@ -286,6 +286,46 @@ def test_fsmonitor_command_in_repo_config_never_runs(repo: GitRepo, tmp_path: Pa
     assert not marker.exists()
 
 
+def test_filter_driver_in_repo_config_never_runs(repo: GitRepo, tmp_path: Path) -> None:
+    marker = tmp_path / "filter-ran"
+    repo.write(".gitattributes", "*.py filter=evil\n")
+    repo.commit("attributes")
+    repo.git("config", "filter.evil.clean", f"sh -c 'touch {marker}; cat'")
+    repo.git("config", "filter.evil.process", f"sh -c 'touch {marker}'")
+    repo.write("train.py", "print('dirty')\n")
+    repo.write("new.py", "n = 1\n")
+    # Control: plain git diff runs it, so the assertion below means something.
+    subprocess.run(["git", "diff", "HEAD"], cwd=repo.path, env=repo.env, capture_output=True,
+                   check=False)
+    assert marker.exists(), "the clean filter should fire for plain git"
+    marker.unlink()
+    probe = probe_code(repo.path, _store(repo))
+    assert not marker.exists()
+    assert probe.code.dirty is True
+    assert probe.patch is not None
+    assert b"+print('dirty')" in probe.patch
+    assert b"+n = 1" in probe.patch
+
+
+def test_filter_driver_from_user_config_is_kept(repo: GitRepo, home: Path,
+                                                tmp_path: Path) -> None:
+    """A driver the user configured globally (git-lfs is one) still applies."""
+    marker = tmp_path / "user-filter-ran"
+    script = tmp_path / "upper.sh"
+    script.write_text(f"#!/bin/sh\ntouch '{marker}'\ntr a-z A-Z\n", encoding="utf-8")
+    script.chmod(0o755)
+    (home / ".gitconfig").write_text(f"[filter \"upper\"]\n\tclean = {script}\n")
+    repo.write(".gitattributes", "*.txt filter=upper\n")
+    repo.write("notes.txt", "lower\n")
+    repo.commit("notes")
+    repo.write("notes.txt", "lower\nmore\n")
+    marker.unlink()
+    probe = probe_code(repo.path)
+    assert marker.exists()
+    assert probe.patch is not None
+    assert b"+MORE" in probe.patch
+
+
 def test_hooks_never_run(repo: GitRepo, tmp_path: Path) -> None:
     marker = tmp_path / "hook-ran"
     hooks = repo.path / ".git" / "hooks"

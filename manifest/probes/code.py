@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -117,12 +118,15 @@ def _same_file(root: Path, rel: bytes, exclude: frozenset[tuple[int, int]]) -> b
 
 
 def working_patch(root: Path, head: str | None, git_dir: Path | None = None,
-                  untracked: list[bytes] | None = None) -> tuple[bytes, int]:
+                  untracked: list[bytes] | None = None,
+                  no_filters: Sequence[str] = ()) -> tuple[bytes, int]:
     """The binary patch from ``head`` (or the empty tree) to the working tree.
 
     ``untracked`` (the untracked, not-ignored paths) is listed with git when
-    not given. Returns (patch bytes, number of untracked files included).
+    not given; the filter drivers in ``no_filters`` are switched off for the
+    diff. Returns (patch bytes, number of untracked files included).
     """
+    config = [f"filter.{name}.{kind}=" for name in no_filters for kind in ("clean", "process")]
     if untracked is None:
         listing = run_git(["ls-files", "--others", "--exclude-standard", "-z"], root).stdout
         untracked = [p for p in listing.split(b"\0") if p]
@@ -130,7 +134,7 @@ def working_patch(root: Path, head: str | None, git_dir: Path | None = None,
     diff_args = ["diff", "--binary", "--no-ext-diff", "--no-textconv", "--no-color",
                  "--full-index", "--ignore-submodules=none", base, "--"]
     if not untracked:
-        return run_git(diff_args, root).stdout, 0
+        return run_git(diff_args, root, config=config).stdout, 0
     if git_dir is None:
         git_dir = Path(os.fsdecode(
             run_git(["rev-parse", "--absolute-git-dir"], root).stdout.strip()))
@@ -143,7 +147,7 @@ def working_patch(root: Path, head: str | None, git_dir: Path | None = None,
         env = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1"}
         run_git(["add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul"],
                 root, env=env, input_bytes=b"\0".join(untracked) + b"\0")
-        return run_git(diff_args, root, env=env).stdout, len(untracked)
+        return run_git(diff_args, root, env=env, config=config).stdout, len(untracked)
 
 
 @dataclass(frozen=True)
@@ -236,19 +240,60 @@ def _submodules(root: Path, gitlinks: list[tuple[str, str]]) -> list[Submodule]:
     return subs
 
 
-def remote_url(root: Path) -> str | None:
+@dataclass(frozen=True)
+class RepoConfig:
+    """What the code probe needs from git config, read in one call."""
+
+    remote_urls: dict[str, str]
+    """Remote name -> URL (raw: strip credentials before recording)."""
+    untrusted_filters: list[str]
+    """Filter drivers named in the repository's own config (local/worktree scope)."""
+
+
+_CONFIG_KEYS = r"^(remote\..*\.url|filter\..*\.(clean|process))$"
+
+
+def read_repo_config(root: Path) -> RepoConfig:
+    """Remote URLs and the repository-local filter drivers.
+
+    A ``filter.<name>.clean``/``process`` command set in ``.git/config`` runs
+    whenever ``git diff`` reads a matching worktree file: as much a command
+    the repository chose as ``core.fsmonitor``. Those are switched off for our
+    diff; drivers from the user's own (global) config, such as git-lfs, stay.
+    With a git older than 2.26 (no ``--show-scope``) every filter is off.
+    """
+    got = run_git(["config", "-z", "--show-scope", "--get-regexp", _CONFIG_KEYS], root,
+                  check=False)
+    scoped = got.returncode != 129
+    if not scoped:
+        got = run_git(["config", "-z", "--get-regexp", _CONFIG_KEYS], root, check=False)
+    items = [item for item in got.stdout.split(b"\0") if item]
+    urls: dict[str, str] = {}
+    filters: list[str] = []
+    scope = b"local"
+    for item in items:
+        if scoped and b"\n" not in item:
+            scope = item
+            continue
+        key_b, _, value_b = item.partition(b"\n")
+        key = key_b.decode("utf-8", "replace")
+        if key.startswith("remote."):
+            name = key.removeprefix("remote.").removesuffix(".url")
+            urls.setdefault(name, value_b.decode("utf-8", "replace").strip())
+        elif scope in (b"local", b"worktree"):
+            name = key.removeprefix("filter.").rsplit(".", 1)[0]
+            if name not in filters:
+                filters.append(name)
+    return RepoConfig(urls, filters)
+
+
+def remote_url(config: RepoConfig) -> str | None:
     """URL of ``origin`` (else of the first remote configured), credentials stripped.
 
-    Read from config in one call; ``url.*.insteadOf`` rewriting is not applied
-    (the URL is an observed fact, outside the run's identity).
+    ``url.*.insteadOf`` rewriting is not applied (the URL is an observed fact,
+    outside the run's identity).
     """
-    got = run_git(["config", "-z", "--get-regexp", r"^remote\..*\.url$"], root, check=False)
-    urls: dict[str, str] = {}
-    for item in got.stdout.split(b"\0"):
-        key, _, value = item.partition(b"\n")
-        name = key.decode("utf-8", "replace").removeprefix("remote.").removesuffix(".url")
-        if key and name not in urls:
-            urls[name] = value.decode("utf-8", "replace").strip()
+    urls = config.remote_urls
     if not urls:
         return None
     return strip_credentials(urls.get("origin") or next(iter(urls.values())))
@@ -291,9 +336,11 @@ def probe_code(cwd: Path, store: BlobStore | None = None, *,
     unavailable: dict[str, str] = {}
     if state.head_problem:
         unavailable["commit"] = state.head_problem
+    config = read_repo_config(root)
     gitlinks, untracked = _index_listing(root)
     untracked = _without(untracked, root, exclude)
-    patch, n_untracked = working_patch(root, state.head, state.git_dir, untracked)
+    patch, n_untracked = working_patch(root, state.head, state.git_dir, untracked,
+                                       config.untrusted_filters)
     diff_digest = "blake3:" + blake3.blake3(patch).hexdigest() if patch else None
     if patch and store is not None:
         store.put(patch)
@@ -308,4 +355,4 @@ def probe_code(cwd: Path, store: BlobStore | None = None, *,
         lockfiles=find_lockfiles(root),
         unavailable=unavailable,
     )
-    return CodeProbe(code, root, state.branch, remote_url(root), patch or None)
+    return CodeProbe(code, root, state.branch, remote_url(config), patch or None)
