@@ -62,7 +62,7 @@ def main() -> None:
         import manifest
 
         manifest.trail(model, every=args.trail)
-    for step in range(args.steps):
+    for _ in range(args.steps):
         idx = torch.randint(0, images.shape[0], (32,))
         idx = idx[rank::world]
         loss = F.cross_entropy(model(images[idx]), labels[idx])

@@ -311,8 +311,10 @@ def capture_from_cli(
     if data:
         from manifest.data import digest_datasets
 
-        datasets = [d.model_dump(mode="json") for d in digest_datasets(
-            data, repo_root=snap.code.root, store=snap.store, no_cache=no_cache, quiet=quiet)]
+        found = digest_datasets(data, repo_root=snap.code.root, store=snap.store,
+                                no_cache=no_cache, quiet=quiet)
+        # Sorted by name: the order of --data flags must not change the run's identity.
+        datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
     if not command:
         doc = dict(snap.sections)
         doc["data"] = datasets
