@@ -274,7 +274,53 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-_EXTRA_VERBS = [_register_verify, _register_hash, _register_diff]
+def _register_gate(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "gate", help="the pre-merge reproducibility check (determinism, baseline, hygiene)",
+        description="Capture the smoke training from [tool.manifest], re-run it once, compare "
+        "it with the committed baseline, and check the project's hygiene; policy from "
+        "[tool.manifest.gate]. Human report on stderr; Markdown summary appended to "
+        "$GITHUB_STEP_SUMMARY when set.",
+        epilog="Exit status: 0 pass, 1 a check failed, 2 bad config or input, 3 no verdict.")
+    p.add_argument("files", nargs="*", metavar="MANIFEST",
+                   help="with --no-rerun: manifests to validate (default: the baseline and "
+                   "the policy's manifests)")
+    p.add_argument("--no-rerun", action="store_true",
+                   help="train nothing: validate committed manifests and their hygiene")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="rewrite the baseline (atomically) with this run if it is deterministic")
+    p.add_argument("--warn-hygiene", action="store_true",
+                   help="report hygiene problems as warnings, not failures (pre-commit)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no report on stderr (the exit status and --json still say it)")
+    p.set_defaults(func=_cmd_gate)
+
+
+def _cmd_gate(args: argparse.Namespace) -> int:
+    import os
+
+    from manifest.gate import GateOptions, run_gate
+    from manifest.render_gate import gate_json_bytes, gate_markdown, render_gate
+
+    report = run_gate(Path.cwd(), GateOptions(
+        no_rerun=args.no_rerun, update_baseline=args.update_baseline,
+        files=tuple(args.files), warn_hygiene=args.warn_hygiene, quiet=args.quiet))
+    if not args.quiet:
+        render_gate(report, sys.stderr)
+    if args.json:
+        _write_output(gate_json_bytes(report), None)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(gate_markdown(report))
+        except OSError as exc:
+            sys.stderr.write(f"manifest: cannot write the job summary {summary}: {exc}\n")
+    return report.exit_code
+
+
+_EXTRA_VERBS = [_register_verify, _register_hash, _register_diff, _register_gate]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

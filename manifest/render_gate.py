@@ -1,0 +1,81 @@
+"""Renderings of a gate report: human text (stderr), JSON (stdout), Markdown (job summary).
+
+Only the CLI calls these. The Markdown is what ``manifest gate`` appends to
+``$GITHUB_STEP_SUMMARY`` on GitHub Actions: one table row per check, then
+the lines behind each failed or skipped check, folded.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from manifest.gate import CheckResult, GateReport, Status
+
+_MARK = {Status.PASS: "✅", Status.FAIL: "❌", Status.SKIP: "⏭️", Status.NO_VERDICT: "⚠️"}
+_TITLE = {"pass": "✅ passed", "fail": "❌ failed", "no-verdict": "⚠️ no verdict"}
+_WORD = {"pass": "PASSED", "fail": "FAILED", "no-verdict": "NO VERDICT"}
+
+
+def render_gate(report: GateReport, file: TextIO) -> None:
+    """The human report: one line per check, its details indented, then the verdict."""
+    head = f"manifest gate ({report.mode}) in {report.project}"
+    if report.command:
+        head += f": {' '.join(report.command)}"
+    file.write(head + "\n")
+    width = max((len(c.name) for c in report.checks), default=0)
+    for c in report.checks:
+        file.write(f"  {c.status.value.upper():<10} {c.name:<{width}}  {c.reason}\n")
+        for line in c.details:
+            file.write(f"  {'':<10} {'':<{width}}    - {line}\n")
+        if c.hint and c.status in (Status.FAIL, Status.NO_VERDICT, Status.SKIP):
+            file.write(f"  {'':<10} {'':<{width}}    → {c.hint}\n")
+    for w in report.warnings:
+        file.write(f"  warning: {w}\n")
+    file.write(f"gate {_WORD[report.verdict]} (exit {report.exit_code})\n")
+
+
+def gate_json_bytes(report: GateReport) -> bytes:
+    return (json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def _cell(text: str) -> str:
+    """Text safe inside one Markdown table cell."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    fence = "``" if "`" in text else "`"
+    return f"{fence}{text}{fence}"
+
+
+def _detail_block(c: CheckResult) -> str:
+    lines = [f"<details><summary>{c.name}: {len(c.details)} line(s)</summary>", ""]
+    lines += [f"- {line.replace('<', '&lt;')}" for line in c.details]
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def gate_markdown(report: GateReport) -> str:
+    """The job summary: verdict, a table of checks, folded details, hints."""
+    out = [f"## Reproducibility gate: {_TITLE[report.verdict]}", ""]
+    facts = [f"project {_code(report.project)}"]
+    if report.command:
+        facts.append(f"command {_code(' '.join(report.command))}")
+    facts.append(f"baseline {_code(report.baseline)}")
+    if report.run_id:
+        facts.append(f"run_id {_code(report.run_id[:19] + '…')}")
+    out += [" · ".join(facts), "", "| check | result | reason |", "|---|---|---|"]
+    for c in report.checks:
+        out.append(f"| {c.name} | {_MARK[c.status]} {c.status.value} | {_cell(c.reason)} |")
+    out.append("")
+    for c in report.checks:
+        if c.status is Status.PASS:
+            continue
+        if c.details:
+            out.append(_detail_block(c))
+        if c.hint:
+            out += [f"> **{c.name}**: {c.hint}", ""]
+    for w in report.warnings:
+        out += [f"> ⚠️ {w}", ""]
+    return "\n".join(out).rstrip() + "\n"
