@@ -13,13 +13,11 @@ The store directory itself is excluded (it ignores itself via .gitignore).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import blake3
 
@@ -29,7 +27,8 @@ from manifest.store import BlobStore
 
 LOCKFILE_NAMES = ("uv.lock", "poetry.lock", "Pipfile.lock", "pdm.lock", "environment.yml",
                   "environment.yaml", "conda-lock.yml")
-LOCKFILE_PATTERNS = (re.compile(r"^requirements.*\.txt$"), re.compile(r"^constraints.*\.txt$"))
+LOCKFILE_PREFIXES = ("requirements", "constraints")
+"""``requirements*.txt`` and ``constraints*.txt`` (plain string tests: no regex to compile)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,8 @@ def strip_credentials(url: str) -> str:
     a plain user name (``git@github.com:org/x.git``) but loses a userinfo
     that carries a password (``oauth2:TOKEN@host:path``).
     """
+    from urllib.parse import urlsplit, urlunsplit
+
     if "://" not in url:
         userinfo, at, rest = url.partition("@")
         if at and ":" in userinfo and "/" not in userinfo:
@@ -85,7 +86,8 @@ def find_lockfiles(root: Path) -> dict[str, str]:
     except OSError:
         return found
     for name in names:
-        if name in LOCKFILE_NAMES or any(p.match(name) for p in LOCKFILE_PATTERNS):
+        if name in LOCKFILE_NAMES or (name.startswith(LOCKFILE_PREFIXES)
+                                      and name.endswith(".txt")):
             path = root / name
             if path.is_file():
                 try:
