@@ -21,7 +21,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -313,14 +312,3 @@ def assert_one_sentence(stderr: str) -> None:
     assert len(lines) == 1, stderr
     assert lines[0].startswith("manifest: "), stderr
     assert lines[0].rstrip().endswith((".", ")")), stderr
-
-
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail any attempt to open a network socket in this process."""
-    import socket
-
-    def refuse(*_args: Any, **_kwargs: Any) -> None:
-        raise AssertionError("a test tried to reach the network")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
