@@ -1,0 +1,167 @@
+"""The file-digest cache that makes a second capture of unchanged data nearly free.
+
+A row maps what ``stat`` says about a regular file to the BLAKE3 digest of
+its bytes::
+
+    (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) -> blake3(content)
+
+The row is found by ``(dev, ino)`` and used only when size, mtime and ctime
+are all equal. ctime is in the key because it cannot be set from user space:
+``touch -d``/``os.utime`` can forge an old mtime after a rewrite, but every
+such change moves ctime to "now".
+
+Racily clean files (git's term) are never written: if a file's mtime or
+ctime lies within :data:`RACY_WINDOW_NS` of the moment hashing started, a
+write in the same timestamp tick as our read could leave every field of the
+key unchanged while the bytes differ. Such files are re-read on every
+capture until they have been quiet for the window. The window (2 s) covers
+FAT's 2 s and HFS+'s 1 s timestamps, the coarse kernel clock that ext4, xfs
+and btrfs stamp with, and modest clock skew of a network filesystem.
+
+The cache is an optimisation only: any SQLite error (locked, read-only,
+corrupted) is treated as a miss on lookup and ignored on store, so a broken
+cache costs time, never a wrong digest. Entries are not pruned by age; the
+file is small (about 100 bytes per file ever hashed) and ``rm`` is safe.
+
+A connection is never carried across ``fork``: each process that looks up
+opens its own, and :meth:`DigestCache.close` must be called before forking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+CACHE_FILENAME = "datacache-v1.sqlite"
+RACY_WINDOW_NS = 2_000_000_000
+_QUERY_BATCH = 500
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    digest BLOB NOT NULL,
+    PRIMARY KEY (dev, ino)
+) WITHOUT ROWID
+"""
+
+
+class StatKey(NamedTuple):
+    """The fields of ``stat`` that identify one version of one file."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> StatKey:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def is_racy(self, started_ns: int) -> bool:
+        """Whether a write could have hit the same timestamp tick as our read."""
+        return max(self.mtime_ns, self.ctime_ns) >= started_ns - RACY_WINDOW_NS
+
+
+def _s64(value: int) -> int:
+    """st_dev/st_ino are unsigned 64-bit; SQLite integers are signed."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+class DigestCache:
+    """File digests in ``<store>/datacache-v1.sqlite``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+
+    @classmethod
+    def in_store(cls, store_root: Path) -> DigestCache:
+        return cls(store_root / CACHE_FILENAME)
+
+    def _connect(self, *, create: bool) -> sqlite3.Connection | None:
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        # A connection inherited through fork is abandoned, never used or closed.
+        self._conn = None
+        if not create and not self.path.exists():
+            return None
+        try:
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(_SCHEMA)
+        except (sqlite3.Error, OSError):
+            return None
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+        self._conn = None
+
+    def lookup(self, keys: Sequence[StatKey]) -> list[bytes | None]:
+        """The cached digest for each key, or None where there is no valid entry."""
+        found: list[bytes | None] = [None] * len(keys)
+        conn = self._connect(create=False)
+        if conn is None or not keys:
+            return found
+        by_dev: dict[int, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_dev.setdefault(_s64(key.dev), []).append(i)
+        try:
+            for dev, indexes in by_dev.items():
+                for start in range(0, len(indexes), _QUERY_BATCH):
+                    part = indexes[start:start + _QUERY_BATCH]
+                    wanted: dict[int, list[int]] = {}
+                    for i in part:  # hard links share an inode
+                        wanted.setdefault(_s64(keys[i].ino), []).append(i)
+                    marks = ",".join("?" * len(wanted))
+                    rows = conn.execute(
+                        "SELECT ino, size, mtime_ns, ctime_ns, digest FROM files "  # noqa: S608
+                        f"WHERE dev = ? AND ino IN ({marks})",
+                        (dev, *wanted),
+                    ).fetchall()
+                    for ino, size, mtime_ns, ctime_ns, digest in rows:
+                        for i in wanted[ino]:
+                            key = keys[i]
+                            if (size, mtime_ns, ctime_ns) == key[2:] and len(digest) == 32:
+                                found[i] = bytes(digest)
+        except sqlite3.Error:
+            return [None] * len(keys)
+        return found
+
+    def store(self, entries: Iterable[tuple[StatKey, bytes]], *, started_ns: int) -> int:
+        """Record fresh digests, skipping racily clean files; return how many were kept."""
+        rows = [
+            (_s64(k.dev), _s64(k.ino), k.size, k.mtime_ns, k.ctime_ns, digest)
+            for k, digest in entries
+            if not k.is_racy(started_ns)
+        ]
+        if not rows:
+            return 0
+        conn = self._connect(create=True)
+        if conn is None:
+            return 0
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)", rows)
+            conn.execute("COMMIT")
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            return 0
+        return len(rows)

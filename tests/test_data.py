@@ -1,0 +1,624 @@
+"""Dataset digests: the Merkle construction, its golden bytes, and hostile trees.
+
+Every tree is built in ``tmp_path``. The pool tests force the fork pool on
+small trees by lowering ``IN_PROCESS_MAX`` (and ``BIG_FILE`` for the mmap
+path), so both ways of hashing are held to the same roots.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import blake3
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from manifest import datacache, datapool
+from manifest.data import (
+    LISTING_HEADER,
+    TREE_CONTEXT,
+    DatasetDigest,
+    digest_path,
+    listing_root,
+    parse_listing,
+    path_bytes,
+    path_text,
+)
+from manifest.errors import DataError
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def digest(path: Path, **kwargs: object) -> DatasetDigest:
+    return digest_path(path, cache=None, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["in-process", "pool"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test once hashing in this process, once through the fork pool."""
+    if request.param == "pool":
+        monkeypatch.setattr(datapool, "IN_PROCESS_MAX", 0)
+        monkeypatch.setattr(datapool, "CHUNK_ENTRIES", 2)
+    return str(request.param)
+
+
+def build_golden(root: Path) -> Path:
+    """The fixed tree whose root is pinned below."""
+    root.mkdir()
+    (root / "a.txt").write_bytes(b"hello\n")
+    (root / "dir").mkdir()
+    (root / "dir" / "b.bin").write_bytes(bytes(range(256)) * 4)
+    (root / "dir" / "empty").mkdir()
+    (root / "dir" / "link").symlink_to("../a.txt")
+    (root / "dir-x").mkdir()
+    (root / "zero").write_bytes(b"")
+    return root
+
+
+GOLDEN_LISTING = (
+    "manifest-tree/v1\n"
+    "f\t6\t" + blake3.blake3(b"hello\n").hexdigest() + "\ta.txt\n"
+    "d\tdir\n"
+    "d\tdir-x\n"
+    "f\t1024\t" + blake3.blake3(bytes(range(256)) * 4).hexdigest() + "\tdir/b.bin\n"
+    "d\tdir/empty\n"
+    "l\t../a.txt\tdir/link\n"
+    "f\t0\t" + blake3.blake3(b"").hexdigest() + "\tzero\n"
+).encode()
+GOLDEN_ROOT = "blake3:196640712f773e213657984481f15be65af0cdff2989bbf728641237ef7a5730"
+"""Pinned: a change here is a change of the construction, and of every recorded run_id."""
+
+
+# ------------------------------------------------------------------ golden
+
+
+def test_golden_listing_bytes(tmp_path: Path, mode: str) -> None:
+    found = digest(build_golden(tmp_path / "t"))
+    # Sorted by path bytes: "dir" < "dir-x" < "dir/b.bin" because "-" (0x2d) < "/" (0x2f).
+    assert found.listing == GOLDEN_LISTING
+    assert (found.files, found.total_bytes, found.is_dir) == (3, 1030, True)
+
+
+def test_golden_root(tmp_path: Path, mode: str) -> None:
+    found = digest(build_golden(tmp_path / "t"))
+    expected = "blake3:" + blake3.blake3(GOLDEN_LISTING,
+                                         derive_key_context=TREE_CONTEXT).hexdigest()
+    assert found.root == expected
+    assert found.root == GOLDEN_ROOT
+    assert listing_root(found.listing) == found.root
+
+
+def test_tree_root_matches_b3sum_derive_key(tmp_path: Path) -> None:
+    if shutil.which("b3sum") is None:
+        pytest.skip("b3sum is not installed")
+    found = digest(build_golden(tmp_path / "t"))
+    listing = tmp_path / "listing"
+    listing.write_bytes(found.listing)
+    out = subprocess.run(["b3sum", "--no-names", "--derive-key", TREE_CONTEXT, str(listing)],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert found.root == "blake3:" + out
+
+
+def test_file_root_is_plain_blake3(tmp_path: Path, mode: str) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 5000)
+    found = digest(path)
+    assert found.root == "blake3:" + blake3.blake3(b"x" * 5000).hexdigest()
+    assert (found.files, found.total_bytes, found.is_dir) == (1, 5000, False)
+    assert found.listing == f"{LISTING_HEADER}\nf\t5000\t{found.root[7:]}\t\n".encode()
+    assert listing_root(found.listing) == found.root
+    if shutil.which("b3sum"):
+        out = subprocess.run(["b3sum", "--no-names", str(path)], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert found.root == "blake3:" + out
+
+
+def test_big_files_through_mmap_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    blobs = {f"f{i}": os.urandom(3000 + i * 1000) for i in range(6)}
+    for name, data in blobs.items():
+        (tree / name).write_bytes(data)
+    expected = digest(tree)
+    monkeypatch.setattr(datapool, "BIG_FILE", 2048)
+    monkeypatch.setattr(datapool, "SLICE", 1000)
+    assert digest(tree) == expected
+    assert digest(tree / "f5").root == "blake3:" + blake3.blake3(blobs["f5"]).hexdigest()
+
+
+# -------------------------------------------------------------- stability
+
+
+def _make(root: Path, files: dict[str, bytes], order: list[str]) -> None:
+    root.mkdir()
+    for name in order:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(files[name])
+
+
+names = st.lists(
+    st.text(alphabet="ab-_./", min_size=1, max_size=6).filter(
+        lambda s: all(part not in ("", ".", "..") for part in s.split("/"))),
+    min_size=1, max_size=8, unique=True,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(names=names, data=st.data())
+def test_root_independent_of_creation_order(tmp_path_factory: pytest.TempPathFactory,
+                                            names: list[str], data: st.DataObject) -> None:
+    # A name that is both a file and a directory prefix cannot exist; drop those.
+    files = {n: n.encode() * 3 for n in names
+             if not any(o.startswith(n + "/") for o in names)}
+    order = data.draw(st.permutations(sorted(files)))
+    one, two = tmp_path_factory.mktemp("one") / "t", tmp_path_factory.mktemp("two") / "t"
+    _make(one, files, sorted(files))
+    _make(two, files, list(order))
+    assert digest(one).root == digest(two).root
+
+
+def test_pool_and_in_process_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    for i in range(40):
+        (tree / f"d{i % 7}").mkdir(parents=True, exist_ok=True)
+        (tree / f"d{i % 7}" / f"f{i}").write_bytes(os.urandom(i * 13))
+    expected = digest(tree)
+    monkeypatch.setattr(datapool, "IN_PROCESS_MAX", 0)
+    for chunk in (1, 3, 512):
+        monkeypatch.setattr(datapool, "CHUNK_ENTRIES", chunk)
+        assert digest(tree) == expected
+
+
+@pytest.mark.parametrize("change", ["byte", "rename", "link", "empty-dir", "add", "remove"])
+def test_root_changes_with_bytes_names_and_links(tmp_path: Path, change: str) -> None:
+    tree = build_golden(tmp_path / "t")
+    before = digest(tree).root
+    if change == "byte":
+        (tree / "dir" / "b.bin").write_bytes(b"\x01" + (bytes(range(256)) * 4)[1:])
+    elif change == "rename":
+        (tree / "a.txt").rename(tree / "A.txt")
+        (tree / "dir" / "link").unlink()
+        (tree / "dir" / "link").symlink_to("../A.txt")
+    elif change == "link":
+        (tree / "dir" / "link").unlink()
+        (tree / "dir" / "link").symlink_to("../zero")
+    elif change == "empty-dir":
+        (tree / "dir" / "empty" / "inner").mkdir()
+    elif change == "add":
+        (tree / "new").write_bytes(b"")
+    else:
+        (tree / "zero").unlink()
+    assert digest(tree).root != before
+
+
+def test_permissions_and_times_are_not_part_of_the_root(tmp_path: Path) -> None:
+    tree = build_golden(tmp_path / "t")
+    before = digest(tree).root
+    (tree / "a.txt").chmod(0o755)
+    os.utime(tree / "zero", (1, 1))
+    assert digest(tree).root == before
+
+
+# ------------------------------------------------------------ path text
+
+
+def test_path_text_examples() -> None:
+    assert path_text(b"plain/name.txt") == "plain/name.txt"
+    assert path_text("café".encode()) == "café"
+    assert path_text(b"caf\xe9") == "caf\\xe9"
+    assert path_text(b"back\\slash") == "back\\\\slash"
+    assert path_text(b"tab\there\nnl") == "tab\\x09here\\x0anl"
+    assert path_text(b"\xed\xa0\x80") == "\\xed\\xa0\\x80"  # an encoded surrogate is not UTF-8
+
+
+@given(st.binary(max_size=40))
+def test_path_text_is_lossless_utf8(name: bytes) -> None:
+    text = path_text(name)
+    text.encode("utf-8")  # never a lone surrogate
+    assert path_bytes(text) == name
+    assert not any(ord(c) < 0x20 or c == "\x7f" for c in text)
+
+
+def test_non_utf8_names_survive(tmp_path: Path) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    try:
+        (tree / os.fsdecode(b"caf\xe9.txt")).write_bytes(b"1")
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this filesystem refuses non-UTF-8 names")
+    (tree / "caf\u00e9.txt").write_bytes(b"2")
+    found = digest(tree)
+    entries = parse_listing(found.listing)
+    assert set(entries) == {b"caf\xe9.txt", "café.txt".encode()}
+    found.listing.decode("utf-8")
+    assert b"caf\\xe9.txt" in found.listing
+
+
+# ---------------------------------------------------------- hostile trees
+
+
+def test_symlinks_are_recorded_never_followed(tmp_path: Path, mode: str) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    (tmp_path / "outside.bin").write_bytes(b"secret")
+    (tree / "loop-a").symlink_to("loop-b")
+    (tree / "loop-b").symlink_to("loop-a")
+    (tree / "self").symlink_to("self")
+    (tree / "escape").symlink_to(tmp_path / "outside.bin")
+    (tree / "dangling").symlink_to("nowhere")
+    (tree / "up").symlink_to("..")
+    found = digest(tree)
+    entries = parse_listing(found.listing)
+    assert entries[b"escape"] == ("l", [path_text(os.fsencode(tmp_path / "outside.bin"))])
+    assert entries[b"dangling"] == ("l", ["nowhere"])
+    assert entries[b"loop-a"] == ("l", ["loop-b"])
+    assert entries[b"up"] == ("l", [".."])
+    assert found.files == 0
+    before = found.root
+    (tmp_path / "outside.bin").write_bytes(b"changed")
+    assert digest(tree).root == before  # the target is not hashed
+
+
+def test_fifo_socket_and_devices_are_never_opened(tmp_path: Path, mode: str) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    os.mkfifo(tree / "fifo")  # opening it for reading would block forever
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tree / "sock"))
+    except OSError:
+        pytest.skip("cannot bind a unix socket here")
+    finally:
+        sock.close()
+    if IS_ROOT:
+        os.mknod(tree / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    entries = parse_listing(digest(tree).listing)
+    assert entries[b"fifo"] == ("p", [])
+    assert entries[b"sock"] == ("s", [])
+    if IS_ROOT:
+        assert entries[b"null"] == ("c", [])
+
+
+def test_top_level_device_or_fifo_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="character device"):
+        digest(Path("/dev/null"))
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(DataError, match="FIFO, not a file or directory"):
+        digest(tmp_path / "fifo")
+
+
+def test_missing_dangling_and_looping_top_level(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        digest(tmp_path / "nope")
+    (tmp_path / "dangle").symlink_to("nowhere")
+    with pytest.raises(DataError, match="symbolic link to nowhere, which does not exist"):
+        digest(tmp_path / "dangle")
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(DataError, match="symbolic link loop"):
+        digest(tmp_path / "loop")
+
+
+def test_top_level_link_is_followed(tmp_path: Path) -> None:
+    tree = build_golden(tmp_path / "t")
+    (tmp_path / "alias").symlink_to("t")
+    (tmp_path / "file-alias").symlink_to("t/a.txt")
+    assert digest(tmp_path / "alias").root == digest(tree).root
+    assert digest(tmp_path / "file-alias").root == digest(tree / "a.txt").root
+
+
+def test_empty_tree_empty_file_and_zero_bytes(tmp_path: Path, mode: str) -> None:
+    (tmp_path / "empty").mkdir()
+    empty = digest(tmp_path / "empty")
+    assert empty.listing == b"manifest-tree/v1\n"
+    assert (empty.files, empty.total_bytes) == (0, 0)
+    assert empty.root == "blake3:" + blake3.blake3(
+        b"manifest-tree/v1\n", derive_key_context=TREE_CONTEXT).hexdigest()
+    (tmp_path / "e.bin").write_bytes(b"")
+    assert digest(tmp_path / "e.bin").root == "blake3:" + blake3.blake3(b"").hexdigest()
+    (tmp_path / "zeros").mkdir()
+    (tmp_path / "zeros" / "a").write_bytes(b"")
+    (tmp_path / "zeros" / "b").write_bytes(b"")
+    zero = digest(tmp_path / "zeros")
+    assert (zero.files, zero.total_bytes) == (2, 0)
+    assert zero.root not in (empty.root,)
+
+
+def test_hard_links_are_listed_per_path(tmp_path: Path, mode: str) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    (tree / "a").write_bytes(b"same bytes")
+    os.link(tree / "a", tree / "b")
+    found = digest(tree)
+    entries = parse_listing(found.listing)
+    assert entries[b"a"] == entries[b"b"]
+    assert (found.files, found.total_bytes) == (2, 20)
+
+
+def _as_unprivileged(fn: Callable[[], str]) -> str:
+    """Run ``fn`` as-is, or as root in a forked child that became ``nobody`` first."""
+    if not IS_ROOT:
+        return fn()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write_fd, fn().encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as fh:
+        out = fh.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_unreadable_file_and_directory_real_permissions(mode: str) -> None:
+    # Under /tmp directly: pytest's own tmp dir is private to the user running it.
+    base = Path(tempfile.mkdtemp(prefix="manifest-perm-"))
+    try:
+        base.chmod(0o755)
+        tree = base / "t"
+        (tree / "locked").mkdir(parents=True)
+        (tree / "secret.bin").write_bytes(b"x")
+        (tree / "ok").write_bytes(b"y")
+        if IS_ROOT:
+            for p in (tree, tree / "locked", tree / "secret.bin", tree / "ok"):
+                os.chown(p, 65534, 65534)
+        (tree / "secret.bin").chmod(0)
+        (tree / "locked").chmod(0)
+
+        def attempt() -> str:
+            try:
+                digest(tree)
+            except DataError as exc:
+                return str(exc)
+            return "no error"
+
+        message = _as_unprivileged(attempt)
+    finally:
+        (base / "t" / "locked").chmod(0o755)
+        shutil.rmtree(base)
+    assert "cannot read 2 entries" in message
+    assert "secret.bin (permission denied)" in message
+    assert "locked (permission denied)" in message
+
+
+def test_unreadable_file_works_as_root_too(tmp_path: Path, mode: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    (tree / "secret.bin").write_bytes(b"x")
+    (tree / "ok").write_bytes(b"y")
+    real_open = os.open
+
+    def deny(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if os.fsencode(path).endswith(b"secret.bin"):  # type: ignore[arg-type]
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", deny)
+    with pytest.raises(DataError) as err:
+        digest(tree)
+    assert str(err.value) == "cannot read 1 entry of dataset " + path_text(
+        os.fsencode(tree)) + ": secret.bin (permission denied)."
+    assert err.value.hint is not None
+
+
+def test_file_deleted_between_listing_and_opening(tmp_path: Path, mode: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    (tree / "gone.bin").write_bytes(b"x")
+    (tree / "stays").write_bytes(b"y")
+    real = datapool.hash_entries
+
+    def delete_then_hash(*args: object, **kwargs: object) -> datapool.Hashed:
+        (tree / "gone.bin").unlink()
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("manifest.data.hash_entries", delete_then_hash)
+    with pytest.raises(DataError, match=r"gone\.bin was removed while the dataset"):
+        digest(tree)
+
+
+def _growing_reads(monkeypatch: pytest.MonkeyPatch, target: Path, times: int) -> None:
+    """Make each of the first ``times`` reads of ``target`` append to it first."""
+    real_read = os.read
+    count = {"n": 0}
+
+    def read(fd: int, n: int) -> bytes:
+        if count["n"] < times and os.path.samestat(os.fstat(fd), os.stat(target)):
+            count["n"] += 1
+            with open(target, "ab") as fh:
+                fh.write(b"+")
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", read)
+
+
+def test_file_modified_while_hashed_is_retried(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    target = tree / "busy.log"
+    target.write_bytes(b"start")
+    _growing_reads(monkeypatch, target, times=1)
+    found = digest(tree)
+    assert parse_listing(found.listing)[b"busy.log"][1][1] == blake3.blake3(
+        b"start+").hexdigest()
+
+
+def test_file_that_keeps_changing_is_reported(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    target = tree / "busy.log"
+    target.write_bytes(b"start")
+    _growing_reads(monkeypatch, target, times=100)
+    with pytest.raises(DataError, match=r"busy\.log kept changing while it was being hashed"):
+        digest(tree)
+    with pytest.raises(DataError, match="kept changing"):
+        digest(target)
+
+
+def test_a_worker_killed_by_sigbus_is_recovered(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    for i in range(4):
+        (tree / f"f{i}").write_bytes(os.urandom(5000))
+    expected = digest(tree)
+    monkeypatch.setattr(datapool, "BIG_FILE", 4096)
+    monkeypatch.setattr(datapool, "IN_PROCESS_MAX", 0)
+
+    def die(*args: object) -> datapool.FileResult:
+        os.kill(os.getpid(), signal.SIGBUS)  # what touching a truncated mapping does
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(datapool, "_hash_mapped", die)
+    assert digest(tree) == expected
+
+
+def test_bind_mount_style_loop_is_refused(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    (tree / "a" / "b").mkdir(parents=True)
+    real_stat = os.DirEntry.stat if hasattr(os, "DirEntry") else None
+    assert real_stat is not None
+    top = os.stat(tree)
+
+    class LoopEntry:
+        """A DirEntry whose directory claims to be the dataset root (as a bind mount would)."""
+
+        def __init__(self, entry: os.DirEntry[bytes]) -> None:
+            self._entry = entry
+            self.name, self.path = entry.name, entry.path
+
+        def is_symlink(self) -> bool:
+            return self._entry.is_symlink()
+
+        def is_dir(self, follow_symlinks: bool = True) -> bool:
+            return self._entry.is_dir(follow_symlinks=follow_symlinks)
+
+        def is_file(self, follow_symlinks: bool = True) -> bool:
+            return self._entry.is_file(follow_symlinks=follow_symlinks)
+
+        def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+            return top if self.name == b"b" else self._entry.stat(follow_symlinks=follow_symlinks)
+
+    real_scandir = os.scandir
+
+    class Scan:
+        def __init__(self, path: bytes) -> None:
+            self._it = real_scandir(path)
+
+        def __enter__(self) -> Iterator[LoopEntry]:
+            return (LoopEntry(e) for e in self._it)
+
+        def __exit__(self, *exc: object) -> None:
+            self._it.close()
+
+    monkeypatch.setattr("manifest.data.os.scandir", Scan)
+    with pytest.raises(DataError, match="a/b is a directory already seen above it"):
+        digest(tree)
+
+
+def test_store_inside_dataset_is_skipped(tmp_path: Path) -> None:
+    tree = build_golden(tmp_path / "t")
+    before = digest(tree).root
+    (tree / ".manifest").mkdir()
+    (tree / ".manifest" / "x").write_bytes(b"cache")
+    assert digest(tree, skip=[tree / ".manifest"]).root == before
+    assert digest(tree).root != before
+
+
+# ------------------------------------------------------------------- cache
+
+
+@pytest.fixture
+def no_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files written by the test just now may be cached (their ctime cannot be aged)."""
+    monkeypatch.setattr(datacache, "RACY_WINDOW_NS", 0)
+
+
+def _count_opens(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    opened: list[bytes] = []
+    real_open = os.open
+
+    def counting(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if not flags & os.O_DIRECTORY:
+            opened.append(os.fsencode(path))  # type: ignore[arg-type]
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", counting)
+    return opened
+
+
+@pytest.mark.usefixtures("no_racy_window")
+def test_warm_rehash_opens_no_file(tmp_path: Path, mode: str,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = build_golden(tmp_path / "t")
+    cache = datacache.DigestCache(tmp_path / "store" / datacache.CACHE_FILENAME)
+    cold = digest_path(tree, cache=cache)
+    opened = _count_opens(monkeypatch)
+    warm = digest_path(tree, cache=cache)
+    assert warm == cold
+    if mode == "in-process":
+        assert opened == []
+        again = digest_path(tree, cache=cache, no_cache=True)
+        assert again == cold
+        assert len(opened) == 3
+
+
+def test_racily_clean_files_are_not_cached(tmp_path: Path) -> None:
+    tree = build_golden(tmp_path / "t")
+    cache = datacache.DigestCache(tmp_path / "store" / datacache.CACHE_FILENAME)
+    digest_path(tree, cache=cache)
+    # Written a moment ago: within the racy window, so nothing was kept.
+    assert not cache.path.exists() or cache.lookup(
+        [datacache.StatKey.of(os.stat(tree / "a.txt"))]) == [None]
+    cache.close()
+
+
+@pytest.mark.usefixtures("no_racy_window")
+def test_same_size_rewrite_with_forged_mtime_misses(tmp_path: Path) -> None:
+    tree = tmp_path / "t"
+    tree.mkdir()
+    target = tree / "data.bin"
+    target.write_bytes(b"AAAA")
+    st0 = os.stat(target)
+    cache = datacache.DigestCache(tmp_path / datacache.CACHE_FILENAME)
+    before = digest_path(tree, cache=cache)
+    target.write_bytes(b"BBBB")
+    os.utime(target, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # ctime still moves
+    after = digest_path(tree, cache=cache)
+    assert after.root != before.root
+    assert after.root == digest(tree).root
+
+
+def test_corrupt_cache_is_only_a_miss(tmp_path: Path) -> None:
+    tree = build_golden(tmp_path / "t")
+    path = tmp_path / datacache.CACHE_FILENAME
+    path.write_bytes(b"this is not sqlite" * 100)
+    assert digest_path(tree, cache=datacache.DigestCache(path)).root == digest(tree).root
+
+
+@pytest.mark.usefixtures("no_racy_window")
+def test_cache_rows_round_trip_unsigned_ids(tmp_path: Path) -> None:
+    cache = datacache.DigestCache(tmp_path / "c.sqlite")
+    key = datacache.StatKey(2**64 - 1, 2**63 + 5, 10, 1, 1)
+    assert cache.store([(key, b"d" * 32)], started_ns=10**19) == 1
+    assert cache.lookup([key, key._replace(size=11)]) == [b"d" * 32, None]
+    cache.close()
