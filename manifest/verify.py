@@ -300,6 +300,15 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         report.reason = f"the recorded run itself failed ({recorded.outputs.error})"
         return report
 
+    escaping = [g for g in recorded.command.outputs
+                if os.path.isabs(g) or ".." in Path(g).parts]
+    if escaping and not options.in_place:
+        from manifest.errors import NoVerdictError
+
+        raise NoVerdictError(
+            f"declared output {escaping[0]} lies outside the repository: a re-run would "
+            "overwrite the original there.",
+            hint="Capture with outputs inside the tree, or use --in-place knowingly.")
     if not options.in_place:
         problem = trust_problem(recorded, root, store) if repo_root_of(cwd) else (
             "not inside a git repository (use --in-place to run in this directory)")

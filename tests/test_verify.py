@@ -219,3 +219,17 @@ def test_git_history_is_unchanged_by_verify(captured: tuple[Path, Path]) -> None
     refs = git(repo, "for-each-ref")
     verify(repo, manifest, "--no-rerun")
     assert git(repo, "for-each-ref") == refs
+
+
+def test_outputs_outside_the_tree_are_never_overwritten(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    script = (f"import pathlib\npathlib.Path({str(target)!r}, 'w.bin')"
+              ".write_bytes(b'fresh')\n")
+    repo = make_repo(tmp_path / "repo", {"abs.py": script}, example=False)
+    manifest, _ = capture(repo, command=["python", "abs.py"], outputs=str(target / "*.bin"))
+    (target / "w.bin").write_bytes(b"precious")
+    code, _, stderr = verify(repo, manifest)
+    assert code == 3
+    assert "outside the repository" in stderr
+    assert (target / "w.bin").read_bytes() == b"precious"
