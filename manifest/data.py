@@ -511,6 +511,7 @@ def digest_datasets(specs: list[str], *, repo_root: Path | None, store: BlobStor
     """
     from manifest.models import Dataset
 
+    store.ensure()
     cache = DigestCache.in_store(store.root)
     datasets: list[Dataset] = []
     names: set[str] = set()
@@ -566,9 +567,20 @@ def hash_from_cli(path: Path, *, no_cache: bool, store_dir: str | None, quiet: b
     enclosing git repository's ``.manifest/``; outside a repository without
     ``--store`` nothing is cached (nothing is written next to user files).
     """
+    from manifest.errors import OutputError
+    from manifest.store import BlobStore
+
     cwd = Path.cwd()
     store_root = _cli_store_root(store_dir, cwd)
-    cache = DigestCache.in_store(store_root) if store_root is not None else None
+    cache = None
+    if store_root is not None:
+        try:
+            # Creates the store with its self-ignoring .gitignore, so the cache
+            # never shows up as an untracked change of the repository.
+            BlobStore(store_root).ensure()
+            cache = DigestCache.in_store(store_root)
+        except OutputError:
+            store_root = None  # an unwritable store only costs the cache
     label = path_text(os.fsencode(path))
     found = digest_path(path, cache=cache, no_cache=no_cache, quiet=quiet, label=label,
                         skip=[store_root] if store_root is not None else [])
@@ -576,7 +588,6 @@ def hash_from_cli(path: Path, *, no_cache: bool, store_dir: str | None, quiet: b
         return found.root
     from manifest.canonical import canonical_bytes
     from manifest.models import Dataset
-    from manifest.store import BlobStore
 
     name, _ = parse_data_spec(str(path))
     listing = BlobStore(store_root).put(found.listing) if store_root is not None else None

@@ -22,7 +22,7 @@ from manifest.data import (
 )
 from manifest.errors import DataError
 from manifest.store import BlobStore
-from tests.conftest import assert_one_sentence, run_cli
+from tests.conftest import GitRepo, assert_one_sentence, run_cli
 
 
 def make_tree(root: Path) -> Path:
@@ -255,3 +255,13 @@ def test_cli_hash_outside_a_repo_writes_nothing(tmp_path: Path, cli_env: dict[st
     result = run_cli("hash", str(tree), cwd=tmp_path, env=cli_env)
     assert result.returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_cli_hash_in_a_repo_caches_in_an_ignored_store(repo: GitRepo, cli_env: dict[str, str]
+                                                       ) -> None:
+    make_tree(repo.path / "data")
+    repo.commit("data", "data")
+    result = run_cli("hash", "-q", "data", cwd=repo.path, env=cli_env)
+    assert result.returncode == 0, result.stderr
+    assert (repo.path / ".manifest" / ".gitignore").exists()
+    assert repo.git("status", "--porcelain", "--untracked-files=all") == ""
