@@ -303,6 +303,9 @@ def capture_from_cli(
             if not isinstance(configured, list) or not all(isinstance(a, str) for a in configured):
                 raise ConfigError(f"[tool.manifest] command in {origin} must be a list of strings.")
             command = list(configured)
+    data_base = None
+    if data is None and origin is not None:
+        data_base = origin.parent  # paths in [tool.manifest] are relative to pyproject.toml
     data = data if data is not None else string_list(table, "data", origin) or []
     outputs = outputs if outputs is not None else string_list(table, "outputs", origin) or []
     store_dir = store_dir or table.get("store")
@@ -312,7 +315,7 @@ def capture_from_cli(
         from manifest.data import digest_datasets
 
         found = digest_datasets(data, repo_root=snap.code.root, store=snap.store,
-                                no_cache=no_cache, quiet=quiet)
+                                no_cache=no_cache, quiet=quiet, base=data_base)
         # Sorted by name: the order of --data flags must not change the run's identity.
         datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
     if not command:

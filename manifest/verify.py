@@ -160,7 +160,10 @@ def check_data(recorded: Manifest, root: Path, store: BlobStore, *, no_cache: bo
         files: list[str] = []
         listing = store.get(ds.listing) if ds.listing else None
         if listing is not None:
-            files = compare_listing(listing, full)
+            try:
+                files = compare_listing(listing, full, store=store, no_cache=no_cache)
+            except DataError as exc:
+                files = [exc.message]
         detail = (f"dataset {ds.name} changed: root {ds.root[:19]}… → {today.root[:19]}…, "
                   f"{today.files} files ({ds.files} recorded)")
         changes.append(DataChange(ds.name, ds.path, detail, files))
