@@ -320,7 +320,7 @@ def run_gate(cwd: Path, options: GateOptions) -> GateReport:
     project = load_project(cwd)
     mode = "no-rerun" if options.no_rerun else (
         "update-baseline" if options.update_baseline else "full")
-    report = GateReport(project=str(project.dir), mode=mode, policy=project.policy,
+    report = GateReport(project=project.rel(project.dir), mode=mode, policy=project.policy,
                         baseline=project.rel(project.baseline_path))
     if not _threads_pinned(project):
         report.warnings.append(
