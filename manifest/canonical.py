@@ -71,15 +71,25 @@ def compute_digest(doc: dict[str, Any]) -> str:
     return blake3_name(canonical_bytes({k: v for k, v in doc.items() if k != "digest"}))
 
 
+_PLACEHOLDER = "blake3:" + "0" * 64
+
+
 def seal(doc: dict[str, Any]) -> Manifest:
-    """Fill in ``run_id`` and ``digest`` of an unsealed document and validate it."""
+    """Fill in ``run_id`` and ``digest`` of an unsealed document and validate it.
+
+    The names are computed over the *validated* document (defaults filled
+    in), i.e. exactly the bytes :func:`dumps` will write, so a document that
+    leaves out a defaulted field still loads as untampered.
+    """
     body = {k: v for k, v in doc.items() if k not in ("run_id", "digest")}
-    body["run_id"] = compute_run_id(body)
-    body["digest"] = compute_digest(body)
     try:
-        return Manifest.model_validate(body)
+        draft = Manifest.model_validate({**body, "run_id": _PLACEHOLDER, "digest": _PLACEHOLDER})
     except ValidationError as exc:
         raise InvalidManifestError(_first_error(exc)) from exc
+    full = to_document(draft)
+    full["run_id"] = compute_run_id(full)
+    full["digest"] = compute_digest(full)
+    return draft.model_copy(update={"run_id": full["run_id"], "digest": full["digest"]})
 
 
 def to_document(manifest: Manifest) -> dict[str, Any]:
@@ -145,13 +155,60 @@ def load_manifest(data: bytes, *, verify: bool = True) -> Manifest:
     except ValidationError as exc:
         raise InvalidManifestError(_first_error(exc)) from exc
     if verify:
-        check_names(doc)
+        check_names(doc, raw=data)
     return manifest
 
 
-def check_names(doc: dict[str, Any]) -> None:
+def _top_level_member(raw: bytes, key: bytes) -> tuple[int, int] | None:
+    """Byte span of ``,"key":"..."`` at depth 1 of a JSON object, if present.
+
+    JSON strings cannot hold an unescaped quote, so the pattern only occurs as
+    a real member; the depth scan rejects a nested object's member.
+    """
+    needle = b',"' + key + b'":"'
+    start = raw.find(needle)
+    if start == -1:
+        return None
+    depth, in_string, escaped = 0, False, False
+    for byte in raw[:start]:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x7B, 0x5B):
+            depth += 1
+        elif byte in (0x7D, 0x5D):
+            depth -= 1
+    if depth != 1 or in_string:
+        return None
+    end = raw.find(b'"', start + len(needle))
+    return (start, end + 1) if end != -1 else None
+
+
+def _digest_matches(doc: dict[str, Any], raw: bytes | None) -> bool:
+    """Whether ``digest`` matches the document.
+
+    Fast path for files this tool wrote (canonical bytes): hash the file's
+    own bytes minus the top-level digest member, which are then exactly the
+    canonical bytes of the rest. Anything else (re-indented, reordered) falls
+    back to canonicalising the parsed document.
+    """
+    claimed = doc.get("digest")
+    if raw is not None and isinstance(claimed, str):
+        span = _top_level_member(raw, b"digest")
+        if span is not None and blake3_name(raw[: span[0]] + raw[span[1] :]) == claimed:
+            return True
+    return compute_digest(doc) == claimed
+
+
+def check_names(doc: dict[str, Any], *, raw: bytes | None = None) -> None:
     """Raise :class:`TamperedManifestError` if run_id or digest do not match."""
-    if compute_digest(doc) != doc.get("digest"):
+    if not _digest_matches(doc, raw):
         raise TamperedManifestError(
             "manifest digest does not match its content: the file was edited or corrupted.",
             hint="Refusing to use it; re-capture the run.",
