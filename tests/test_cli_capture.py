@@ -90,6 +90,27 @@ def test_redirecting_stdout_into_the_repo_does_not_dirty_it(
         assert doc["code"]["untracked_files"] == 0
 
 
+def test_capture_into_a_then_b_inside_the_repo_gives_the_same_run_id(
+    repo: GitRepo, cli_env: dict[str, str]
+) -> None:
+    """``manifest capture > a.json; manifest capture > b.json``: a.json is not code."""
+    docs = []
+    for name in ("a.json", "b.json"):
+        with (repo.path / name).open("wb") as fh:
+            proc = subprocess.run([sys.executable, "-m", "manifest.cli", "capture"],
+                                  cwd=repo.path, env=cli_env, stdout=fh,
+                                  stderr=subprocess.PIPE, check=False)
+        assert proc.returncode == 0, proc.stderr
+        docs.append(json.loads((repo.path / name).read_bytes()))
+    assert docs[0]["run_id"] == docs[1]["run_id"]
+    assert docs[1]["code"]["untracked_files"] == 0
+    # An ordinary untracked file still counts.
+    (repo.path / "notes.json").write_text('{"not": "a manifest"}')
+    _, third = capture(repo.path, cli_env)
+    assert third["code"]["untracked_files"] == 1
+    assert third["run_id"] != docs[0]["run_id"]
+
+
 def test_console_script_and_module_agree(repo: GitRepo, cli_env: dict[str, str]) -> None:
     script = Path(sys.executable).parent / "manifest"
     if not script.exists():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,14 +110,6 @@ def _none(reason_field: str, reason: str) -> Code:
         lockfiles={},
         unavailable={reason_field: reason},
     )
-
-
-def _same_file(root: Path, rel: bytes, exclude: frozenset[tuple[int, int]]) -> bool:
-    try:
-        st = os.stat(root / os.fsdecode(rel))
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) in exclude
 
 
 def working_patch(root: Path, head: str | None, git_dir: Path | None = None,
@@ -301,20 +294,47 @@ def remote_url(config: RepoConfig) -> str | None:
     return strip_credentials(urls.get("origin") or next(iter(urls.values())))
 
 
+_MANIFEST_HEAD = b'{"code":{'
+_MANIFEST_TAIL = b'"schema":"manifest/v1"}'
+
+
+def is_manifest_file(path: Path) -> bool:
+    """Whether ``path`` is a canonical manifest this tool wrote (by its first and last bytes).
+
+    Canonical JSON sorts keys, so every manifest starts with the ``code``
+    section and ends with the ``schema`` member.
+    """
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_MANIFEST_HEAD))
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            if size < len(_MANIFEST_HEAD) + len(_MANIFEST_TAIL):
+                return False
+            fh.seek(size - len(_MANIFEST_TAIL))
+            tail = fh.read()
+    except OSError:
+        return False
+    return head == _MANIFEST_HEAD and tail == _MANIFEST_TAIL
+
+
 def _without(untracked: list[bytes], root: Path,
              exclude: frozenset[tuple[int, int]]) -> list[bytes]:
-    """Untracked paths minus the files named by (device, inode) in ``exclude``."""
-    if not exclude:
-        return untracked
+    """Untracked paths minus the manifests: the one being written now (by device and
+    inode in ``exclude``: it may still be empty) and earlier ones (by content)."""
     kept: list[bytes] = []
     for rel in untracked:
+        path = root / os.fsdecode(rel)
         try:
-            st = os.lstat(root / os.fsdecode(rel))
+            st = os.lstat(path)
         except OSError:
             kept.append(rel)
             continue
-        if (st.st_dev, st.st_ino) not in exclude:
-            kept.append(rel)
+        if (st.st_dev, st.st_ino) in exclude:
+            continue
+        if stat.S_ISREG(st.st_mode) and is_manifest_file(path):
+            continue
+        kept.append(rel)
     return kept
 
 
@@ -324,9 +344,9 @@ def probe_code(cwd: Path, store: BlobStore | None = None, *,
 
     Never raises for a missing git or a non-repository: records the reason.
     Writes the patch blob into ``store`` when the tree is dirty. Untracked
-    files whose (device, inode) is in ``exclude`` are left out of the patch:
-    that is the file ``manifest capture > run.json`` is writing into, which
-    must not change the run it describes.
+    manifests are left out of the patch: the file ``manifest capture >
+    run.json`` is writing into (named by (device, inode) in ``exclude``) and
+    manifests of earlier captures, which must not change the run they describe.
     """
     try:
         state = read_repo_state(cwd)
