@@ -57,13 +57,14 @@ def load_config(start: Path) -> tuple[dict[str, Any], Path | None]:
     return table, path
 
 
-def string_list(table: dict[str, Any], key: str, origin: Path | None) -> list[str] | None:
-    """A list-of-strings value, validated."""
+def string_list(table: dict[str, Any], key: str, origin: Path | None, *,
+                section: str = "[tool.manifest]") -> list[str] | None:
+    """A list-of-strings value (a lone string counts as a list of one), validated."""
     value = table.get(key)
     if value is None:
         return None
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"[tool.manifest] {key} in {origin} must be a list of strings.")
+        raise ConfigError(f"{section} in {origin}: {key} must be a list of strings.")
     return list(value)

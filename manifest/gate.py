@@ -58,6 +58,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from manifest.config import string_list
 from manifest.errors import (
     EXIT_FAILED,
     EXIT_NO_VERDICT,
@@ -142,14 +143,8 @@ def parse_policy(table: Any, origin: Path | None) -> GatePolicy:
                           hint=f"Known keys: {', '.join(sorted(_POLICY_KEYS))}.")
 
     def strings(key: str) -> tuple[str, ...] | None:
-        value = table.get(key)
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: {key} must be a list of strings.")
-        return tuple(value)
+        value = string_list(table, key, origin, section="[tool.manifest.gate]")
+        return None if value is None else tuple(value)
 
     def flag(key: str, default: bool) -> bool:
         value = table.get(key, default)
