@@ -274,3 +274,16 @@ def test_manifest_written_inside_the_repo_is_not_part_of_the_code(tmp_path: Path
         assert proc.returncode == 0, proc.stderr.decode()
         ids.append(json.loads((repo / "run.json").read_bytes())["run_id"])
     assert ids[0] == ids[1]
+
+
+def test_recipe_does_not_import_inductor_but_sets_it_when_loaded(tmp_path: Path) -> None:
+    script = ("import sys, torch\n"
+              "print('inductor loaded:', 'torch._inductor.config' in sys.modules)\n"
+              "import torch._inductor.config as c\n"
+              "print('inductor deterministic:', c.deterministic)\n")
+    repo = make_repo(tmp_path / "repo", {"ind.py": script}, example=False)
+    proc = manifest_cli("capture", "--", "python", "ind.py", cwd=repo)
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = proc.stderr.decode().splitlines()
+    assert "inductor loaded: False" in lines
+    assert "inductor deterministic: True" in lines

@@ -170,9 +170,36 @@ def read_flags() -> dict[str, Any] | None:
     }
 
 
-def apply_flags(torch: Any, *, warn_only: bool = False) -> None:
+def _on_inductor_config(module: ModuleType) -> None:
+    mode = _state.get("inductor_deterministic")
+    if mode is not None:
+        module.deterministic = mode  # type: ignore[attr-defined]
+
+
+def _set_deterministic_lazily(torch: Any, warn_only: bool) -> bool:
+    """``use_deterministic_algorithms(True)`` without importing inductor now.
+
+    torch's own function imports ``torch._inductor.config`` (about 1.2 s on
+    CPU) just to set its ``deterministic`` switch. Under the launcher the
+    ATen flag is set directly and inductor's switch is set by the import
+    hook the moment inductor is loaded, if ever. Returns False where this
+    torch has no such private entry point (the caller uses the public one).
+    """
+    setter = getattr(getattr(torch, "_C", None), "_set_deterministic_algorithms", None)
+    if setter is None:
+        return False
+    setter(True, warn_only=warn_only)
+    _state["inductor_deterministic"] = True
+    loaded = sys.modules.get("torch._inductor.config")
+    if loaded is not None:
+        _on_inductor_config(loaded)
+    return True
+
+
+def apply_flags(torch: Any, *, warn_only: bool = False, lazy_inductor: bool = False) -> None:
     """The deterministic recipe: flags that make kernels and reductions repeatable."""
-    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    if not (lazy_inductor and _set_deterministic_lazily(torch, warn_only)):
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -318,7 +345,7 @@ def _on_torch(module: ModuleType) -> None:
         with contextlib.suppress(RuntimeError):
             module.set_num_interop_threads(int(threads))
     if config.get("deterministic", True):
-        apply_flags(module)
+        apply_flags(module, lazy_inductor=True)
     seed_all(process_seed(config))
     record["at_start"] = rng_fingerprints()
 
@@ -391,7 +418,8 @@ def install() -> None:
         "exception": None,
     }
     seed_python(process_seed(config))
-    sys.meta_path.insert(0, _AfterImport({"torch": _on_torch, "numpy": _on_numpy}))
+    sys.meta_path.insert(0, _AfterImport({"torch": _on_torch, "numpy": _on_numpy,
+                                          "torch._inductor.config": _on_inductor_config}))
     for name, callback in (("numpy", _on_numpy), ("torch", _on_torch)):
         if name in sys.modules:  # imported by an earlier sitecustomize
             _state["hooked"].add(name)
