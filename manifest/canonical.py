@@ -107,11 +107,13 @@ def _reject_constant(name: str) -> Any:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise InvalidManifestError(f"manifest has the key {key!r} twice in one object.")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # the rare case: find the key to name it
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise InvalidManifestError(f"manifest has the key {key!r} twice in one object.")
+            seen.add(key)
     return out
 
 
