@@ -73,9 +73,9 @@ import stat
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import blake3
 
@@ -142,9 +142,12 @@ def path_bytes(text: str) -> bytes:
 # ------------------------------------------------------------------ digests
 
 
-@dataclass(frozen=True)
-class DatasetDigest:
-    """The digest of one path: root, counts, and the listing it was computed from."""
+class DatasetDigest(NamedTuple):
+    """The digest of one path: root, counts, and the listing it was computed from.
+
+    (A NamedTuple, immutable: ``dataclasses`` would add ~8 ms of imports to
+    every ``manifest hash``.)
+    """
 
     root: str
     files: int
@@ -248,31 +251,39 @@ def _walk(top: bytes, top_st: os.stat_result, skip: set[tuple[int, int]],
     dirs: list[bytes] = []
     seen = {(top_st.st_dev, top_st.st_ino)}
     stack: list[tuple[bytes, bytes]] = [(top, b"")]
+    append = found.append
     while stack:
         abs_dir, rel_dir = stack.pop()
         folder = len(dirs)
         dirs.append(abs_dir)
+        prefix = rel_dir + b"/" if rel_dir else b""
         try:
             with os.scandir(abs_dir) as it:
                 for entry in it:
-                    rel = rel_dir + b"/" + entry.name if rel_dir else entry.name
+                    name = entry.name
                     try:
-                        _classify(entry, rel, folder, found, problems, seen, skip, stack)
+                        # Regular files first: most entries are, and with
+                        # follow_symlinks=False the three tests are exclusive.
+                        if entry.is_file(follow_symlinks=False):
+                            append((prefix + name, None, folder, name))
+                        else:
+                            _classify(entry, prefix + name, found, problems, seen, skip, stack)
                     except OSError as exc:
-                        problems.append((rel, _reason(exc)))
+                        problems.append((prefix + name, _reason(exc)))
                 progress(0, 0)
         except OSError as exc:
             problems.append((rel_dir, _reason(exc)))
-    found.sort(key=lambda item: item[0])
-    rel_, lines, folders, names = (list(column) for column in zip(*found, strict=True)) \
-        if found else ([], [], [], [])
-    return Entries(rel_, lines, folders, names, dirs), problems
+    found.sort(key=itemgetter(0))
+    # Columns by map(itemgetter): zip(*found) would build a 4-tuple of 50k arguments.
+    columns = [list(map(itemgetter(k), found)) for k in range(4)]
+    return Entries(columns[0], columns[1], columns[2], columns[3], dirs), problems
 
 
-def _classify(entry: os.DirEntry[bytes], rel: bytes, folder: int,
+def _classify(entry: os.DirEntry[bytes], rel: bytes,
               found: list[tuple[bytes, str | None, int, bytes]],
               problems: list[tuple[bytes, str]], seen: set[tuple[int, int]],
               skip: set[tuple[int, int]], stack: list[tuple[bytes, bytes]]) -> None:
+    """An entry that is not a regular file: link, directory or special file."""
     if entry.is_symlink():
         target = os.readlink(entry.path)
         found.append((rel, f"l\t{path_text(target)}\t{path_text(rel)}\n", -1, b""))
@@ -287,8 +298,6 @@ def _classify(entry: os.DirEntry[bytes], rel: bytes, folder: int,
         seen.add(ident)
         found.append((rel, f"d\t{path_text(rel)}\n", -1, b""))
         stack.append((entry.path, rel))
-    elif entry.is_file(follow_symlinks=False):
-        found.append((rel, None, folder, entry.name))
     else:
         kind = _SPECIAL_KIND.get(stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode), "p")
         found.append((rel, f"{kind}\t{path_text(rel)}\n", -1, b""))

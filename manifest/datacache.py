@@ -71,9 +71,12 @@ class StatKey(NamedTuple):
         return max(self.mtime_ns, self.ctime_ns) >= started_ns - RACY_WINDOW_NS
 
 
+_TOP, _WRAP = 1 << 63, 1 << 64
+
+
 def _s64(value: int) -> int:
     """st_dev/st_ino are unsigned 64-bit; SQLite integers are signed."""
-    return value - (1 << 64) if value >= 1 << 63 else value
+    return value - _WRAP if value >= _TOP else value
 
 
 class DigestCache:
@@ -119,26 +122,39 @@ class DigestCache:
         conn = self._connect(create=False)
         if conn is None or not keys:
             return found
-        by_dev: dict[int, list[int]] = {}
+        # Grouped by device, then inode (hard links share one): plain dicts and
+        # ints, as this runs once per file of a warm re-hash.
+        by_dev: dict[int, dict[int, list[int]]] = {}
         for i, key in enumerate(keys):
-            by_dev.setdefault(_s64(key.dev), []).append(i)
+            dev, ino = key[0], key[1]
+            if dev >= _TOP:
+                dev -= _WRAP
+            if ino >= _TOP:
+                ino -= _WRAP
+            wanted = by_dev.get(dev)
+            if wanted is None:
+                wanted = by_dev[dev] = {}
+            same = wanted.get(ino)
+            if same is None:
+                wanted[ino] = [i]
+            else:
+                same.append(i)
         try:
-            for dev, indexes in by_dev.items():
-                for start in range(0, len(indexes), _QUERY_BATCH):
-                    part = indexes[start:start + _QUERY_BATCH]
-                    wanted: dict[int, list[int]] = {}
-                    for i in part:  # hard links share an inode
-                        wanted.setdefault(_s64(keys[i].ino), []).append(i)
-                    marks = ",".join("?" * len(wanted))
+            for dev, wanted in by_dev.items():
+                inos = list(wanted)
+                for start in range(0, len(inos), _QUERY_BATCH):
+                    part = inos[start:start + _QUERY_BATCH]
+                    marks = ",".join("?" * len(part))
                     rows = conn.execute(
                         "SELECT ino, size, mtime_ns, ctime_ns, digest FROM files "  # noqa: S608
                         f"WHERE dev = ? AND ino IN ({marks})",
-                        (dev, *wanted),
+                        (dev, *part),
                     ).fetchall()
                     for ino, size, mtime_ns, ctime_ns, digest in rows:
                         for i in wanted[ino]:
                             key = keys[i]
-                            if (size, mtime_ns, ctime_ns) == key[2:] and len(digest) == 32:
+                            if (key[2] == size and key[3] == mtime_ns and key[4] == ctime_ns
+                                    and len(digest) == 32):
                                 found[i] = bytes(digest)
         except sqlite3.Error:
             return [None] * len(keys)

@@ -622,3 +622,33 @@ def test_cache_rows_round_trip_unsigned_ids(tmp_path: Path) -> None:
     assert cache.store([(key, b"d" * 32)], started_ns=10**19) == 1
     assert cache.lookup([key, key._replace(size=11)]) == [b"d" * 32, None]
     cache.close()
+
+
+@pytest.mark.usefixtures("no_racy_window")
+def test_cache_lookup_serves_every_hard_link_and_rejects_stale_rows(tmp_path: Path) -> None:
+    cache = datacache.DigestCache(tmp_path / "c.sqlite")
+    key = datacache.StatKey(7, 2**63 + 1, 4, 5, 6)
+    other = datacache.StatKey(8, 3, 4, 5, 6)
+    assert cache.store([(key, b"a" * 32), (other, b"b" * 32)], started_ns=10**19) == 2
+    stale = key._replace(ctime_ns=7)
+    assert cache.lookup([key, other, key, stale]) == [b"a" * 32, b"b" * 32, b"a" * 32, None]
+    cache.close()
+
+
+def test_unopenable_folder_in_pool_names_its_files(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    (tree / "a").mkdir(parents=True)
+    (tree / "b").mkdir()
+    for name in ("a/1", "a/2", "b/3"):
+        (tree / name).write_bytes(b"x")
+    real_open = os.open
+
+    def deny(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if flags & os.O_DIRECTORY and os.fsencode(path).endswith(b"/a"):  # type: ignore[arg-type]
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", deny)
+    with pytest.raises(DataError, match=r"a/1 \(permission denied\); a/2 \(permission denied\)"):
+        digest(tree)
