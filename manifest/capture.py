@@ -71,6 +71,17 @@ def default_store(cwd: Path, code: CodeProbe, configured: str | None = None) -> 
     return BlobStore(base / STORE_DIRNAME)
 
 
+def probe_machine(
+    nvml: Any | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], NvmlFacts | None]:
+    """The env and hardware sections (as JSON) of this machine, and the raw NVML facts."""
+    hardware, facts, reason = probe_hardware(nvml)
+    env = probe_env(
+        cuda_driver=facts.cuda_driver if facts else None, cuda_driver_reason=reason
+    )
+    return env.model_dump(mode="json"), hardware.model_dump(mode="json"), facts
+
+
 def take_snapshot(
     cwd: Path, *, store_dir: str | None = None, nvml: Any | None = None,
     manifest_file: Path | None = None,
@@ -82,16 +93,13 @@ def take_snapshot(
     store = default_store(cwd, code, store_dir)
     if code.patch:
         store.put(code.patch)
-    hardware, facts, reason = probe_hardware(nvml)
-    env = probe_env(
-        cuda_driver=facts.cuda_driver if facts else None, cuda_driver_reason=reason
-    )
+    env, hardware, facts = probe_machine(nvml)
     sections: dict[str, Any] = {
         "schema": SCHEMA_V1,
         "code": code.code.model_dump(mode="json"),
         "data": [],
-        "env": env.model_dump(mode="json"),
-        "hardware": hardware.model_dump(mode="json"),
+        "env": env,
+        "hardware": hardware,
         "randomness": {"seed": None, "derivation": None, "processes": [],
                        "unavailable": {"seed": "no command was run"}},
         "determinism": {

@@ -119,15 +119,13 @@ class VerifyOptions:
 # ------------------------------------------------------------------- drift
 
 
-def environment_drift(recorded: Manifest, cwd: Path) -> list[Drift]:
+def environment_drift(recorded: Manifest) -> list[Drift]:
     """Differences between the recorded env/hardware and today's, with impact."""
-    from manifest.capture import take_snapshot
+    from manifest.capture import probe_machine
     from manifest.diff import diff_manifests
 
-    snap = take_snapshot(cwd)
     doc = to_document(recorded)
-    doc["env"] = snap.sections["env"]
-    doc["hardware"] = snap.sections["hardware"]
+    doc["env"], doc["hardware"], _ = probe_machine()
     today = seal(doc)
     return [
         Drift(d.path, d.impact.value, d.reason)
@@ -141,12 +139,13 @@ def environment_drift(recorded: Manifest, cwd: Path) -> list[Drift]:
 
 def check_data(recorded: Manifest, root: Path, store: BlobStore, *, no_cache: bool,
                quiet: bool) -> list[DataChange]:
+    if not recorded.data:
+        return []
+    from manifest.data import compare_listing, digest_datasets
     from manifest.errors import DataError
 
     changes: list[DataChange] = []
     for ds in recorded.data:
-        from manifest.data import compare_listing, digest_datasets
-
         path = Path(ds.path)
         full = path if path.is_absolute() else root / path
         try:
@@ -277,7 +276,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     root = repo_root_of(cwd) or cwd
     store = store_for(recorded, root)
 
-    report.drift = environment_drift(recorded, cwd)
+    report.drift = environment_drift(recorded)
     report.data = check_data(recorded, root, store, no_cache=options.no_cache,
                              quiet=options.quiet)
     if options.threads is not None and options.threads != recorded.determinism.num_threads:

@@ -146,19 +146,22 @@ class _Stub:
 
     _qualname = "?"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._args = args
-        self._state: Any = None
-        self._items: list[Any] = []
-        self._mapping: dict[Any, Any] = {}
+    _args: tuple[Any, ...]
+    _state: Any
+    _items: list[Any]
+    _mapping: dict[Any, Any]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> _Stub:
+        # pickle's NEWOBJ calls only __new__; REDUCE calls the class (both).
         obj = super().__new__(cls)
         obj._args = args
         obj._state = None
         obj._items = []
         obj._mapping = {}
         return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
     def __setstate__(self, state: Any) -> None:
         self._state = state
