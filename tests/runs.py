@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,10 @@ def tree_state(repo: Path) -> str:
     h.update(git(repo, "stash", "list").encode())
     h.update(git(repo, "worktree", "list", "--porcelain").encode())
     return h.hexdigest()
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for torchrun's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 import subprocess
@@ -32,20 +31,12 @@ from manifest.diff import (
     rule_for,
 )
 from manifest.models import Manifest
+from tests.golden.diff import make_pairs
 
 GOLDEN = Path(__file__).parent / "golden" / "diff"
 
 
-def _load_pairs() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("diff_make_pairs", GOLDEN / "make_pairs.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PAIRS = _load_pairs()
+PAIRS = make_pairs
 
 
 def build(edit: Any = None) -> Manifest:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import types
 from pathlib import Path
 from typing import Any
 
@@ -14,20 +12,12 @@ from hypothesis import strategies as st
 from manifest.canonical import seal
 from manifest.diff import ChangeKind, ManifestDiff, diff_manifests
 from manifest.models import Manifest
+from tests.golden.diff import make_pairs
 
 GOLDEN = Path(__file__).parent / "golden" / "diff"
 
 
-def _load_pairs() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("diff_make_pairs", GOLDEN / "make_pairs.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PAIRS = _load_pairs()
+PAIRS = make_pairs
 
 names = st.text("abcdefghij_-.", min_size=1, max_size=6)
 versions = st.sampled_from(["1.0", "1.1", "2.0.1", "0.4.3"])

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from manifest.run import LaunchSettings, redact_argv, select_ranks
-from tests.runs import capture, make_repo, manifest_cli
+from tests.runs import capture, free_port, make_repo, manifest_cli
 
 pytestmark = pytest.mark.slow
 
@@ -239,17 +238,11 @@ def test_child_environment_pins_seed_threads_and_cublas(tmp_path: Path) -> None:
     assert kept["PYTHONHASHSEED"] == "123" and "CUBLAS_WORKSPACE_CONFIG" not in kept
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
 def test_torchrun_two_ranks_gloo_records_each_rank_and_agrees(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", {})
     docs = []
-    port = _free_port()  # argv is part of the identity: the same port both times
+    port = free_port()  # argv is part of the identity: the same port both times
     for i in range(2):
         cmd = ["torchrun", "--nproc_per_node=2", f"--master_port={port}",
                "train.py", "--steps", "10"]

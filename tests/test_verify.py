@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runs import capture, git, make_repo, manifest_cli, tree_state
+from tests.runs import capture, free_port, git, make_repo, manifest_cli, tree_state
 
 pytestmark = pytest.mark.slow
 
@@ -196,16 +195,10 @@ def test_dataset_byte_change_is_reported_by_file(tmp_path: Path) -> None:
     assert code == 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
 def test_torchrun_two_ranks_verify_identical(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", {})
-    cmd = ["torchrun", "--nproc_per_node=2", f"--master_port={_free_port()}", "train.py",
+    cmd = ["torchrun", "--nproc_per_node=2", f"--master_port={free_port()}", "train.py",
            "--steps", "10"]
     manifest, doc = capture(repo, "--seed", "0", command=cmd)
     assert len(doc["determinism"]["processes"]) == 2
