@@ -80,7 +80,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import blake3
 
 from manifest.datacache import DigestCache
-from manifest.datapool import ATTEMPTS, Entries, FileResult, Status, hash_entries
+from manifest.datapool import (
+    ATTEMPTS,
+    Entries,
+    FileResult,
+    Status,
+    cpu_count,
+    hash_entries,
+)
 from manifest.errors import DataError
 
 if TYPE_CHECKING:
@@ -243,46 +250,115 @@ class _Progress:
             self._bar = None
 
 
-def _walk(top: bytes, top_st: os.stat_result, skip: set[tuple[int, int]],
-          progress: _Progress) -> tuple[Entries, list[tuple[bytes, str]]]:
-    """Every entry below ``top``, sorted by relative path bytes, and what went wrong."""
-    found: list[tuple[bytes, str | None, int, bytes]] = []
-    problems: list[tuple[bytes, str]] = []
-    dirs: list[bytes] = []
-    seen = {(top_st.st_dev, top_st.st_ino)}
-    stack: list[tuple[bytes, bytes]] = [(top, b"")]
+_EXPAND_LEVELS = 3
+"""The parent scans at most this many levels looking for subtrees to hand out."""
+_TREES_PER_JOB = 4
+"""Subtrees per worker that make the walk worth splitting (enough to balance)."""
+_EXPAND_FILES = 2048
+"""More files than this in the levels the parent scanned: a flat tree, split by chunks."""
+_TREE = "\x01"
+"""The line that stands for a subtree walked by a worker; never in a line."""
+
+_Found = list[tuple[bytes, str | None, int, bytes]]
+_DirIds = list[tuple[bytes, int, int]]
+
+
+def _scan(abs_dir: bytes, rel_dir: bytes, found: _Found, problems: list[tuple[bytes, str]],
+          dirs: list[bytes], seen: set[tuple[int, int]], skip: set[tuple[int, int]],
+          stack: list[tuple[bytes, bytes]], dir_ids: _DirIds) -> int:
+    """List one directory into ``found``; its subdirectories go on ``stack``. Returns files."""
+    folder = len(dirs)
+    dirs.append(abs_dir)
+    prefix = rel_dir + b"/" if rel_dir else b""
     append = found.append
-    while stack:
-        abs_dir, rel_dir = stack.pop()
-        folder = len(dirs)
-        dirs.append(abs_dir)
-        prefix = rel_dir + b"/" if rel_dir else b""
-        try:
-            with os.scandir(abs_dir) as it:
-                for entry in it:
-                    name = entry.name
-                    try:
-                        # Regular files first: most entries are, and with
-                        # follow_symlinks=False the three tests are exclusive.
-                        if entry.is_file(follow_symlinks=False):
-                            append((prefix + name, None, folder, name))
-                        else:
-                            _classify(entry, prefix + name, found, problems, seen, skip, stack)
-                    except OSError as exc:
-                        problems.append((prefix + name, _reason(exc)))
-                progress(0, 0)
-        except OSError as exc:
-            problems.append((rel_dir, _reason(exc)))
+    files = 0
+    try:
+        with os.scandir(abs_dir) as it:
+            for entry in it:
+                name = entry.name
+                try:
+                    # Regular files first: most entries are, and with
+                    # follow_symlinks=False the three tests are exclusive.
+                    if entry.is_file(follow_symlinks=False):
+                        append((prefix + name, None, folder, name))
+                        files += 1
+                    else:
+                        _classify(entry, prefix + name, found, problems, seen, skip, stack,
+                                  dir_ids)
+                except OSError as exc:
+                    problems.append((prefix + name, _reason(exc)))
+    except OSError as exc:
+        problems.append((rel_dir, _reason(exc)))
+    return files
+
+
+def _entries(found: _Found, dirs: list[bytes]) -> Entries:
     found.sort(key=itemgetter(0))
     # Columns by map(itemgetter): zip(*found) would build a 4-tuple of 50k arguments.
     columns = [list(map(itemgetter(k), found)) for k in range(4)]
-    return Entries(columns[0], columns[1], columns[2], columns[3], dirs), problems
+    return Entries(columns[0], columns[1], columns[2], columns[3], dirs)
 
 
-def _classify(entry: os.DirEntry[bytes], rel: bytes,
-              found: list[tuple[bytes, str | None, int, bytes]],
+def _walk(top: bytes, top_st: os.stat_result, skip: set[tuple[int, int]],
+          progress: _Progress, jobs: int
+          ) -> tuple[Entries, list[tuple[bytes, bytes]], list[tuple[bytes, str]],
+                     set[tuple[int, int]]]:
+    """Entries below ``top`` sorted by relative path bytes, subtrees left to workers,
+    and what went wrong.
+
+    The parent scans the first levels only; when they hold enough directories
+    (and few files), each directory below them is a subtree that a worker
+    walks, hashes and renders by itself: it is an entry ``_TREE`` sorted at
+    ``rel + b"/"``, where its lines go (every path below ``rel`` starts with
+    that, and no other path does). Otherwise (a flat tree, or one with too
+    few directories to balance) the parent walks everything.
+    """
+    found: _Found = []
+    problems: list[tuple[bytes, str]] = []
+    dirs: list[bytes] = []
+    ids: _DirIds = []
+    seen = {(top_st.st_dev, top_st.st_ino)}
+    level: list[tuple[bytes, bytes]] = [(top, b"")]
+    files = 0
+    trees: list[tuple[bytes, bytes]] = []
+    for _ in range(_EXPAND_LEVELS):
+        below: list[tuple[bytes, bytes]] = []
+        for abs_dir, rel_dir in level:
+            files += _scan(abs_dir, rel_dir, found, problems, dirs, seen, skip, below, ids)
+        level = below
+        if not below or files > _EXPAND_FILES:
+            break
+        if len(below) >= _TREES_PER_JOB * jobs and hasattr(os, "fork"):
+            trees, level = sorted(below, key=lambda t: t[1] + b"/"), []
+            break
+    stack = level
+    while stack:
+        abs_dir, rel_dir = stack.pop()
+        _scan(abs_dir, rel_dir, found, problems, dirs, seen, skip, stack, ids)
+        progress(0, 0)
+    found += [(rel + b"/", _TREE, -1, b"") for _, rel in trees]
+    return _entries(found, dirs), trees, problems, seen
+
+
+def _walk_tree(abs_dir: bytes, rel_dir: bytes, seen: set[tuple[int, int]],
+               skip: set[tuple[int, int]]) -> tuple[Entries, list[tuple[bytes, str]], _DirIds]:
+    """Everything below one subtree (in a worker): entries, problems, directories seen."""
+    found: _Found = []
+    problems: list[tuple[bytes, str]] = []
+    dirs: list[bytes] = []
+    ids: _DirIds = []
+    seen = set(seen)
+    stack = [(abs_dir, rel_dir)]
+    while stack:
+        abs_dir, rel_dir = stack.pop()
+        _scan(abs_dir, rel_dir, found, problems, dirs, seen, skip, stack, ids)
+    return _entries(found, dirs), problems, ids
+
+
+def _classify(entry: os.DirEntry[bytes], rel: bytes, found: _Found,
               problems: list[tuple[bytes, str]], seen: set[tuple[int, int]],
-              skip: set[tuple[int, int]], stack: list[tuple[bytes, bytes]]) -> None:
+              skip: set[tuple[int, int]], stack: list[tuple[bytes, bytes]],
+              dir_ids: _DirIds) -> None:
     """An entry that is not a regular file: link, directory or special file."""
     if entry.is_symlink():
         target = os.readlink(entry.path)
@@ -296,11 +372,31 @@ def _classify(entry: os.DirEntry[bytes], rel: bytes,
             problems.append((rel, "is a directory already seen above it (a bind-mount loop)"))
             return
         seen.add(ident)
+        dir_ids.append((rel, st.st_dev, st.st_ino))
         found.append((rel, f"d\t{path_text(rel)}\n", -1, b""))
         stack.append((entry.path, rel))
     else:
         kind = _SPECIAL_KIND.get(stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode), "p")
         found.append((rel, f"{kind}\t{path_text(rel)}\n", -1, b""))
+
+
+def _seen_twice(dir_ids: _DirIds) -> list[tuple[bytes, str]]:
+    """Directories that two workers each walked (one is a bind mount of the other).
+
+    Within one subtree the walk refuses a directory it has seen; across
+    subtrees walked apart, the second of a pair in path order is named (not
+    its subdirectories, which are their pair's subdirectories too).
+    """
+    first: set[tuple[int, int]] = set()
+    named: list[bytes] = []
+    problems: list[tuple[bytes, str]] = []
+    for rel, dev, ino in sorted(dir_ids):
+        if (dev, ino) not in first:
+            first.add((dev, ino))
+        elif not any(rel.startswith(above + b"/") for above in named):
+            named.append(rel)
+            problems.append((rel, "is a directory already seen above it (a bind-mount loop)"))
+    return problems
 
 
 def _file_line(size: int, digest: bytes, rel: bytes) -> str:
@@ -374,6 +470,9 @@ def digest_path(path: Path, *, cache: DigestCache | None, no_cache: bool = False
     top, top_st = _open_top(path, label)
     progress = _Progress(label, enabled=not quiet and sys.stderr.isatty())
     try:
+        trees: list[tuple[bytes, bytes]] = []
+        seen: set[tuple[int, int]] = set()
+        skip_ids: set[tuple[int, int]] = set()
         if stat.S_ISREG(top_st.st_mode):
             # One unnamed entry; the top-level link, if any, is resolved first.
             parent, name = os.path.split(os.path.realpath(top))
@@ -381,21 +480,25 @@ def digest_path(path: Path, *, cache: DigestCache | None, no_cache: bool = False
             progress.total, progress.by_bytes = top_st.st_size, True
             problems: list[tuple[bytes, str]] = []
         elif stat.S_ISDIR(top_st.st_mode):
-            skip_ids = set()
             for folder in skip:
                 with contextlib.suppress(OSError):
                     st = os.stat(folder)
                     skip_ids.add((st.st_dev, st.st_ino))
-            entries, problems = _walk(top, top_st, skip_ids, progress)
-            progress.total = entries.lines.count(None)
+            jobs = cpu_count()
+            entries, trees, problems, seen = _walk(top, top_st, skip_ids, progress, jobs)
+            if not trees:  # with subtrees, the count is known only once they are walked
+                progress.total = entries.lines.count(None)
         else:
             kind = _KIND_WORD[_SPECIAL_KIND.get(stat.S_IFMT(top_st.st_mode), "p")]
             raise DataError(f"dataset {label} is a {kind}, not a file or directory; "
                             "it is never opened.")
         hashed = hash_entries(entries, cache=cache, lookup=not no_cache, render=_file_line,
-                              started_ns=started_ns, progress=progress)
+                              started_ns=started_ns, progress=progress, trees=trees,
+                              walk=lambda path, rel: _walk_tree(path, rel, seen, skip_ids))
     finally:
         progress.close()
+    problems += hashed.walk_problems
+    problems += _seen_twice(hashed.dir_ids)
     problems += [(rel, _result_reason(res)) for rel, res in hashed.problems]
     if problems:
         raise _refuse(label, problems)

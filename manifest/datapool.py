@@ -46,6 +46,7 @@ import contextlib
 import errno
 import faulthandler
 import io
+import marshal
 import mmap
 import os
 import selectors
@@ -54,7 +55,7 @@ import stat
 import struct
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -108,6 +109,11 @@ RenderFile = Callable[[int, bytes, bytes], str]
 """(size, digest, relative path) -> the listing line of a regular file."""
 ProgressFn = Callable[[int, int], None]
 """Called with (files finished, bytes hashed) increments."""
+WalkFn = Callable[
+    [bytes, bytes], "tuple[Entries, list[tuple[bytes, str]], list[tuple[bytes, int, int]]]"]
+"""(directory, its relative path) -> (its sorted entries, walk problems, directories seen)."""
+_TREE_MARK = b"\x01"
+"""The line of a subtree in the parent's entries (see ``manifest.data._walk``)."""
 
 
 class Entries:
@@ -156,12 +162,16 @@ class _DirFd:
 class Hashed:
     """The outcome: listing body (no header), counts, and per-file failures."""
 
-    __slots__ = ("body", "files", "problems", "total_bytes")
+    __slots__ = ("body", "dir_ids", "files", "problems", "total_bytes", "walk_problems")
 
     def __init__(self, body: bytes, files: int, total_bytes: int,
                  problems: list[tuple[bytes, FileResult]] | None = None) -> None:
         self.body, self.files, self.total_bytes = body, files, total_bytes
         self.problems = problems if problems is not None else []
+        self.walk_problems: list[tuple[bytes, str]] = []
+        """What the walks of subtrees (in workers) could not read."""
+        self.dir_ids: list[tuple[bytes, int, int]] = []
+        """(relative path, device, inode) of each directory the subtree walks entered."""
 
 
 # ------------------------------------------------------------- one file
@@ -485,6 +495,72 @@ def _finish_chunk(entries: Entries, start: int, end: int, cache: DigestCache | N
     return chunk
 
 
+class _Tree:
+    """A subtree walked, hashed and rendered: text with a placeholder per ``pending``."""
+
+    __slots__ = ("dir_ids", "files", "fresh", "hashed_bytes", "pending", "problems", "text",
+                 "total_bytes")
+
+    def __init__(self, text: bytes, files: int, hashed_bytes: int, total_bytes: int,
+                 pending: list[tuple[bytes, bytes, FileResult]],
+                 problems: list[tuple[bytes, str]], dir_ids: list[tuple[bytes, int, int]],
+                 fresh: list[tuple[StatKey, bytes]]) -> None:
+        self.text, self.files, self.hashed_bytes = text, files, hashed_bytes
+        self.total_bytes, self.pending, self.problems = total_bytes, pending, problems
+        self.dir_ids, self.fresh = dir_ids, fresh
+
+    def pack(self) -> bytes:
+        pending = [(path, rel, int(r.status), tuple(r.key) if r.key else None, r.digest, r.errno)
+                   for path, rel, r in self.pending]
+        return marshal.dumps((self.text, pending, self.problems, self.dir_ids))
+
+    @classmethod
+    def unpack(cls, data: bytes, files: int, hashed_bytes: int, total_bytes: int) -> _Tree:
+        # From our own worker through a pipe only it and the parent hold.
+        text, pending, problems, dir_ids = marshal.loads(data)  # noqa: S302
+        return cls(text, files, hashed_bytes, total_bytes,
+                   [(path, rel, FileResult(Status(st), StatKey(*key) if key else None, digest,
+                                           err))
+                    for path, rel, st, key, digest, err in pending],
+                   [tuple(p) for p in problems], [tuple(d) for d in dir_ids], [])
+
+
+def _run_tree(walk: WalkFn, path: bytes, rel: bytes, cache: DigestCache | None,
+              render: RenderFile, *, keep: bool,
+              mapped: Callable[[bytes, StatKey], FileResult] | None) -> _Tree:
+    """Walk one subtree, hash its files and render its lines (in a worker, or in the
+    parent for a subtree whose worker died: then ``mapped`` is None and big files are
+    read with buffered reads).
+    """
+    entries, problems, dir_ids = walk(path, rel)
+    chunk = _run_chunk(entries, 0, len(entries.rel), cache, render,
+                       defer_big=mapped is not None, keep=keep)
+    tree = _Tree(chunk.text, chunk.files, chunk.hashed_bytes, chunk.total_bytes, [],
+                 problems, dir_ids, chunk.fresh)
+    if chunk.pending:
+        pieces = chunk.text.split(_PLACEHOLDER.encode())
+        out = [pieces[0]]
+        for (i, res), piece in zip(chunk.pending, pieces[1:], strict=True):
+            file_path = entries.path(i)
+            if res.status == Status.BIG and mapped is not None:
+                key, failed = lstat_file(file_path)
+                res = failed or mapped(file_path, key or StatKey(0, 0, 0, 0, 0))
+                if res.status == Status.OK and res.key is not None and res.digest is not None:
+                    if keep:
+                        tree.fresh.append((res.key, res.digest))
+                    tree.hashed_bytes += res.key.size
+            if res.status == Status.OK and res.key is not None and res.digest is not None:
+                out.append(render(res.key.size, res.digest, entries.rel[i]).encode("utf-8"))
+                tree.files += 1
+                tree.total_bytes += res.key.size
+            else:
+                tree.pending.append((file_path, entries.rel[i], res))
+                out.append(_PLACEHOLDER.encode())
+            out.append(piece)
+        tree.text = b"".join(out)
+    return tree
+
+
 # ----------------------------------------------------------------- wire
 
 # Worker -> parent: a header, then `text_len` bytes of UTF-8, then `n_pending` records.
@@ -493,8 +569,8 @@ _HEADER = struct.Struct("<BxxxIIIIQQQ")
 # index, status, errno, dev, ino, size, mtime_ns, ctime_ns, digest
 _RECORD = struct.Struct("<IBBxxQQQqq32s")
 _TASK = struct.Struct("<BII")
-_TASK_CHUNK, _TASK_BIG = 0, 1
-_MSG_CHUNK, _MSG_PROGRESS = 0, 1
+_TASK_CHUNK, _TASK_BIG, _TASK_TREE = 0, 1, 2
+_MSG_CHUNK, _MSG_PROGRESS, _MSG_TREE = 0, 1, 2
 
 
 def _pack_result(index: int, res: FileResult) -> bytes:
@@ -528,7 +604,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _worker_main(task_fd: int, result_fd: int, entries: Entries, cache: DigestCache | None,
-                 lookup: bool, render: RenderFile, threads: int, started_ns: int) -> None:
+                 lookup: bool, render: RenderFile, threads: int, started_ns: int,
+                 trees: Sequence[tuple[bytes, bytes]] = (), walk: WalkFn | None = None) -> None:
     """A forked worker: run tasks until the parent closes the task pipe, then cache."""
     hasher: blake3.blake3 | None = None
     fresh: list[tuple[StatKey, bytes]] = []
@@ -537,6 +614,28 @@ def _worker_main(task_fd: int, result_fd: int, entries: Entries, cache: DigestCa
         if not task:
             break
         kind, start, end = _TASK.unpack(task)
+        if kind == _TASK_TREE and walk is not None:
+            def mapped(path: bytes, key: StatKey, index: int = start) -> FileResult:
+                nonlocal hasher
+                if hasher is None:
+                    hasher = blake3.blake3(max_threads=threads)
+
+                def report(n: int) -> None:
+                    _write_all(result_fd, _HEADER.pack(_MSG_PROGRESS, index, index, 0, 0, n,
+                                                       0, 0))
+
+                return _hash_mapped(path, key, hasher, report)
+
+            tree_path, tree_rel = trees[start]
+            tree = _run_tree(walk, tree_path, tree_rel, cache if lookup else None, render,
+                             keep=cache is not None, mapped=mapped)
+            payload = tree.pack()
+            _write_all(result_fd, _HEADER.pack(_MSG_TREE, start, end, 0, tree.files,
+                                               tree.hashed_bytes, tree.total_bytes,
+                                               len(payload)) + payload)
+            if cache is not None and tree.fresh:
+                cache.store(tree.fresh, started_ns=started_ns)
+            continue
         if kind == _TASK_CHUNK:
             chunk = _run_chunk(entries, start, end, cache if lookup else None, render,
                                defer_big=True, keep=cache is not None)
@@ -617,11 +716,15 @@ def cpu_count() -> int:
 
 def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
                  render: RenderFile, started_ns: int, jobs: int | None = None,
-                 progress: ProgressFn | None = None) -> Hashed:
+                 progress: ProgressFn | None = None, trees: Sequence[tuple[bytes, bytes]] = (),
+                 walk: WalkFn | None = None) -> Hashed:
     """Hash every regular file among ``entries`` and render the listing body.
 
     ``cache`` is read when ``lookup`` and refreshed with every digest read
     now. Never raises for one file: failures come back in ``problems``.
+    ``trees``: (directory, relative path) of subtrees that workers walk with
+    ``walk``, hash and render whole; each stands in ``entries`` as a line
+    ``_TREE_MARK`` where its lines go.
     """
     jobs = jobs or cpu_count()
     note: ProgressFn = progress or (lambda files, nbytes: None)
@@ -632,6 +735,14 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
     fresh: list[tuple[StatKey, bytes]] = []
     files = total = 0
     tasks: list[tuple[int, int, int]] = []
+    done_trees: dict[int, _Tree] = {}
+
+    def take_tree(index: int, tree: _Tree) -> None:
+        nonlocal files, total
+        done_trees[index] = tree
+        files += tree.files
+        total += tree.total_bytes
+        note(tree.files, tree.hashed_bytes)
 
     def take(start: int, chunk: _Chunk) -> None:
         nonlocal files, total
@@ -644,7 +755,7 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
                 tasks.append((_TASK_BIG, i, i + 1))
         note(chunk.files, chunk.hashed_bytes)
 
-    if n < IN_PROCESS_MAX or not can_fork:
+    if (n < IN_PROCESS_MAX and not trees) or not can_fork:
         look = cache if lookup else None
         for start in range(0, n, CHUNK_ENTRIES):
             chunk = _run_chunk(entries, start, min(start + CHUNK_ENTRIES, n), look, render,
@@ -653,14 +764,17 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
             take(start, chunk)
     else:
         tasks = [(_TASK_CHUNK, s, min(s + CHUNK_ENTRIES, n)) for s in range(0, n, CHUNK_ENTRIES)]
+    # Popped from the end: subtrees first, in path order.
+    tasks += [(_TASK_TREE, j, j + 1) for j in reversed(range(len(trees) if can_fork else 0))]
     if cache is not None:
         cache.store(fresh, started_ns=started_ns)
         cache.close()
     if tasks:
         def run(task_fd: int, result_fd: int) -> None:
-            _worker_main(task_fd, result_fd, entries, cache, lookup, render, jobs, started_ns)
+            _worker_main(task_fd, result_fd, entries, cache, lookup, render, jobs, started_ns,
+                         trees, walk)
 
-        _run_pool(tasks, jobs, run, take, pending, note)
+        _run_pool(tasks, jobs, run, take, pending, note, take_tree)
     # What a dead worker left unfinished, or a big file it could not map,
     # is hashed here with buffered reads: a truncation is a short read here.
     late: list[tuple[StatKey, bytes]] = []
@@ -670,10 +784,17 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
                                defer_big=False, keep=cache is not None)
             late += chunk.fresh
             take(start, chunk)
+    for j, (path, rel) in enumerate(trees):
+        if j not in done_trees:  # its worker died (or there is no fork)
+            tree = _run_tree(walk or _no_walk, path, rel, None, render, keep=cache is not None,
+                             mapped=None)
+            late += tree.fresh
+            take_tree(j, tree)
     problems: list[tuple[bytes, FileResult]] = []
-    resolved: dict[int, str] = {}
-    for i, res in sorted(pending.items()):
-        path = entries.path(i)
+
+    def settle(path: bytes, rel: bytes, res: FileResult) -> str | None:
+        """The line of a file left pending, once it is read again where it may be."""
+        nonlocal files, total
         if res.status in (Status.BIG, Status.CHANGED):  # a worker died, or a file moved
             key, failed = lstat_file(path)
             res = failed or hash_buffered(path, key or StatKey(0, 0, 0, 0, 0))
@@ -681,18 +802,47 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
             if res.status == Status.OK and res.key is not None and res.digest is not None:
                 late.append((res.key, res.digest))
         if res.key is not None and res.digest is not None:
-            resolved[i] = render(res.key.size, res.digest, entries.rel[i])
             files += 1
             total += res.key.size
-            pending[i] = res
             note(1, 0)
-        else:
-            problems.append((entries.rel[i], res))
+            return render(res.key.size, res.digest, rel)
+        problems.append((rel, res))
+        return None
+
+    resolved: dict[int, str] = {}
+    for i, res in sorted(pending.items()):
+        line = settle(entries.path(i), entries.rel[i], res)
+        if line is not None:
+            resolved[i] = line
     if cache is not None and late:
         cache.store(late, started_ns=started_ns)
         cache.close()
     body = _assemble(texts, sorted(pending), resolved, n)
-    return Hashed(body, files, total, problems)
+    hashed = Hashed(body, files, total, problems)
+    if trees:
+        pieces = body.split(_TREE_MARK)
+        parts = [pieces[0]]
+        for j, piece in enumerate(pieces[1:]):
+            tree = done_trees[j]
+            text = tree.text
+            if tree.pending:
+                holes = text.split(_PLACEHOLDER.encode())
+                fill = [(settle(path, rel, res) or "").encode("utf-8")
+                        for path, rel, res in tree.pending] + [b""]
+                text = b"".join(h + f for h, f in zip(holes, fill, strict=True))
+            parts += [text, piece]
+            hashed.walk_problems += tree.problems
+            hashed.dir_ids += tree.dir_ids
+        hashed.body = b"".join(parts)
+        if cache is not None and late:
+            cache.store(late, started_ns=started_ns)
+            cache.close()
+    return hashed
+
+
+def _no_walk(path: bytes, rel: bytes) -> tuple[Entries, list[tuple[bytes, str]],
+                                               list[tuple[bytes, int, int]]]:
+    raise ValueError("subtrees to hash, but no walk to list them")
 
 
 def _assemble(texts: dict[int, bytes], holes: list[int], resolved: dict[int, str],
@@ -715,7 +865,7 @@ def _assemble(texts: dict[int, bytes], holes: list[int], resolved: dict[int, str
 
 def _run_pool(tasks: list[tuple[int, int, int]], jobs: int, run: Callable[[int, int], None],
               take: Callable[[int, _Chunk], None], pending: dict[int, FileResult],
-              note: ProgressFn) -> None:
+              note: ProgressFn, take_tree: Callable[[int, _Tree], None]) -> None:
     """Hand tasks to forked workers (up to ``jobs``) until every one has an answer."""
     workers: list[_Worker] = []
     sel = selectors.DefaultSelector()
@@ -737,7 +887,7 @@ def _run_pool(tasks: list[tuple[int, int, int]], jobs: int, run: Callable[[int, 
                     _bury(w, sel, workers)
                     continue
                 w.buffer += data
-                _drain(w, take, pending, note)
+                _drain(w, take, pending, note, take_tree)
     finally:
         for w in workers:
             with contextlib.suppress(OSError):
@@ -761,7 +911,7 @@ def _assign(w: _Worker, task: tuple[int, int, int]) -> None:
 
 
 def _drain(w: _Worker, take: Callable[[int, _Chunk], None], pending: dict[int, FileResult],
-           note: ProgressFn) -> None:
+           note: ProgressFn, take_tree: Callable[[int, _Tree], None]) -> None:
     buf = w.buffer
     while len(buf) >= _HEADER.size:
         kind, start, _end, n_pending, files, hashed, total, text_len = _HEADER.unpack_from(buf)
@@ -770,6 +920,9 @@ def _drain(w: _Worker, take: Callable[[int, _Chunk], None], pending: dict[int, F
             return
         if kind == _MSG_PROGRESS:
             note(0, hashed)
+        elif kind == _MSG_TREE:
+            take_tree(start, _Tree.unpack(bytes(buf[_HEADER.size:need]), files, hashed, total))
+            w.task = None
         else:
             at = _HEADER.size + text_len
             results = [_unpack_result(bytes(buf[at + k * _RECORD.size:at + (k + 1) * _RECORD.size]))

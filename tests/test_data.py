@@ -16,13 +16,14 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from manifest import datacache, datapool
+from manifest import data, datacache, datapool
 from manifest.data import (
     LISTING_HEADER,
     TREE_CONTEXT,
@@ -42,12 +43,16 @@ def digest(path: Path, **kwargs: object) -> DatasetDigest:
     return digest_path(path, cache=None, **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.fixture(params=["in-process", "pool"])
+@pytest.fixture(params=["in-process", "pool", "trees"])
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test once hashing in this process, once through the fork pool."""
+    """Run a test hashing in this process, through the fork pool by chunks, and with
+    every directory below the top walked and hashed by a worker as a subtree."""
     if request.param == "pool":
         monkeypatch.setattr(datapool, "IN_PROCESS_MAX", 0)
         monkeypatch.setattr(datapool, "CHUNK_ENTRIES", 2)
+    if request.param == "trees":
+        monkeypatch.setattr(data, "_TREES_PER_JOB", 0)
+        monkeypatch.setattr(data, "_EXPAND_LEVELS", 1)
     return str(request.param)
 
 
@@ -126,8 +131,8 @@ def test_big_files_through_mmap_workers(tmp_path: Path, monkeypatch: pytest.Monk
     tree = tmp_path / "t"
     tree.mkdir()
     blobs = {f"f{i}": os.urandom(3000 + i * 1000) for i in range(6)}
-    for name, data in blobs.items():
-        (tree / name).write_bytes(data)
+    for name, blob in blobs.items():
+        (tree / name).write_bytes(blob)
     expected = digest(tree)
     monkeypatch.setattr(datapool, "BIG_FILE", 2048)
     monkeypatch.setattr(datapool, "SLICE", 1000)
@@ -652,3 +657,100 @@ def test_unopenable_folder_in_pool_names_its_files(tmp_path: Path,
     monkeypatch.setattr(os, "open", deny)
     with pytest.raises(DataError, match=r"a/1 \(permission denied\); a/2 \(permission denied\)"):
         digest(tree)
+
+
+def _tree_mode(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Force subtrees to workers; return a list that counts subtrees handed out."""
+    monkeypatch.setattr(data, "_TREES_PER_JOB", 0)
+    monkeypatch.setattr(data, "_EXPAND_LEVELS", 1)
+    handed: list[int] = []
+    real = datapool.hash_entries
+
+    def counting(*args: object, **kwargs: object) -> datapool.Hashed:
+        handed.append(len(kwargs.get("trees") or ()))  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("manifest.data.hash_entries", counting)
+    return handed
+
+
+def test_subtrees_in_workers_give_the_same_listing(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    for name in ("a", "a.b", "a0", "b", "z"):
+        (tree / name / "in").mkdir(parents=True)
+        (tree / name / "f").write_bytes(name.encode())
+        (tree / name / "in" / "g").write_bytes(b"g" * 5000)
+    (tree / "a.c").write_bytes(b"top")
+    (tree / "a" / "in" / "\xff-raw".encode("utf-8", "surrogateescape").decode(
+        "utf-8", "surrogateescape")).write_bytes(b"x")
+    os.symlink("../b", tree / "a" / "up")
+    (tree / "z" / "big").write_bytes(b"\1" * (datapool.BIG_FILE + 3))
+    one_walk = digest(tree)
+    handed = _tree_mode(monkeypatch)
+    assert digest(tree) == one_walk
+    assert handed == [5]
+    assert b"f\t3\t" in one_walk.listing  # a.c, between a.b's lines and a/'s
+
+
+def test_file_deleted_in_a_subtree_after_its_walk(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    for name in ("a", "b"):
+        (tree / name).mkdir(parents=True)
+        (tree / name / "stays").write_bytes(b"y")
+    (tree / "b" / "gone.bin").write_bytes(b"x")
+    handed = _tree_mode(monkeypatch)
+    real = data._walk_tree
+
+    def walk_then_delete(*args: Any) -> Any:
+        found = real(*args)
+        if args[1] == b"b":
+            (tree / "b" / "gone.bin").unlink()
+        return found
+
+    monkeypatch.setattr(data, "_walk_tree", walk_then_delete)
+    with pytest.raises(DataError, match=r"b/gone\.bin was removed while the dataset"):
+        digest(tree)
+    assert handed == [2]
+
+
+def test_subtree_worker_killed_by_sigbus_is_redone(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "t"
+    for name in ("a", "b", "c"):
+        (tree / name).mkdir(parents=True)
+        (tree / name / "small").write_bytes(name.encode())
+    (tree / "b" / "big").write_bytes(b"\2" * (datapool.BIG_FILE + 1))
+    expected = digest(tree)
+
+    def die(*args: object) -> datapool.FileResult:
+        os.kill(os.getpid(), signal.SIGBUS)
+        raise AssertionError("unreachable")
+
+    handed = _tree_mode(monkeypatch)
+    monkeypatch.setattr(datapool, "_hash_mapped", die)
+    assert digest(tree) == expected
+    assert handed == [3]
+
+
+def test_unreadable_directory_in_a_subtree_is_named(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads directories whatever their mode")
+    tree = tmp_path / "t"
+    (tree / "a" / "locked").mkdir(parents=True)
+    (tree / "b").mkdir()
+    _tree_mode(monkeypatch)
+    (tree / "a" / "locked").chmod(0)
+    try:
+        with pytest.raises(DataError, match=r"a/locked \(permission denied\)"):
+            digest(tree)
+    finally:
+        (tree / "a" / "locked").chmod(0o755)
+
+
+def test_directory_walked_in_two_subtrees_is_named_once() -> None:
+    ids = [(b"a/x", 1, 5), (b"b/y", 1, 5), (b"b/y/z", 1, 6), (b"a/x/z", 1, 6), (b"c", 1, 7)]
+    assert data._seen_twice(ids) == [
+        (b"b/y", "is a directory already seen above it (a bind-mount loop)")]
