@@ -141,10 +141,15 @@ def observed_for(snap: Snapshot, *, pids: list[int] | None = None) -> dict[str, 
     ).model_dump(mode="json")
 
 
+def seal_snapshot(snap: Snapshot, datasets: list[dict[str, Any]] | None = None) -> Manifest:
+    """The manifest of a snapshot with no command run (plus any datasets)."""
+    doc = dict(snap.sections)
+    doc["data"] = datasets or []
+    doc["observed"] = observed_for(snap)
+    return seal(doc)
+
+
 def capture_snapshot(cwd: Path, *, store_dir: str | None = None,
                      nvml: Any | None = None) -> Manifest:
     """A manifest of the environment alone (``manifest capture`` with no command)."""
-    snap = take_snapshot(cwd, store_dir=store_dir, nvml=nvml)
-    doc = dict(snap.sections)
-    doc["observed"] = observed_for(snap)
-    return seal(doc)
+    return seal_snapshot(take_snapshot(cwd, store_dir=store_dir, nvml=nvml))

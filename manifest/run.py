@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from manifest.canonical import seal
-from manifest.capture import Snapshot, observed_for, take_snapshot
+from manifest.capture import Snapshot, observed_for, seal_snapshot, take_snapshot
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, UsageError
 from manifest.models import (
@@ -319,10 +319,7 @@ def capture_from_cli(
         # Sorted by name: the order of --data flags must not change the run's identity.
         datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
     if not command:
-        doc = dict(snap.sections)
-        doc["data"] = datasets
-        doc["observed"] = observed_for(snap)
-        return seal(doc), 0
+        return seal_snapshot(snap, datasets), 0
     settings = LaunchSettings(
         seed=seed if seed is not None else (_config_int(table, "seed", origin) or 0),
         derivation="base+rank" if per_rank_seed else "same",
