@@ -205,7 +205,9 @@ def materialise(recorded: Manifest, root: Path, store: BlobStore, scratch: Path)
     from manifest.errors import NoVerdictError
 
     commit = recorded.code.commit
-    assert commit is not None
+    if commit is None:
+        raise NoVerdictError("the manifest records no commit, so there is no tree to rebuild.",
+                             hint="Use --in-place to run it in the current directory.")
     tree = scratch / "tree"
     try:
         run_git(["clone", "--quiet", "--shared", "--no-checkout", str(root), str(tree)], scratch)
@@ -273,7 +275,8 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     recorded = load_manifest(data)
     argv = list(recorded.command.argv) if recorded.command else []
     report = VerifyReport(file=file, run_id=recorded.run_id, command=argv)
-    root = repo_root_of(cwd) or cwd
+    repo = repo_root_of(cwd)
+    root = repo or cwd
     store = store_for(recorded, root)
 
     report.drift = environment_drift(recorded)
@@ -312,7 +315,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             "overwrite the original there.",
             hint="Capture with outputs inside the tree, or use --in-place knowingly.")
     if not options.in_place:
-        problem = trust_problem(recorded, root, store) if repo_root_of(cwd) else (
+        problem = trust_problem(recorded, root, store) if repo else (
             "not inside a git repository (use --in-place to run in this directory)")
         if problem and not options.trust:
             raise UntrustedManifestError(
@@ -324,7 +327,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     scratch = Path(tempfile.mkdtemp(prefix="manifest-verify-"))
     try:
         if options.in_place:
-            run_root = cwd if not repo_root_of(cwd) else root
+            run_root = root
         else:
             run_root = materialise(recorded, root, store, scratch)
             link_data(recorded, root, run_root)

@@ -226,3 +226,18 @@ def test_outputs_outside_the_tree_are_never_overwritten(tmp_path: Path) -> None:
     assert code == 3
     assert "outside the repository" in stderr
     assert (target / "w.bin").read_bytes() == b"precious"
+
+
+def test_manifest_without_commit_needs_in_place(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "w.py").write_text("import pathlib\npathlib.Path('out').mkdir(exist_ok=True)\n"
+                                "pathlib.Path('out/x.bin').write_bytes(b'x')\n")
+    proc = manifest_cli("capture", "--output", "out/*.bin", "--", "python", "w.py", cwd=plain)
+    assert proc.returncode == 0, proc.stderr.decode()
+    (plain / "run.json").write_bytes(proc.stdout)
+    code, _, stderr = verify(plain, plain / "run.json", "--trust")
+    assert code == 3
+    assert "no commit" in stderr and "--in-place" in stderr
+    code, report, _ = verify(plain, plain / "run.json", "--in-place")
+    assert (code, report["verdict"]) == (0, "identical")
