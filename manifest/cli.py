@@ -8,13 +8,20 @@ Exit status (all verbs): 0 success, 1 check failed, 2 bad usage or input,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from manifest import __version__
-from manifest.errors import EXIT_BAD_INPUT, ManifestError, OutputError, UsageError
+from manifest.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_NO_VERDICT,
+    ManifestError,
+    OutputError,
+    UsageError,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -346,6 +353,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a file or device failed us where no probe expected it
+        where = f" ({exc.filename})" if exc.filename else ""
+        sys.stderr.write(f"manifest: {exc.strerror or exc}{where}.\n")
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        if os.environ.get("MANIFEST_DEBUG"):
+            raise
+        sys.stderr.write(f"manifest: internal error ({type(exc).__name__}: {exc}); no verdict. "
+                         "Re-run with MANIFEST_DEBUG=1 for the traceback and report it.\n")
+        return EXIT_NO_VERDICT
 
 
 if __name__ == "__main__":  # pragma: no cover
