@@ -25,6 +25,8 @@ file is small (about 100 bytes per file ever hashed) and ``rm`` is safe.
 
 A connection is never carried across ``fork``: each process that looks up
 opens its own, and :meth:`DigestCache.close` must be called before forking.
+Forked workers only read; they send their fresh rows (:func:`pack_rows`) to
+the parent, the one writer (:meth:`DigestCache.store_packed`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -39,6 +42,14 @@ from typing import NamedTuple
 CACHE_FILENAME = "datacache-v1.sqlite"
 RACY_WINDOW_NS = 2_000_000_000
 _QUERY_BATCH = 500
+_ROW = struct.Struct("<qqqqq32s")
+"""One row as a forked worker sends it to the parent: the columns of ``files``."""
+ROW_SIZE = _ROW.size
+_ROWS_PER_INSERT = 100
+_ROWS = struct.Struct("<" + "qqqqq32s" * _ROWS_PER_INSERT)
+_INSERT = "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)"
+_INSERT_MANY = "INSERT OR REPLACE INTO files VALUES " + ", ".join(  # noqa: S608
+    ["(?, ?, ?, ?, ?, ?)"] * _ROWS_PER_INSERT)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -104,6 +115,9 @@ class DigestCache:
             conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoints of a quarter of the default size: a big capture writes
+            # its rows in steps while workers hash, not all at its end.
+            conn.execute("PRAGMA wal_autocheckpoint=256")
             conn.execute(_SCHEMA)
         except (sqlite3.Error, OSError):
             return None
@@ -162,22 +176,40 @@ class DigestCache:
 
     def store(self, entries: Iterable[tuple[StatKey, bytes]], *, started_ns: int) -> int:
         """Record fresh digests, skipping racily clean files; return how many were kept."""
-        rows = [
-            (_s64(k.dev), _s64(k.ino), k.size, k.mtime_ns, k.ctime_ns, digest)
-            for k, digest in entries
-            if not k.is_racy(started_ns)
-        ]
-        if not rows:
+        return self.store_packed(pack_rows(entries, started_ns=started_ns))
+
+    def store_packed(self, data: bytes) -> int:
+        """Record rows made by :func:`pack_rows` (already filtered); return how many."""
+        count = len(data) // _ROW.size
+        if not count:
             return 0
         conn = self._connect(create=True)
         if conn is None:
             return 0
         try:
+            # Many rows per statement: per-row overhead is most of an insert's cost.
+            whole = len(data) - len(data) % _ROWS.size
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany(_INSERT_MANY, _ROWS.iter_unpack(memoryview(data)[:whole]))
+            conn.executemany(_INSERT, _ROW.iter_unpack(memoryview(data)[whole:]))
             conn.execute("COMMIT")
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             return 0
-        return len(rows)
+        return count
+
+
+def pack_rows(entries: Iterable[tuple[StatKey, bytes]], *, started_ns: int) -> bytes:
+    """The cache rows of fresh digests, racily clean files left out, as compact bytes.
+
+    A forked worker sends these to the parent, which alone writes the cache
+    (:meth:`DigestCache.store_packed`): one writer, so no turns on SQLite's lock.
+    """
+    limit = started_ns - RACY_WINDOW_NS
+    pack = _ROW.pack
+    return b"".join([
+        pack(_s64(k[0]), _s64(k[1]), k[2], k[3], k[4], digest)
+        for k, digest in entries
+        if k[3] < limit and k[4] < limit and len(digest) == 32
+    ])

@@ -37,7 +37,10 @@ Why it is built this way (figures from a 2-core machine, page cache warm):
   reported.
 * **The cache is consulted before any file is opened** (in the worker, with
   its own SQLite connection), so a warm re-hash reads no file contents.
-  Fresh digests are written to the cache by each worker as it exits.
+  Workers only read it: the fresh digests of a task go back to the parent
+  with its result, as packed rows, and the parent alone writes them, in
+  transactions of :data:`FLUSH_ROWS` rows while the workers hash on, so no
+  two processes take turns on SQLite's write lock.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from typing import NamedTuple
 
 import blake3
 
-from manifest.datacache import DigestCache, StatKey
+from manifest.datacache import ROW_SIZE, DigestCache, StatKey, pack_rows
 
 BIG_FILE = 4 << 20
 """Files at least this large are hashed one per task with mmap and threads."""
@@ -75,6 +78,9 @@ READ_BLOCK = 4 << 20
 """Block size of buffered reads of big files in the parent (the SIGBUS-safe path)."""
 ATTEMPTS = 3
 """How many times a file is read before it is reported as changing under us."""
+FLUSH_ROWS = 8192
+"""Cache rows the parent gathers from workers before it writes them in one transaction."""
+_FLUSH_BYTES = FLUSH_ROWS * ROW_SIZE
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _PLACEHOLDER = "\0"
@@ -563,9 +569,11 @@ def _run_tree(walk: WalkFn, path: bytes, rel: bytes, cache: DigestCache | None,
 
 # ----------------------------------------------------------------- wire
 
-# Worker -> parent: a header, then `text_len` bytes of UTF-8, then `n_pending` records.
-# type, start, end, n_pending, files, hashed_bytes, total_bytes, text_len
-_HEADER = struct.Struct("<BxxxIIIIQQQ")
+# Worker -> parent: a header, then `text_len` bytes of UTF-8 (or a marshalled
+# subtree), then `n_pending` records, then `rows_len` bytes of cache rows
+# (``manifest.datacache.pack_rows``) that the parent writes.
+# type, start, end, n_pending, files, hashed_bytes, total_bytes, text_len, rows_len
+_HEADER = struct.Struct("<BxxxIIIIQQQQ")
 # index, status, errno, dev, ino, size, mtime_ns, ctime_ns, digest
 _RECORD = struct.Struct("<IBBxxQQQqq32s")
 _TASK = struct.Struct("<BII")
@@ -606,9 +614,14 @@ def _write_all(fd: int, data: bytes) -> None:
 def _worker_main(task_fd: int, result_fd: int, entries: Entries, cache: DigestCache | None,
                  lookup: bool, render: RenderFile, threads: int, started_ns: int,
                  trees: Sequence[tuple[bytes, bytes]] = (), walk: WalkFn | None = None) -> None:
-    """A forked worker: run tasks until the parent closes the task pipe, then cache."""
+    """A forked worker: run tasks until the parent closes the task pipe.
+
+    ``cache`` is only read here; the fresh digests of each task go back to
+    the parent with its result, as rows the parent writes.
+    """
     hasher: blake3.blake3 | None = None
-    fresh: list[tuple[StatKey, bytes]] = []
+    keep = cache is not None
+    look = cache if lookup else None
     while True:
         task = _read_exact(task_fd, _TASK.size)
         if not task:
@@ -622,48 +635,42 @@ def _worker_main(task_fd: int, result_fd: int, entries: Entries, cache: DigestCa
 
                 def report(n: int) -> None:
                     _write_all(result_fd, _HEADER.pack(_MSG_PROGRESS, index, index, 0, 0, n,
-                                                       0, 0))
+                                                       0, 0, 0))
 
                 return _hash_mapped(path, key, hasher, report)
 
             tree_path, tree_rel = trees[start]
-            tree = _run_tree(walk, tree_path, tree_rel, cache if lookup else None, render,
-                             keep=cache is not None, mapped=mapped)
+            tree = _run_tree(walk, tree_path, tree_rel, look, render, keep=keep, mapped=mapped)
             payload = tree.pack()
-            _write_all(result_fd, _HEADER.pack(_MSG_TREE, start, end, 0, tree.files,
-                                               tree.hashed_bytes, tree.total_bytes,
-                                               len(payload)) + payload)
-            if cache is not None and tree.fresh:
-                cache.store(tree.fresh, started_ns=started_ns)
+            rows = pack_rows(tree.fresh, started_ns=started_ns) if keep else b""
+            _write_all(result_fd, b"".join([
+                _HEADER.pack(_MSG_TREE, start, end, 0, tree.files, tree.hashed_bytes,
+                             tree.total_bytes, len(payload), len(rows)), payload, rows]))
             continue
         if kind == _TASK_CHUNK:
-            chunk = _run_chunk(entries, start, end, cache if lookup else None, render,
-                               defer_big=True, keep=cache is not None)
+            chunk = _run_chunk(entries, start, end, look, render, defer_big=True, keep=keep)
             text = chunk.text
+            rows = pack_rows(chunk.fresh, started_ns=started_ns) if keep else b""
             head = _HEADER.pack(_MSG_CHUNK, start, end, len(chunk.pending), chunk.files,
-                                chunk.hashed_bytes, chunk.total_bytes, len(text))
+                                chunk.hashed_bytes, chunk.total_bytes, len(text), len(rows))
             _write_all(result_fd, b"".join(
-                [head, text, *(_pack_result(i, r) for i, r in chunk.pending)]))
-            # Written as we go, so the cache costs no tail at the end of a cold run.
-            if cache is not None and chunk.fresh:
-                cache.store(chunk.fresh, started_ns=started_ns)
+                [head, text, *(_pack_result(i, r) for i, r in chunk.pending), rows]))
             continue
         if hasher is None:
             hasher = blake3.blake3(max_threads=threads)
 
         def report(n: int, index: int = start) -> None:
-            _write_all(result_fd, _HEADER.pack(_MSG_PROGRESS, index, index, 0, 0, n, 0, 0))
+            _write_all(result_fd, _HEADER.pack(_MSG_PROGRESS, index, index, 0, 0, n, 0, 0, 0))
 
         path = entries.path(start)
         key, failed = lstat_file(path)
         res = failed or _hash_mapped(path, key or StatKey(0, 0, 0, 0, 0), hasher, report)
-        if res.status == Status.OK and res.key is not None and res.digest is not None:
-            fresh.append((res.key, res.digest))
-        _write_all(result_fd, _HEADER.pack(_MSG_CHUNK, start, end, 1, 0, 0, 0, 0)
-                   + _pack_result(start, res))
+        rows = b""
+        if keep and res.status == Status.OK and res.key is not None and res.digest is not None:
+            rows = pack_rows([(res.key, res.digest)], started_ns=started_ns)
+        _write_all(result_fd, _HEADER.pack(_MSG_CHUNK, start, end, 1, 0, 0, 0, 0, len(rows))
+                   + _pack_result(start, res) + rows)
     os.close(result_fd)
-    if cache is not None:
-        cache.store(fresh, started_ns=started_ns)
 
 
 class _Worker:
@@ -681,7 +688,7 @@ def _fork_worker(others: list[_Worker], run: Callable[[int, int], None]) -> _Wor
     with warnings.catch_warnings():
         # Python 3.12+ warns when a process with threads forks. The worker
         # touches no lock another thread could hold: it only makes syscalls,
-        # hashes, and opens its own SQLite connection, then leaves by _exit.
+        # hashes, and opens its own SQLite connection (to read), then leaves by _exit.
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child; its exit is all we see
@@ -774,7 +781,30 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
             _worker_main(task_fd, result_fd, entries, cache, lookup, render, jobs, started_ns,
                          trees, walk)
 
-        _run_pool(tasks, jobs, run, take, pending, note, take_tree)
+        # Workers send their fresh digests back as rows; only the parent writes
+        # them, in few large transactions, while the workers hash the next tasks.
+        rows: list[bytes] = []
+        gathered = 0
+
+        def keep_rows(data: bytes) -> None:
+            nonlocal gathered
+            rows.append(data)
+            gathered += len(data)
+
+        def flush(final: bool = False) -> None:
+            nonlocal gathered
+            if cache is not None and rows and (final or gathered >= _FLUSH_BYTES):
+                cache.store_packed(b"".join(rows))
+                rows.clear()
+                gathered = 0
+
+        def before_fork() -> None:
+            if cache is not None:
+                cache.close()  # no SQLite connection is carried across fork
+
+        _run_pool(tasks, jobs, run, _Sink(take, take_tree, keep_rows, flush, before_fork),
+                  pending, note)
+        flush(final=True)
     # What a dead worker left unfinished, or a big file it could not map,
     # is hashed here with buffered reads: a truncation is a short read here.
     late: list[tuple[StatKey, bytes]] = []
@@ -814,8 +844,9 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
         line = settle(entries.path(i), entries.rel[i], res)
         if line is not None:
             resolved[i] = line
-    if cache is not None and late:
-        cache.store(late, started_ns=started_ns)
+    if cache is not None:
+        if late:
+            cache.store(late, started_ns=started_ns)
         cache.close()
     body = _assemble(texts, sorted(pending), resolved, n)
     hashed = Hashed(body, files, total, problems)
@@ -863,9 +894,20 @@ def _assemble(texts: dict[int, bytes], holes: list[int], resolved: dict[int, str
     return b"".join(parts)
 
 
+class _Sink:
+    """Where the pool hands what workers send, and what it calls between messages."""
+
+    __slots__ = ("before_fork", "flush", "rows", "take", "take_tree")
+
+    def __init__(self, take: Callable[[int, _Chunk], None],
+                 take_tree: Callable[[int, _Tree], None], rows: Callable[[bytes], None],
+                 flush: Callable[[bool], None], before_fork: Callable[[], None]) -> None:
+        self.take, self.take_tree, self.rows = take, take_tree, rows
+        self.flush, self.before_fork = flush, before_fork
+
+
 def _run_pool(tasks: list[tuple[int, int, int]], jobs: int, run: Callable[[int, int], None],
-              take: Callable[[int, _Chunk], None], pending: dict[int, FileResult],
-              note: ProgressFn, take_tree: Callable[[int, _Tree], None]) -> None:
+              sink: _Sink, pending: dict[int, FileResult], note: ProgressFn) -> None:
     """Hand tasks to forked workers (up to ``jobs``) until every one has an answer."""
     workers: list[_Worker] = []
     sel = selectors.DefaultSelector()
@@ -875,10 +917,15 @@ def _run_pool(tasks: list[tuple[int, int, int]], jobs: int, run: Callable[[int, 
                 if w.task is None and tasks:
                     _assign(w, tasks.pop())
             while tasks and len(workers) < jobs:
+                sink.before_fork()
                 w = _fork_worker(workers, run)
                 workers.append(w)
                 sel.register(w.result_fd, selectors.EVENT_READ, w)
                 _assign(w, tasks.pop())
+            # Every worker has its next task: the parent's own work goes here. With
+            # no task left to hand out, rows are written as they come, so only the
+            # rows of the last answer are written after the last worker is done.
+            sink.flush(not tasks)
             for skey, _ in sel.select():
                 w = skey.data
                 assert isinstance(w, _Worker)
@@ -887,7 +934,7 @@ def _run_pool(tasks: list[tuple[int, int, int]], jobs: int, run: Callable[[int, 
                     _bury(w, sel, workers)
                     continue
                 w.buffer += data
-                _drain(w, take, pending, note, take_tree)
+                _drain(w, sink, pending, note)
     finally:
         for w in workers:
             with contextlib.suppress(OSError):
@@ -900,7 +947,7 @@ def _run_pool(tasks: list[tuple[int, int, int]], jobs: int, run: Callable[[int, 
             with contextlib.suppress(OSError):
                 if w.task is not None:
                     os.kill(w.pid, signal.SIGKILL)
-                # An idle worker sees EOF, writes its cache rows and exits.
+                # An idle worker sees EOF and exits.
                 os.waitpid(w.pid, 0)
         sel.close()
 
@@ -910,21 +957,25 @@ def _assign(w: _Worker, task: tuple[int, int, int]) -> None:
     _write_all(w.task_fd, _TASK.pack(*task))
 
 
-def _drain(w: _Worker, take: Callable[[int, _Chunk], None], pending: dict[int, FileResult],
-           note: ProgressFn, take_tree: Callable[[int, _Tree], None]) -> None:
+def _drain(w: _Worker, sink: _Sink, pending: dict[int, FileResult], note: ProgressFn) -> None:
     buf = w.buffer
     while len(buf) >= _HEADER.size:
-        kind, start, _end, n_pending, files, hashed, total, text_len = _HEADER.unpack_from(buf)
-        need = _HEADER.size + text_len + n_pending * _RECORD.size
+        (kind, start, _end, n_pending, files, hashed, total, text_len,
+         rows_len) = _HEADER.unpack_from(buf)
+        at = _HEADER.size + text_len
+        at_rows = at + n_pending * _RECORD.size
+        need = at_rows + rows_len
         if len(buf) < need:
             return
+        if rows_len:
+            sink.rows(bytes(buf[at_rows:need]))
         if kind == _MSG_PROGRESS:
             note(0, hashed)
         elif kind == _MSG_TREE:
-            take_tree(start, _Tree.unpack(bytes(buf[_HEADER.size:need]), files, hashed, total))
+            sink.take_tree(start, _Tree.unpack(bytes(buf[_HEADER.size:at]), files, hashed,
+                                               total))
             w.task = None
         else:
-            at = _HEADER.size + text_len
             results = [_unpack_result(bytes(buf[at + k * _RECORD.size:at + (k + 1) * _RECORD.size]))
                        for k in range(n_pending)]
             if w.task is not None and w.task[0] == _TASK_BIG:
@@ -932,7 +983,7 @@ def _drain(w: _Worker, take: Callable[[int, _Chunk], None], pending: dict[int, F
                     pending[i] = res
             else:
                 text = bytes(buf[_HEADER.size:at])
-                take(start, _Chunk(text, files, hashed, total, results, []))
+                sink.take(start, _Chunk(text, files, hashed, total, results, []))
             w.task = None
         del buf[:need]
 

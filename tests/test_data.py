@@ -640,6 +640,20 @@ def test_cache_lookup_serves_every_hard_link_and_rejects_stale_rows(tmp_path: Pa
     cache.close()
 
 
+def test_packed_rows_skip_racy_files_and_store_in_many_row_inserts(tmp_path: Path) -> None:
+    started = 10**19
+    calm = [(datacache.StatKey(1, i, i, 5, 6), bytes([i % 256]) * 32) for i in range(250)]
+    racy = (datacache.StatKey(1, 999, 4, started - 1, 6), b"r" * 32)
+    data = datacache.pack_rows([*calm, racy], started_ns=started)
+    assert len(data) == 250 * datacache.ROW_SIZE
+    cache = datacache.DigestCache(tmp_path / "c.sqlite")
+    assert cache.store_packed(data) == 250
+    assert cache.store_packed(b"") == 0
+    keys = [k for k, _ in calm]
+    assert cache.lookup([*keys, racy[0]]) == [d for _, d in calm] + [None]
+    cache.close()
+
+
 def test_unopenable_folder_in_pool_names_its_files(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     tree = tmp_path / "t"
