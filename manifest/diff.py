@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -805,8 +805,3 @@ def _jsonable(value: Any) -> JsonValue:
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
     return value
-
-
-def iter_rule_names() -> Iterator[str]:
-    """Every pattern in the rule table (for documentation and tests)."""
-    return iter(RULES)

@@ -95,8 +95,3 @@ def run_git(
             stderr=proc.stderr.decode("utf-8", "replace"),
         )
     return proc
-
-
-def git_text(args: Sequence[str], cwd: Path) -> str:
-    """stdout of a git command that must succeed, as stripped text."""
-    return run_git(args, cwd).stdout.decode("utf-8", "surrogateescape").strip()

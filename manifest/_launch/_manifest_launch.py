@@ -31,7 +31,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -426,15 +426,3 @@ def install() -> None:
             callback(sys.modules[name])
     sys.excepthook = _excepthook_wrapper(sys.excepthook)
     atexit.register(_write_record)
-
-
-@contextlib.contextmanager
-def deterministic_flags(*, warn_only: bool = False) -> Iterator[None]:
-    import torch
-
-    saved = snapshot_flags(torch)
-    apply_flags(torch, warn_only=warn_only)
-    try:
-        yield
-    finally:
-        restore_flags(torch, saved)
