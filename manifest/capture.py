@@ -85,6 +85,7 @@ def probe_machine(
 def take_snapshot(
     cwd: Path, *, store_dir: str | None = None, nvml: Any | None = None,
     manifest_file: Path | None = None,
+    machine: tuple[dict[str, Any], dict[str, Any], NvmlFacts | None] | None = None,
 ) -> Snapshot:
     """Run the code, env and hardware probes."""
     started = time.time()
@@ -93,7 +94,7 @@ def take_snapshot(
     store = default_store(cwd, code, store_dir)
     if code.patch:
         store.put(code.patch)
-    env, hardware, facts = probe_machine(nvml)
+    env, hardware, facts = machine if machine is not None else probe_machine(nvml)
     sections: dict[str, Any] = {
         "schema": SCHEMA_V1,
         "code": code.code.model_dump(mode="json"),

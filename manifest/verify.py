@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from manifest.canonical import load_manifest, seal, to_document
 from manifest.compare import ArtifactDelta, compare_artifacts
@@ -37,6 +37,12 @@ from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UntrustedMani
 from manifest.gitrun import GitFailedError, GitMissingError, run_git
 from manifest.models import Manifest
 from manifest.store import STORE_DIRNAME, BlobStore
+
+if TYPE_CHECKING:
+    from manifest.probes.hardware import NvmlFacts
+
+Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
+"""(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
 
 
 @dataclass(frozen=True)
@@ -119,13 +125,12 @@ class VerifyOptions:
 # ------------------------------------------------------------------- drift
 
 
-def environment_drift(recorded: Manifest) -> list[Drift]:
-    """Differences between the recorded env/hardware and today's, with impact."""
-    from manifest.capture import probe_machine
+def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
+    """Differences between the recorded env/hardware and today's (``machine``), with impact."""
     from manifest.diff import diff_manifests
 
     doc = to_document(recorded)
-    doc["env"], doc["hardware"], _ = probe_machine()
+    doc["env"], doc["hardware"], _ = machine
     today = seal(doc)
     return [
         Drift(d.path, d.impact.value, d.reason)
@@ -279,7 +284,10 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     root = repo or cwd
     store = store_for(recorded, root)
 
-    report.drift = environment_drift(recorded)
+    from manifest.capture import probe_machine
+
+    machine = probe_machine()  # probed once: for the drift report and the re-run's record
+    report.drift = environment_drift(recorded, machine)
     report.data = check_data(recorded, root, store, no_cache=options.no_cache,
                              quiet=options.quiet)
     if options.threads is not None and options.threads != recorded.determinism.num_threads:
@@ -333,14 +341,15 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             link_data(recorded, root, run_root)
         run_cwd = run_root / recorded.command.cwd
         report.workdir = str(run_cwd)
-        return _rerun_and_compare(recorded, report, run_cwd, root, scratch, options)
+        return _rerun_and_compare(recorded, report, run_cwd, root, scratch, options, machine)
     finally:
         if not options.keep:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, root: Path,
-                       scratch: Path, options: VerifyOptions) -> VerifyReport:
+                       scratch: Path, options: VerifyOptions,
+                       machine: Machine) -> VerifyReport:
     from manifest.capture import take_snapshot
     from manifest.run import LaunchSettings, build_run_manifest, run_under_launcher
 
@@ -352,7 +361,7 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
         threads=options.threads or recorded.determinism.num_threads or 1,
         deterministic=recorded.determinism.requested,
     )
-    snap = take_snapshot(run_cwd, store_dir=str(scratch / "store"))
+    snap = take_snapshot(run_cwd, store_dir=str(scratch / "store"), machine=machine)
     if not options.in_place and snap.code.code.diff_digest != recorded.code.diff_digest:
         report.drift.append(Drift(
             "code.diff_digest", "bits",
