@@ -112,8 +112,8 @@ BREAKDOWN = """
 import sys, time
 t0 = time.perf_counter()
 from manifest.canonical import load_manifest
-from manifest.diff import diff_manifests
-from manifest.render_diff import render_diff
+from manifest.diff.engine import diff_manifests
+from manifest.cli.render_diff import render_diff
 import rich.console, rich.table
 t1 = time.perf_counter()
 blobs = [open(p, "rb").read() for p in sys.argv[1:3]]

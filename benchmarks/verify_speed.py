@@ -57,8 +57,8 @@ def compare_throughput(mb: int, tmp: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from manifest.compare import compare_artifacts
-    from manifest.weights import digest_artifact
+    from manifest.weights.compare import compare_artifacts
+    from manifest.weights.tables import digest_artifact
 
     n_tensors = 20
     per = mb * 2**20 // 4 // n_tensors

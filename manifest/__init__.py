@@ -24,17 +24,17 @@ __all__ = [
 if TYPE_CHECKING:
     from manifest.canonical import load_manifest
     from manifest.errors import ManifestError
+    from manifest.launch.recipe import dataloader_kwargs, deterministic, seed_everything, trail
     from manifest.models import Manifest
-    from manifest.recipe import dataloader_kwargs, deterministic, seed_everything, trail
 
 _LAZY = {
     "Manifest": "manifest.models",
     "ManifestError": "manifest.errors",
     "load_manifest": "manifest.canonical",
-    "seed_everything": "manifest.recipe",
-    "deterministic": "manifest.recipe",
-    "dataloader_kwargs": "manifest.recipe",
-    "trail": "manifest.recipe",
+    "seed_everything": "manifest.launch.recipe",
+    "deterministic": "manifest.launch.recipe",
+    "dataloader_kwargs": "manifest.launch.recipe",
+    "trail": "manifest.launch.recipe",
 }
 
 

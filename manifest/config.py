@@ -10,7 +10,7 @@ Recognised keys (all optional)::
     outputs = ["out/*.safetensors"]
     store = ".manifest"
 
-    [tool.manifest.gate]               # see manifest.gate
+    [tool.manifest.gate]               # see manifest.gate.checks
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from manifest import cli
+from manifest.cli import app as cli
 
 
 def _boom(exc: BaseException) -> object:

@@ -23,8 +23,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from manifest import data, datacache, datapool
-from manifest.data import (
+from manifest.data import cache as datacache
+from manifest.data import pool as datapool
+from manifest.data import tree as data
+from manifest.data.tree import (
     LISTING_HEADER,
     TREE_CONTEXT,
     DatasetDigest,
@@ -433,7 +435,7 @@ def test_file_deleted_between_listing_and_opening(tmp_path: Path, mode: str,
         (tree / "gone.bin").unlink()
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("manifest.data.hash_entries", delete_then_hash)
+    monkeypatch.setattr("manifest.data.tree.hash_entries", delete_then_hash)
     with pytest.raises(DataError, match=r"gone\.bin was removed while the dataset"):
         digest(tree)
 
@@ -535,7 +537,7 @@ def test_bind_mount_style_loop_is_refused(tmp_path: Path,
         def __exit__(self, *exc: object) -> None:
             self._it.close()
 
-    monkeypatch.setattr("manifest.data.os.scandir", Scan)
+    monkeypatch.setattr("manifest.data.tree.os.scandir", Scan)
     with pytest.raises(DataError, match="a/b is a directory already seen above it"):
         digest(tree)
 
@@ -684,7 +686,7 @@ def _tree_mode(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         handed.append(len(kwargs.get("trees") or ()))  # type: ignore[arg-type]
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("manifest.data.hash_entries", counting)
+    monkeypatch.setattr("manifest.data.tree.hash_entries", counting)
     return handed
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import blake3
 import pytest
 
-from manifest import data
 from manifest.canonical import canonical_bytes
-from manifest.data import (
+from manifest.data import tree as data
+from manifest.data.tree import (
     compare_listing,
     diff_listings,
     digest_datasets,

@@ -18,18 +18,16 @@ from pydantic import BaseModel
 
 from manifest.canonical import dumps, seal
 from manifest.cli import main
-from manifest.diff import (
+from manifest.diff.engine import (
     DERIVED_FIELDS,
-    FALLBACK_RULE,
     JSON_FORMAT,
     KEYED_LISTS,
-    RULES,
     SET_LISTS,
     ChangeKind,
-    Impact,
     diff_manifests,
     rule_for,
 )
+from manifest.diff.rules import FALLBACK_RULE, RULES, Impact
 from manifest.models import Manifest
 from tests.golden.diff import make_pairs
 
@@ -128,7 +126,7 @@ def test_walk_sees_every_section() -> None:
 @pytest.mark.parametrize("pattern", ALL_PATTERNS)
 def test_every_model_field_has_a_rule(pattern: str) -> None:
     name, rule = rule_for(pattern, pattern)
-    assert rule is not FALLBACK_RULE, f"{pattern} is not in manifest.diff.RULES"
+    assert rule is not FALLBACK_RULE, f"{pattern} is not in manifest.diff.rules.RULES"
     assert name == pattern
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from manifest.canonical import seal
-from manifest.diff import ChangeKind, ManifestDiff, diff_manifests
+from manifest.diff.engine import ChangeKind, ManifestDiff, diff_manifests
 from manifest.models import Manifest
 from tests.golden.diff import make_pairs
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from manifest.cli.render_gate import gate_markdown, render_gate
 from manifest.errors import ConfigError
-from manifest.gate import CheckResult, GatePolicy, GateReport, Status, parse_policy
-from manifest.render_gate import gate_markdown, render_gate
+from manifest.gate.policy import GatePolicy, parse_policy
+from manifest.gate.report import CheckResult, GateReport, Status
 from tests.runs import REPO, manifest_cli
 
 WORKFLOWS = REPO / ".github" / "workflows"

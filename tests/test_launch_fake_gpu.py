@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from manifest._launch import _manifest_launch as launch
+from manifest.launch.boot import _manifest_launch as launch
 
 pytestmark = pytest.mark.fake_gpu
 

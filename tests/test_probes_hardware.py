@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from manifest.canonical import blake3_name, dumps
-from manifest.capture import capture_snapshot
+from manifest.capture.snapshot import capture_snapshot
 from manifest.probes import hardware
 from manifest.probes.hardware import logical_cpus, probe_hardware, read_cpu, read_nvml
 from tests.conftest import FakeGpu, FakeNvml, GitRepo

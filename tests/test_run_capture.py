@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from manifest.run import LaunchSettings, redact_argv, select_ranks
+from manifest.capture.run import LaunchSettings, redact_argv, select_ranks
 from tests.runs import capture, free_port, make_repo, manifest_cli
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from manifest.compare import compare_artifacts, numeric_delta
-from manifest.weights import RawTensor, digest_artifact, hash_bytes
+from manifest.weights.compare import compare_artifacts, numeric_delta
+from manifest.weights.tables import RawTensor, digest_artifact, hash_bytes
 
 
 def _model() -> nn.Module:

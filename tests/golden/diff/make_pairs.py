@@ -24,8 +24,8 @@ from typing import Any
 import blake3
 
 from manifest.canonical import dumps, seal
-from manifest.diff import diff_manifests, load_for_diff
-from manifest.render_diff import diff_json_bytes
+from manifest.cli.render_diff import diff_json_bytes
+from manifest.diff.engine import diff_manifests, load_for_diff
 
 HERE = Path(__file__).resolve().parent
 

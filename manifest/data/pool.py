@@ -1,7 +1,7 @@
 """Hashing the files of a dataset listing as fast as the machine allows.
 
 :func:`hash_entries` takes the sorted entries of a listing (found by the
-walk in ``manifest.data``), hashes the regular files among them, and returns
+walk in ``manifest.data.tree``), hashes the regular files among them, and returns
 the body of the listing with every file line filled in, or the files it
 could not hash and why.
 
@@ -64,7 +64,7 @@ from typing import NamedTuple
 
 import blake3
 
-from manifest.datacache import ROW_SIZE, DigestCache, StatKey, pack_rows
+from manifest.data.cache import ROW_SIZE, DigestCache, StatKey, pack_rows
 
 BIG_FILE = 4 << 20
 """Files at least this large are hashed one per task with mmap and threads."""
@@ -119,7 +119,7 @@ WalkFn = Callable[
     [bytes, bytes], "tuple[Entries, list[tuple[bytes, str]], list[tuple[bytes, int, int]]]"]
 """(directory, its relative path) -> (its sorted entries, walk problems, directories seen)."""
 _TREE_MARK = b"\x01"
-"""The line of a subtree in the parent's entries (see ``manifest.data._walk``)."""
+"""The line of a subtree in the parent's entries (see ``manifest.data.tree._walk``)."""
 
 
 class Entries:
@@ -571,7 +571,7 @@ def _run_tree(walk: WalkFn, path: bytes, rel: bytes, cache: DigestCache | None,
 
 # Worker -> parent: a header, then `text_len` bytes of UTF-8 (or a marshalled
 # subtree), then `n_pending` records, then `rows_len` bytes of cache rows
-# (``manifest.datacache.pack_rows``) that the parent writes.
+# (``manifest.data.cache.pack_rows``) that the parent writes.
 # type, start, end, n_pending, files, hashed_bytes, total_bytes, text_len, rows_len
 _HEADER = struct.Struct("<BxxxIIIIQQQQ")
 # index, status, errno, dev, ino, size, mtime_ns, ctime_ns, digest

@@ -1,7 +1,7 @@
 """Assemble a manifest from the probes.
 
 ``capture_snapshot`` records code, environment and hardware (no command).
-Running a command under the launcher builds on it (``manifest.run``).
+Running a command under the launcher builds on it (``manifest.capture.run``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Steps, in order; each one can end the verification with a result:
 
 1. Integrity: schema and ``digest`` (``load_manifest``); tampered → exit 2.
 2. Drift: today's env and hardware against the recorded ones, labelled by
-   the diff impact table (``manifest.diff``); ``--strict`` refuses on any
+   the diff impact table (``manifest.diff.engine``); ``--strict`` refuses on any
    ``bits`` drift (no verdict).
 3. Data: each recorded dataset is re-digested; a changed one is reported by
    file, from the listing blob stored at capture.
@@ -18,7 +18,7 @@ Steps, in order; each one can end the verification with a result:
    unless ``--trust``.
 6. Re-run under the launcher with the recorded seed, derivation, thread count,
    determinism switch and numerics environment variables.
-7. Compare outputs tensor by tensor (``manifest.compare``) and the step
+7. Compare outputs tensor by tensor (``manifest.weights.compare``) and the step
    trails, if any: verdict ``identical``, ``differs`` or ``no-verdict``.
 """
 
@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.canonical import load_manifest, seal, to_document
-from manifest.compare import ArtifactDelta, compare_artifacts
 from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UntrustedManifestError
 from manifest.gitrun import GitFailedError, GitMissingError, run_git
 from manifest.models import Manifest
 from manifest.store import STORE_DIRNAME, BlobStore
+from manifest.weights.compare import ArtifactDelta, compare_artifacts
 
 if TYPE_CHECKING:
     from manifest.probes.hardware import NvmlFacts
@@ -127,7 +127,7 @@ class VerifyOptions:
 
 def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
     """Differences between the recorded env/hardware and today's (``machine``), with impact."""
-    from manifest.diff import diff_manifests
+    from manifest.diff.engine import diff_manifests
 
     doc = to_document(recorded)
     doc["env"], doc["hardware"], _ = machine
@@ -146,7 +146,7 @@ def check_data(recorded: Manifest, root: Path, store: BlobStore, *, no_cache: bo
                quiet: bool) -> list[DataChange]:
     if not recorded.data:
         return []
-    from manifest.data import compare_listing, digest_datasets
+    from manifest.data.tree import compare_listing, digest_datasets
     from manifest.errors import DataError
 
     changes: list[DataChange] = []
@@ -284,7 +284,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     root = repo or cwd
     store = store_for(recorded, root)
 
-    from manifest.capture import probe_machine
+    from manifest.capture.snapshot import probe_machine
 
     machine = probe_machine()  # probed once: for the drift report and the re-run's record
     report.drift = environment_drift(recorded, machine)
@@ -350,8 +350,8 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
 def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, root: Path,
                        scratch: Path, options: VerifyOptions,
                        machine: Machine) -> VerifyReport:
-    from manifest.capture import take_snapshot
-    from manifest.run import LaunchSettings, build_run_manifest, run_under_launcher
+    from manifest.capture.run import LaunchSettings, build_run_manifest, run_under_launcher
+    from manifest.capture.snapshot import take_snapshot
 
     assert recorded.command is not None
     assert recorded.outputs is not None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, TextIO
 from manifest.models import Manifest
 
 if TYPE_CHECKING:
-    from manifest.verify import VerifyReport
+    from manifest.verify.pipeline import VerifyReport
 
 
 def _console(file: TextIO | None = None):  # type: ignore[no-untyped-def]

@@ -5,7 +5,7 @@ starts (through ``sitecustomize``), before user code. It imports only the
 standard library at start-up; torch and numpy setup happen in an import hook
 the moment the user's code imports them, so a process that never imports
 torch pays nothing for it. It is also the implementation behind the public
-recipe API (``manifest.recipe``), so the launcher and a script that calls
+recipe API (``manifest.launch.recipe``), so the launcher and a script that calls
 ``manifest.seed_everything`` apply exactly the same steps.
 
 Per-process record (JSON, written atomically at exit to

@@ -69,7 +69,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     command = list(args.command or [])
     if command and command[0] == "--":
         command = command[1:]
-    from manifest.run import capture_from_cli
+    from manifest.capture.run import capture_from_cli
 
     manifest, exit_code = capture_from_cli(
         cwd,
@@ -87,7 +87,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     )
     _write_output(dumps(manifest), args.output)
     if not args.quiet:
-        from manifest.render import capture_notes
+        from manifest.cli.render import capture_notes
 
         for note in capture_notes(manifest):
             sys.stderr.write(f"manifest: note: {note}\n")
@@ -96,7 +96,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     from manifest.canonical import load_manifest
-    from manifest.render import render_show
+    from manifest.cli.render import render_show
 
     manifest = load_manifest(_read_manifest_file(args.file))
     render_show(manifest)
@@ -193,7 +193,7 @@ def _register_hash(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _cmd_hash(args: argparse.Namespace) -> int:
-    from manifest.data import hash_from_cli
+    from manifest.data.tree import hash_from_cli
 
     text = hash_from_cli(Path(args.path), no_cache=args.no_cache, store_dir=args.store,
                          quiet=args.quiet, as_json=args.json)
@@ -218,7 +218,8 @@ def _register_diff(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from manifest.diff import Impact, diff_manifests, load_for_diff
+    from manifest.diff.engine import diff_manifests, load_for_diff
+    from manifest.diff.rules import Impact
     from manifest.errors import EXIT_FAILED, EXIT_OK
 
     if args.a == "-" and args.b == "-":
@@ -233,11 +234,11 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     result = diff_manifests(a, b)
     only = None if args.only is None else Impact(args.only)
     if args.json:
-        from manifest.render_diff import diff_json_bytes
+        from manifest.cli.render_diff import diff_json_bytes
 
         _write_output(diff_json_bytes(result, a_file=args.a, b_file=args.b, only=only), None)
     else:
-        from manifest.render_diff import render_diff
+        from manifest.cli.render_diff import render_diff
 
         render_diff(result, a_file=args.a, b_file=args.b, only=only, fold=not args.all)
     return EXIT_FAILED if result.has_bits else EXIT_OK
@@ -269,8 +270,8 @@ def _register_verify(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from manifest.render import render_command, render_verify
-    from manifest.verify import VerifyOptions, verify_run
+    from manifest.cli.render import render_command, render_verify
+    from manifest.verify.pipeline import VerifyOptions, verify_run
 
     options = VerifyOptions(strict=args.strict, trust=args.trust, in_place=args.in_place,
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
@@ -312,8 +313,9 @@ def _register_gate(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_gate(args: argparse.Namespace) -> int:
     import os
 
-    from manifest.gate import GateOptions, run_gate
-    from manifest.render_gate import gate_json_bytes, gate_markdown, render_gate
+    from manifest.cli.render_gate import gate_json_bytes, gate_markdown, render_gate
+    from manifest.gate.checks import run_gate
+    from manifest.gate.report import GateOptions
 
     report = run_gate(Path.cwd(), GateOptions(
         no_rerun=args.no_rerun, update_baseline=args.update_baseline,
@@ -364,6 +366,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "Re-run with MANIFEST_DEBUG=1 for the traceback and report it.\n")
         return EXIT_NO_VERDICT
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -59,8 +59,8 @@ dataset was hashed, a file that kept changing after :data:`ATTEMPTS` reads
 its own ancestor (a bind-mount loop).
 
 How the bytes are read (fork pool, mmap only in disposable workers, stat
-checks) is explained in ``manifest.datapool``; the cache that lets a second
-capture skip unchanged files in ``manifest.datacache``.
+checks) is explained in ``manifest.data.pool``; the cache that lets a second
+capture skip unchanged files in ``manifest.data.cache``.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import blake3
 
-from manifest.datacache import DigestCache
-from manifest.datapool import (
+from manifest.data.cache import DigestCache
+from manifest.data.pool import (
     ATTEMPTS,
     Entries,
     FileResult,

@@ -2,9 +2,9 @@
 
 Running a command (``run_under_launcher``):
 
-1. The child gets ``manifest/_launch`` first on ``PYTHONPATH``; its
+1. The child gets ``manifest/launch/boot`` first on ``PYTHONPATH``; its
    ``sitecustomize`` prepares every Python process the command starts
-   (seeds, flags, thread count; see ``manifest._launch._manifest_launch``),
+   (seeds, flags, thread count; see ``manifest.launch.boot._manifest_launch``),
    plus ``PYTHONHASHSEED``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` and the
    OpenMP/MKL thread counts in its environment. ``python -I``/``-S`` skip
    ``PYTHONPATH``/site and so escape the launcher: don't use them under it.
@@ -16,7 +16,7 @@ Running a command (``run_under_launcher``):
    every prepared process that is not a multiprocessing child, in start
    order.
 4. Declared outputs (globs relative to the working directory) are digested,
-   weight files tensor by tensor (``manifest.weights``).
+   weight files tensor by tensor (``manifest.weights.tables``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from manifest.canonical import seal
-from manifest.capture import Snapshot, observed_for, seal_snapshot, take_snapshot
+from manifest.capture.snapshot import Snapshot, observed_for, seal_snapshot, take_snapshot
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, UsageError
 from manifest.models import (
@@ -48,7 +48,7 @@ from manifest.models import (
 )
 from manifest.probes.code import strip_credentials
 
-LAUNCH_DIR = Path(__file__).resolve().parent / "_launch"
+LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch" / "boot"
 CUBLAS_DETERMINISTIC = ":4096:8"
 
 _SECRET_FLAG = re.compile(r"^--?[\w-]*(token|secret|password|passwd|api[-_]?key|auth)[\w-]*$", re.I)
@@ -186,7 +186,7 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
 
 def digest_outputs(globs: list[str], cwd: Path) -> tuple[list[Artifact], list[str]]:
     """Artifacts matching the declared globs, and the globs that matched nothing."""
-    from manifest.weights import digest_artifact
+    from manifest.weights.tables import digest_artifact
 
     artifacts: dict[str, Artifact] = {}
     missing: list[str] = []
@@ -312,7 +312,7 @@ def capture_from_cli(
     snap = take_snapshot(cwd, store_dir=store_dir, manifest_file=manifest_file)
     datasets: list[dict[str, Any]] = []
     if data:
-        from manifest.data import digest_datasets
+        from manifest.data.tree import digest_datasets
 
         found = digest_datasets(data, repo_root=snap.code.root, store=snap.store,
                                 no_cache=no_cache, quiet=quiet, base=data_base)

@@ -5,7 +5,7 @@
     with manifest.deterministic():
         train()
 
-The steps are the launcher's own (``manifest._launch._manifest_launch``), so
+The steps are the launcher's own (``manifest.launch.boot._manifest_launch``), so
 a script that calls these and a script run under ``manifest capture`` are
 prepared identically. Under the launcher, ``trail`` points go into the
 process record that the capture merges into ``outputs``.
@@ -31,7 +31,7 @@ def _runtime() -> ModuleType:
     loaded = sys.modules.get("_manifest_launch")
     if loaded is not None:
         return loaded
-    from manifest._launch import _manifest_launch
+    from manifest.launch.boot import _manifest_launch
 
     return _manifest_launch
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import TextIO
 
-from manifest.gate import CheckResult, GateReport, Status
+from manifest.gate.report import CheckResult, GateReport, Status
 
 _MARK = {Status.PASS: "✅", Status.FAIL: "❌", Status.SKIP: "⏭️", Status.NO_VERDICT: "⚠️"}
 _TITLE = {"pass": "✅ passed", "fail": "❌ failed", "no-verdict": "⚠️ no verdict"}

@@ -1,0 +1,7 @@
+"""``python -m manifest.cli``: same as the ``manifest`` console script."""
+
+import sys
+
+from manifest.cli import main
+
+sys.exit(main())

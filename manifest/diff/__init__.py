@@ -1,0 +1,1 @@
+"""Structural diff of two manifests (``engine``), labelled by the impact table (``rules``)."""

@@ -1,0 +1,286 @@
+"""The impact table: which manifest fields can change a run's bits, and why.
+
+:data:`RULES` is the one place that labels a difference ``bits`` or
+``benign`` and words its reason; the diff engine (``manifest.diff.engine``),
+verify's drift report and the gate all read it. A path is looked up
+concretely first (``env.variables[OMP_NUM_THREADS]``), then with keys as
+``[*]``; a field missing from the table falls back to :data:`FALLBACK_RULE`
+(``bits``: fail safe), and the test suite checks that every model field has
+a rule. New labels go here, never as special cases in a renderer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Impact(StrEnum):
+    BITS = "bits"
+    """Can change the weights (or, under ``outputs``, the weights do differ)."""
+    BENIGN = "benign"
+    """Cannot change the weights."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """How one field's difference is labelled and explained.
+
+    The reason reads ``"<label> <before> → <after>: <why>"``; ``label`` may
+    name the keys on the path (``{key}`` the innermost, ``{keys[0]}`` the
+    outermost). ``missing`` is how an absent or null value reads. With
+    ``show_values=False`` (digests, long lists) the reason says only
+    ``"<label> changed: <why>"``; the values are still in ``--json``.
+    """
+
+    impact: Impact
+    label: str
+    why: str = ""
+    missing: str | None = None
+    show_values: bool = True
+
+
+B, N = Impact.BITS, Impact.BENIGN
+
+_THREADS = "CPU reduction order changes"
+_CODE = "different source code"
+_DATA = "different training data"
+_WEIGHTS = "different weights"
+_UNAVAILABLE = "why a fact was not recorded; the fact itself is compared on its own line"
+
+RULES: Mapping[str, Rule] = {
+    "schema": Rule(B, "schema"),
+    # ---------------------------------------------------------------- code
+    "code.commit": Rule(B, "commit", _CODE),
+    "code.dirty": Rule(B, "uncommitted changes", _CODE),
+    "code.diff_digest": Rule(B, "uncommitted diff", _CODE, missing="none", show_values=False),
+    "code.untracked_files": Rule(B, "untracked files", "different source files"),
+    "code.submodules[*]": Rule(B, "submodule {key}", _CODE, missing="absent"),
+    "code.submodules[*].commit": Rule(B, "submodule {key} commit", _CODE),
+    "code.shallow": Rule(N, "shallow clone", "how the history was fetched, not the code"),
+    "code.detached": Rule(N, "detached HEAD", "how the commit was checked out, not the code"),
+    "code.lockfiles[*]": Rule(B, "lockfile {key}", "pinned dependencies differ",
+                              missing="absent", show_values=False),
+    "code.unavailable[*]": Rule(N, "code: reason for {key}", _UNAVAILABLE, missing="none"),
+    # ---------------------------------------------------------------- data
+    "data[*]": Rule(B, "dataset {key}", _DATA, missing="absent"),
+    "data[*].path": Rule(N, "dataset {key} path",
+                         "the bytes are identified by the content digest, compared separately"),
+    "data[*].root": Rule(B, "dataset {key} content", _DATA, show_values=False),
+    "data[*].files": Rule(B, "dataset {key} file count", _DATA),
+    "data[*].bytes": Rule(B, "dataset {key} size", _DATA),
+    "data[*].listing": Rule(N, "dataset {key} file listing",
+                            "an index of the files for reporting; the content digest decides",
+                            show_values=False),
+    # ----------------------------------------------------------------- env
+    "env.python": Rule(B, "Python", "interpreter and standard library behaviour may change"),
+    "env.implementation": Rule(B, "Python implementation", "a different interpreter"),
+    "env.torch": Rule(B, "torch", "kernels and defaults may change"),
+    "env.torch_cuda": Rule(B, "torch CUDA build", "different GPU kernels"),
+    "env.torch_hip": Rule(B, "torch ROCm build", "different GPU kernels"),
+    "env.torch_git": Rule(B, "torch source revision", "a different torch build"),
+    "env.numpy": Rule(B, "numpy", "random streams and kernels may change"),
+    "env.cuda_runtime": Rule(B, "CUDA runtime", "GPU libraries and kernels may change"),
+    "env.cuda_driver": Rule(B, "CUDA driver", "JIT-compiled kernels may change"),
+    "env.cudnn": Rule(B, "cuDNN", "convolution kernels may change"),
+    "env.nccl": Rule(B, "NCCL", "collective reduction order may change"),
+    "env.blas": Rule(B, "BLAS backend", "matrix-multiply kernels change"),
+    "env.packages[*]": Rule(B, "package {key}", "installed libraries differ",
+                            missing="not installed"),
+    "env.packages_digest": Rule(B, "installed distributions", "the name==version set differs",
+                                show_values=False),
+    "env.container.runtime": Rule(N, "container runtime",
+                                  "the image decides the software, not the runtime"),
+    "env.container.image_digest": Rule(B, "container image", "different system libraries"),
+    "env.container.source": Rule(N, "container digest source",
+                                 "where the image digest was read from"),
+    "env.variables[*]": Rule(B, "{key}", "allow-listed because it can change numerics",
+                             missing="unset"),
+    "env.variables[OMP_NUM_THREADS]": Rule(B, "OMP_NUM_THREADS", _THREADS, missing="unset"),
+    "env.variables[MKL_NUM_THREADS]": Rule(B, "MKL_NUM_THREADS", _THREADS, missing="unset"),
+    "env.variables[OPENBLAS_NUM_THREADS]": Rule(B, "OPENBLAS_NUM_THREADS", _THREADS,
+                                                missing="unset"),
+    "env.variables[CUBLAS_WORKSPACE_CONFIG]": Rule(B, "CUBLAS_WORKSPACE_CONFIG",
+                                                   "cuBLAS reduction order may change",
+                                                   missing="unset"),
+    "env.variables[PYTHONHASHSEED]": Rule(B, "PYTHONHASHSEED",
+                                          "set and dict iteration order changes",
+                                          missing="unset"),
+    "env.variables[CUDA_VISIBLE_DEVICES]": Rule(B, "CUDA_VISIBLE_DEVICES",
+                                                "a different set of GPUs", missing="unset"),
+    "env.variables[NCCL_ALGO]": Rule(B, "NCCL_ALGO", "collective reduction order changes",
+                                     missing="unset"),
+    "env.variables[NCCL_PROTO]": Rule(B, "NCCL_PROTO", "collective reduction order changes",
+                                      missing="unset"),
+    "env.variables[MKL_CBWR]": Rule(B, "MKL_CBWR", "MKL's reproducibility mode changes",
+                                    missing="unset"),
+    "env.unavailable[*]": Rule(N, "env: reason for {key}", _UNAVAILABLE, missing="none"),
+    # ------------------------------------------------------------ hardware
+    "hardware.gpus": Rule(B, "GPUs", "different devices"),
+    "hardware.gpus[*]": Rule(B, "GPU {key}", "different devices", missing="absent"),
+    "hardware.gpus[*].name": Rule(B, "GPU {key}", "kernel selection and arithmetic differ"),
+    "hardware.gpus[*].memory_bytes": Rule(B, "GPU {key} memory",
+                                          "workspace-sized kernel choices may change"),
+    "hardware.gpus[*].compute_capability": Rule(B, "GPU {key} compute capability",
+                                                "kernels are built per architecture"),
+    "hardware.gpus[*].mig_mode": Rule(B, "GPU {key} MIG mode",
+                                      "the compute units a kernel gets change"),
+    "hardware.gpus[*].ecc_mode": Rule(B, "GPU {key} ECC mode",
+                                      "usable memory changes, so workspace-sized kernel "
+                                      "choices may change"),
+    "hardware.gpu_count": Rule(B, "GPU count", "parallel layout and reductions change"),
+    "hardware.gpu_driver": Rule(B, "GPU driver", "JIT-compiled kernels may change"),
+    "hardware.cpu_model": Rule(B, "CPU", "CPU kernels are dispatched per model"),
+    "hardware.cpu_isa[*]": Rule(B, "CPU ISA flag {key}", "CPU kernels are dispatched on it",
+                                missing="absent"),
+    "hardware.unavailable[*]": Rule(N, "hardware: reason for {key}", _UNAVAILABLE,
+                                    missing="none"),
+    # ---------------------------------------------------------- randomness
+    "randomness.seed": Rule(B, "seed"),
+    "randomness.derivation": Rule(B, "per-rank seed derivation", "ranks draw other streams"),
+    "randomness.processes[*]": Rule(B, "rank {key} randomness", "a different process layout",
+                                    missing="absent"),
+    "randomness.processes[*].seed": Rule(B, "rank {key} seed"),
+    "randomness.processes[*].at_start": Rule(B, "rank {key} RNG states at start",
+                                             "random streams start elsewhere",
+                                             show_values=False),
+    "randomness.processes[*].at_start.python": Rule(B, "rank {key} python RNG state at start",
+                                                    "random streams start elsewhere",
+                                                    show_values=False),
+    "randomness.processes[*].at_start.numpy": Rule(B, "rank {key} numpy RNG state at start",
+                                                   "random streams start elsewhere",
+                                                   show_values=False),
+    "randomness.processes[*].at_start.torch_cpu": Rule(B, "rank {key} torch CPU RNG state at "
+                                                       "start", "random streams start elsewhere",
+                                                       show_values=False),
+    "randomness.processes[*].at_start.cuda": Rule(B, "rank {key} CUDA RNG states at start",
+                                                  "random streams start elsewhere",
+                                                  show_values=False),
+    "randomness.unavailable[*]": Rule(N, "randomness: reason for {key}", _UNAVAILABLE,
+                                      missing="none"),
+    # --------------------------------------------------------- determinism
+    "determinism.requested": Rule(B, "deterministic recipe enforced",
+                                  "kernel choice and flags change"),
+    "determinism.num_threads": Rule(B, "torch threads", _THREADS),
+    "determinism.cublas_workspace_config": Rule(B, "CUBLAS_WORKSPACE_CONFIG",
+                                                "cuBLAS reduction order may change"),
+    "determinism.pythonhashseed": Rule(B, "PYTHONHASHSEED",
+                                       "set and dict iteration order changes"),
+    "determinism.processes[*]": Rule(B, "rank {key} flags", "a different process layout",
+                                     missing="absent"),
+    "determinism.processes[*].local_rank": Rule(B, "rank {key} local rank",
+                                                "a different device per process"),
+    "determinism.processes[*].world_size": Rule(B, "rank {key} world size",
+                                                "data sharding and reductions change"),
+    "determinism.processes[*].torch_imported": Rule(N, "rank {key} torch imported",
+                                                    "whether flags could be read; the flags "
+                                                    "are compared on their own lines"),
+    "determinism.processes[*].flags": Rule(B, "rank {key} torch flags",
+                                           "kernel selection may change"),
+    "determinism.processes[*].flags.deterministic_algorithms": Rule(
+        B, "rank {key} use_deterministic_algorithms", "non-deterministic kernels allowed or not"),
+    "determinism.processes[*].flags.deterministic_warn_only": Rule(
+        B, "rank {key} deterministic warn_only",
+        "ops without a deterministic kernel run instead of raising"),
+    "determinism.processes[*].flags.cudnn_deterministic": Rule(
+        B, "rank {key} cudnn.deterministic", "cuDNN algorithm choice changes"),
+    "determinism.processes[*].flags.cudnn_benchmark": Rule(
+        B, "rank {key} cudnn.benchmark", "cuDNN picks kernels by timing when on"),
+    "determinism.processes[*].flags.allow_tf32_matmul": Rule(
+        B, "rank {key} allow_tf32 (matmul)", "matmuls run in TF32 or FP32"),
+    "determinism.processes[*].flags.allow_tf32_cudnn": Rule(
+        B, "rank {key} allow_tf32 (cuDNN)", "convolutions run in TF32 or FP32"),
+    "determinism.processes[*].flags.float32_matmul_precision": Rule(
+        B, "rank {key} float32_matmul_precision", "matmul precision changes"),
+    "determinism.processes[*].flags.autocast": Rule(
+        B, "rank {key} autocast", "mixed precision changes arithmetic"),
+    "determinism.processes[*].flags.num_threads": Rule(B, "rank {key} torch threads", _THREADS),
+    "determinism.processes[*].flags.num_interop_threads": Rule(
+        B, "rank {key} inter-op threads", "the order of parallel ops and their random draws "
+        "may change"),
+    "determinism.processes[*].pythonhashseed": Rule(B, "rank {key} PYTHONHASHSEED",
+                                                    "set and dict iteration order changes"),
+    "determinism.processes[*].cuda_runtime": Rule(B, "rank {key} CUDA runtime",
+                                                  "GPU libraries and kernels may change"),
+    "determinism.processes[*].cudnn": Rule(B, "rank {key} cuDNN",
+                                           "convolution kernels may change"),
+    "determinism.processes[*].nccl": Rule(B, "rank {key} NCCL",
+                                          "collective reduction order may change"),
+    "determinism.processes[*].devices": Rule(B, "rank {key} devices", "different devices"),
+    "determinism.unavailable[*]": Rule(N, "determinism: reason for {key}", _UNAVAILABLE,
+                                       missing="none"),
+    # ------------------------------------------------------------- command
+    "command": Rule(B, "command", "a different program", show_values=False),
+    "command.argv": Rule(B, "command line", "a different program or arguments"),
+    "command.cwd": Rule(B, "working directory", "relative paths resolve elsewhere"),
+    "command.outputs": Rule(N, "declared outputs",
+                            "which files are digested after the run, not what it computes"),
+    "command.datasets": Rule(N, "declared datasets",
+                             "which datasets are digested; their content is compared under data"),
+    # ------------------------------------------------------------- outputs
+    "outputs": Rule(B, "outputs", "only one run recorded its results", show_values=False),
+    "outputs.status": Rule(B, "run status", "the runs did not end alike"),
+    "outputs.exit_code": Rule(B, "exit code", "the runs did not end alike"),
+    "outputs.error": Rule(N, "error message", "the text of a failure, not the weights"),
+    "outputs.artifacts[*]": Rule(B, "artifact {key}", "only one run produced it",
+                                 missing="absent"),
+    "outputs.artifacts[*].digest": Rule(B, "artifact {key} bytes", _WEIGHTS, show_values=False),
+    "outputs.artifacts[*].bytes": Rule(B, "artifact {key} size", _WEIGHTS),
+    "outputs.artifacts[*].format": Rule(B, "artifact {key} format", "different file contents"),
+    "outputs.artifacts[*].tensors": Rule(B, "artifact {key} tensor table",
+                                         "weights were hashed in only one run",
+                                         show_values=False),
+    "outputs.artifacts[*].tensors[*]": Rule(B, "tensor {key} of {keys[0]}",
+                                            "only one run has it", missing="absent"),
+    "outputs.artifacts[*].tensors[*].dtype": Rule(B, "tensor {key} of {keys[0]} dtype",
+                                                  _WEIGHTS),
+    "outputs.artifacts[*].tensors[*].shape": Rule(B, "tensor {key} of {keys[0]} shape",
+                                                  _WEIGHTS),
+    "outputs.artifacts[*].tensors[*].digest": Rule(B, "tensor {key} of {keys[0]}", _WEIGHTS,
+                                                   show_values=False),
+    "outputs.processes[*]": Rule(B, "rank {key} outcome", "only one run recorded it",
+                                 missing="absent"),
+    "outputs.processes[*].at_exit": Rule(B, "rank {key} RNG states at exit",
+                                         "the generators ended in another state",
+                                         show_values=False),
+    "outputs.processes[*].at_exit.python": Rule(B, "rank {key} python RNG state at exit",
+                                                "the generators ended in another state",
+                                                show_values=False),
+    "outputs.processes[*].at_exit.numpy": Rule(B, "rank {key} numpy RNG state at exit",
+                                               "the generators ended in another state",
+                                               show_values=False),
+    "outputs.processes[*].at_exit.torch_cpu": Rule(B, "rank {key} torch CPU RNG state at exit",
+                                                   "the generators ended in another state",
+                                                   show_values=False),
+    "outputs.processes[*].at_exit.cuda": Rule(B, "rank {key} CUDA RNG states at exit",
+                                              "the generators ended in another state",
+                                              show_values=False),
+    "outputs.processes[*].trail[*]": Rule(B, "rank {keys[0]} step {key}",
+                                          "the step trail has it in only one run",
+                                          missing="absent", show_values=False),
+    "outputs.processes[*].trail[*].digest": Rule(B, "rank {keys[0]} state at step {key}",
+                                                 "training diverged here", show_values=False),
+    # ------------------------------------------------------------ observed
+    "observed.tool_version": Rule(N, "manifest version", "the recorder, not the run"),
+    "observed.started_at": Rule(N, "start time", "wall-clock time"),
+    "observed.finished_at": Rule(N, "finish time", "wall-clock time"),
+    "observed.duration_s": Rule(N, "duration (s)", "wall-clock time"),
+    "observed.hostname_hash": Rule(N, "host", "a host name does not change arithmetic",
+                                   show_values=False),
+    "observed.branch": Rule(N, "branch", "the commit decides the code, not its branch name"),
+    "observed.remote_url": Rule(N, "remote URL", "the commit decides the code, not where it "
+                                "was fetched from"),
+    "observed.store": Rule(N, "blob store", "where blobs are kept"),
+    "observed.logical_cpus": Rule(N, "logical CPUs",
+                                  "the thread count in force is compared under determinism"),
+    "observed.gpu_uuid_hashes": Rule(N, "GPU boards", "other boards of the same recorded SKU",
+                                     show_values=False),
+    "observed.pids": Rule(N, "process ids", "bookkeeping"),
+}
+"""Field pattern -> impact and reason. Keys on a path are ``[*]``; a concrete key overrides."""
+
+FALLBACK_RULE = Rule(B, "{path}", "not in the impact table, so assumed to change bits")
+
+SUMMARY_FIELDS: Mapping[str, str] = {"env.packages_digest": "env.packages["}
+"""Summary field -> path prefix of the facts it summarises (listed only if those are equal)."""

@@ -1,0 +1,204 @@
+"""The baseline check: same weights as the committed baseline, or a recorded cause for the move."""
+
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+from manifest.errors import (
+    ConfigError,
+)
+from manifest.gate.policy import Project
+from manifest.gate.report import UPDATE_HINT, CheckResult, GateReport, Status
+from manifest.models import Manifest
+
+# the commit always moves between a baseline and a pull request.
+_CODE_IDENTITY = {"code.commit", "code.dirty", "code.diff_digest", "code.untracked_files"}
+
+
+# --------------------------------------------------------------- baseline
+
+
+def update_baseline(project: Project, manifest: Manifest, deterministic: bool,
+                     report: GateReport) -> CheckResult:
+    from manifest.canonical import dumps
+    from manifest.store import atomic_write
+
+    path = project.baseline_path
+    if not deterministic:
+        return CheckResult("baseline", Status.SKIP,
+                           f"baseline not written: the run is not reproducible, so "
+                           f"{report.baseline} was left as it was")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, dumps(manifest))
+    report.baseline_written = True
+    return CheckResult("baseline", Status.PASS,
+                       f"baseline {report.baseline} rewritten (run_id {manifest.run_id[:19]}…); "
+                       "commit it")
+
+
+def load_baseline(path: Path) -> Manifest | None:
+    """The baseline manifest, or None when the file does not exist."""
+    from manifest.canonical import load_manifest
+    from manifest.errors import InvalidManifestError
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the baseline {path}: {exc.strerror or exc}.") from exc
+    try:
+        return load_manifest(data)
+    except InvalidManifestError as exc:
+        raise type(exc)(f"the baseline {path} is not a valid manifest: {exc.message}",
+                        hint=f"Restore it from git, or {UPDATE_HINT}.") from exc
+
+
+def weights_of(manifest: Manifest) -> dict[str, Any]:
+    """Artifact path → the identity of its weights (tensor table, else file digest)."""
+    assert manifest.outputs is not None
+    out: dict[str, Any] = {}
+    for a in manifest.outputs.artifacts:
+        if a.tensors is not None:
+            out[a.path] = {k: (t.dtype, tuple(t.shape), t.digest) for k, t in a.tensors.items()}
+        else:
+            out[a.path] = a.digest
+    return out
+
+
+def weight_changes(old: Manifest, new: Manifest) -> list[str]:
+    """One line per artifact or tensor whose bytes differ."""
+    a, b = weights_of(old), weights_of(new)
+    lines: list[str] = []
+    for path in sorted(set(a) | set(b)):
+        if path not in b:
+            lines.append(f"{path}: in the baseline only")
+        elif path not in a:
+            lines.append(f"{path}: not in the baseline")
+        elif a[path] != b[path]:
+            if isinstance(a[path], dict) and isinstance(b[path], dict):
+                names = sorted(k for k in set(a[path]) | set(b[path])
+                               if a[path].get(k) != b[path].get(k))
+                shown = ", ".join(names[:6]) + (" …" if len(names) > 6 else "")
+                lines.append(f"{path}: {len(names)} tensor(s) differ ({shown})")
+            else:
+                lines.append(f"{path}: file bytes differ")
+    return lines
+
+
+def code_changes(project: Project, baseline: Manifest, current: Manifest) -> list[str]:
+    """Source files changed since the baseline's code, one cause line each."""
+    from manifest.gitrun import GitMissingError, run_git
+
+    old, new = baseline.code, current.code
+    if old.commit == new.commit and old.diff_digest == new.diff_digest:
+        return []
+    if old.commit is None:
+        return ["code: the baseline records no commit, so changed files cannot be listed"]
+    try:
+        known = run_git(["cat-file", "-e", f"{old.commit}^{{commit}}"], project.root,
+                        check=False).returncode == 0
+        if not known:
+            return [f"code: the baseline's commit {old.commit[:12]} is not in this repository's "
+                    "history (a shallow clone? fetch with fetch-depth: 0), so changed files "
+                    "cannot be listed"]
+        specs = [project.rel(project.dir / p) for p in project.policy.code_paths]
+        specs = ["." if s in ("", ".") else s for s in specs]
+        tracked = run_git(["diff", "--name-only", "-z", old.commit, "--", *specs],
+                          project.root).stdout
+        untracked = run_git(["ls-files", "--others", "--exclude-standard", "-z", "--", *specs],
+                            project.root).stdout
+    except GitMissingError:
+        return ["code: git is not available, so changed files cannot be listed"]
+    names = {os.fsdecode(n) for n in (tracked + untracked).split(b"\0") if n}
+    excluded = _excluded_paths(project, current)
+    files = sorted(n for n in names if not any(
+        n == e or n.startswith(e.rstrip("/") + "/") for e in excluded))
+    lines = [f"code: {f} changed since the baseline's commit {old.commit[:12]}" for f in files]
+    if old.dirty:
+        lines.append("code: the baseline was captured with uncommitted changes; what they "
+                     "touched is not listed")
+    return lines
+
+
+def _excluded_paths(project: Project, current: Manifest) -> set[str]:
+    """Repo-relative paths that are not code: the baseline, committed manifests, datasets."""
+    excluded = {project.rel(project.baseline_path)}
+    for pattern in project.policy.manifests:
+        for m in glob.glob(pattern, root_dir=project.dir, recursive=True):
+            excluded.add(project.rel(project.dir / m))
+    for ds in current.data:
+        p = Path(ds.path)
+        if not p.is_absolute():
+            excluded.add(p.as_posix())
+    return excluded
+
+
+def input_causes(project: Project, baseline: Manifest, current: Manifest,
+                 *, include_env: bool) -> list[str]:
+    """Every recorded input that differs in a way that can change the bits."""
+    from manifest.diff.engine import diff_manifests
+
+    causes: list[str] = []
+    sections = {"code", "data", "command", "randomness", "determinism"}
+    if include_env:
+        sections |= {"env", "hardware"}
+    for d in diff_manifests(baseline, current).bits:
+        if d.section not in sections or d.rule in _CODE_IDENTITY:
+            continue
+        causes.append(f"{d.section}: {d.reason}")
+    causes.extend(code_changes(project, baseline, current))
+    return causes
+
+
+def env_drift(baseline: Manifest, current: Manifest) -> list[str]:
+    from manifest.diff.engine import diff_manifests
+
+    return [f"{d.section}: {d.reason}" for d in diff_manifests(baseline, current).bits
+            if d.section in ("env", "hardware")]
+
+
+def check_baseline(project: Project, current: Manifest) -> CheckResult:
+    """Compare a fresh run with the committed baseline (see the module docstring)."""
+    where = project.rel(project.baseline_path)
+    baseline = load_baseline(project.baseline_path)
+    if baseline is None:
+        return CheckResult("baseline", Status.FAIL, f"no baseline manifest at {where}",
+                           hint=f"Run `manifest gate --update-baseline` and commit {where}.")
+    if baseline.outputs is None or baseline.outputs.status != "ok":
+        return CheckResult("baseline", Status.FAIL,
+                           f"the baseline {where} records no successful run", hint=UPDATE_HINT)
+    drift = env_drift(baseline, current)
+    if drift and not project.policy.same_env:
+        return CheckResult(
+            "baseline", Status.SKIP,
+            f"the baseline was recorded on another environment ({len(drift)} difference(s) "
+            "that can change bits); weights not compared",
+            tuple(drift[:20]),
+            hint="Record the baseline on this runner type, or set same_env = true to "
+                 "compare anyway.")
+    changed = weight_changes(baseline, current)
+    if not changed:
+        return CheckResult("baseline", Status.PASS,
+                           f"weights identical to the baseline {where}")
+    causes = input_causes(project, baseline, current, include_env=project.policy.same_env)
+    if causes:
+        return CheckResult(
+            "baseline", Status.FAIL,
+            f"weights changed from the baseline, and {len(causes)} recorded input(s) differ",
+            tuple(["weights: " + c for c in changed] + causes)[:40],
+            hint=f"If the change is intended, {UPDATE_HINT}.")
+    return CheckResult(
+        "baseline", Status.FAIL,
+        "non-reproducible: weights changed from the baseline with no recorded cause "
+        "(same code, data, seed, flags and environment)",
+        tuple("weights: " + c for c in changed),
+        hint="An input the manifest does not record moved the weights: a file read from "
+             "outside the declared datasets, a download, or the clock. Declare it under "
+             "[tool.manifest] data, or remove it.")
+
+

@@ -1,0 +1,108 @@
+"""The gate's result: one :class:`CheckResult` per check, gathered in a :class:`GateReport`."""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from manifest.errors import (
+    EXIT_FAILED,
+    EXIT_NO_VERDICT,
+    EXIT_OK,
+)
+from manifest.gate.policy import GatePolicy
+
+JSON_FORMAT = "manifest-gate/v1"
+UPDATE_HINT = "run `manifest gate --update-baseline` and commit it to accept this change"
+
+
+class Status(StrEnum):
+    PASS = "pass"  # noqa: S105
+    FAIL = "fail"
+    SKIP = "skip"
+    NO_VERDICT = "no-verdict"
+
+
+# ------------------------------------------------------------------ result
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's outcome: a status, one sentence, and the lines behind it."""
+
+    name: str
+    status: Status
+    reason: str
+    details: tuple[str, ...] = ()
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status.value, "reason": self.reason,
+                "details": list(self.details), "hint": self.hint}
+
+
+@dataclass
+class GateReport:
+    """What the gate found; ``exit_code`` is the CLI's exit status."""
+
+    project: str
+    mode: str
+    """``full``, ``update-baseline`` or ``no-rerun``."""
+    policy: GatePolicy
+    baseline: str
+    checks: list[CheckResult] = field(default_factory=list)
+    run_id: str | None = None
+    command: list[str] = field(default_factory=list)
+    baseline_written: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status is Status.FAIL]
+
+    @property
+    def verdict(self) -> str:
+        """``pass``, ``fail`` or ``no-verdict``."""
+        if self.failed:
+            return Status.FAIL.value
+        if any(c.status is Status.NO_VERDICT for c in self.checks):
+            return Status.NO_VERDICT.value
+        return Status.PASS.value
+
+    @property
+    def exit_code(self) -> int:
+        return {"pass": EXIT_OK, "fail": EXIT_FAILED}.get(self.verdict, EXIT_NO_VERDICT)
+
+    def check(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": JSON_FORMAT,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "mode": self.mode,
+            "project": self.project,
+            "command": self.command,
+            "run_id": self.run_id,
+            "baseline": self.baseline,
+            "baseline_written": self.baseline_written,
+            "policy": self.policy.to_json(),
+            "checks": [c.to_json() for c in self.checks],
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    no_rerun: bool = False
+    update_baseline: bool = False
+    files: tuple[str, ...] = ()
+    """Manifests to validate in --no-rerun mode (default: baseline + policy manifests)."""
+    warn_hygiene: bool = False
+    """Report hygiene problems as warnings that do not fail (the pre-commit hook)."""
+    quiet: bool = True
+
+

@@ -1,0 +1,1 @@
+"""Weight files as tensor tables: read safely (``tables``), compared (``compare``)."""
