@@ -24,13 +24,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from manifest.data import cache as datacache
+from manifest.data import digest as datadigest
 from manifest.data import pool as datapool
-from manifest.data import tree as data
-from manifest.data.tree import (
+from manifest.data import reading as datareading
+from manifest.data import walk as datawalk
+from manifest.data import workers as dataworkers
+from manifest.data.digest import DatasetDigest, digest_path
+from manifest.data.listing import (
     LISTING_HEADER,
     TREE_CONTEXT,
-    DatasetDigest,
-    digest_path,
     listing_root,
     parse_listing,
     path_bytes,
@@ -53,8 +55,8 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         monkeypatch.setattr(datapool, "IN_PROCESS_MAX", 0)
         monkeypatch.setattr(datapool, "CHUNK_ENTRIES", 2)
     if request.param == "trees":
-        monkeypatch.setattr(data, "_TREES_PER_JOB", 0)
-        monkeypatch.setattr(data, "_EXPAND_LEVELS", 1)
+        monkeypatch.setattr(datawalk, "TREES_PER_JOB", 0)
+        monkeypatch.setattr(datawalk, "EXPAND_LEVELS", 1)
     return str(request.param)
 
 
@@ -136,8 +138,8 @@ def test_big_files_through_mmap_workers(tmp_path: Path, monkeypatch: pytest.Monk
     for name, blob in blobs.items():
         (tree / name).write_bytes(blob)
     expected = digest(tree)
-    monkeypatch.setattr(datapool, "BIG_FILE", 2048)
-    monkeypatch.setattr(datapool, "SLICE", 1000)
+    monkeypatch.setattr(datareading, "BIG_FILE", 2048)
+    monkeypatch.setattr(datareading, "SLICE", 1000)
     assert digest(tree) == expected
     assert digest(tree / "f5").root == "blake3:" + blake3.blake3(blobs["f5"]).hexdigest()
 
@@ -435,7 +437,7 @@ def test_file_deleted_between_listing_and_opening(tmp_path: Path, mode: str,
         (tree / "gone.bin").unlink()
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("manifest.data.tree.hash_entries", delete_then_hash)
+    monkeypatch.setattr("manifest.data.digest.hash_entries", delete_then_hash)
     with pytest.raises(DataError, match=r"gone\.bin was removed while the dataset"):
         digest(tree)
 
@@ -487,14 +489,14 @@ def test_a_worker_killed_by_sigbus_is_recovered(tmp_path: Path,
     for i in range(4):
         (tree / f"f{i}").write_bytes(os.urandom(5000))
     expected = digest(tree)
-    monkeypatch.setattr(datapool, "BIG_FILE", 4096)
+    monkeypatch.setattr(datareading, "BIG_FILE", 4096)
     monkeypatch.setattr(datapool, "IN_PROCESS_MAX", 0)
 
-    def die(*args: object) -> datapool.FileResult:
+    def die(*args: object) -> datareading.FileResult:
         os.kill(os.getpid(), signal.SIGBUS)  # what touching a truncated mapping does
         raise AssertionError("unreachable")
 
-    monkeypatch.setattr(datapool, "_hash_mapped", die)
+    monkeypatch.setattr(dataworkers, "hash_mapped", die)
     assert digest(tree) == expected
 
 
@@ -537,7 +539,7 @@ def test_bind_mount_style_loop_is_refused(tmp_path: Path,
         def __exit__(self, *exc: object) -> None:
             self._it.close()
 
-    monkeypatch.setattr("manifest.data.tree.os.scandir", Scan)
+    monkeypatch.setattr("manifest.data.walk.os.scandir", Scan)
     with pytest.raises(DataError, match="a/b is a directory already seen above it"):
         digest(tree)
 
@@ -677,8 +679,8 @@ def test_unopenable_folder_in_pool_names_its_files(tmp_path: Path,
 
 def _tree_mode(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Force subtrees to workers; return a list that counts subtrees handed out."""
-    monkeypatch.setattr(data, "_TREES_PER_JOB", 0)
-    monkeypatch.setattr(data, "_EXPAND_LEVELS", 1)
+    monkeypatch.setattr(datawalk, "TREES_PER_JOB", 0)
+    monkeypatch.setattr(datawalk, "EXPAND_LEVELS", 1)
     handed: list[int] = []
     real = datapool.hash_entries
 
@@ -686,7 +688,7 @@ def _tree_mode(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         handed.append(len(kwargs.get("trees") or ()))  # type: ignore[arg-type]
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("manifest.data.tree.hash_entries", counting)
+    monkeypatch.setattr("manifest.data.digest.hash_entries", counting)
     return handed
 
 
@@ -701,7 +703,7 @@ def test_subtrees_in_workers_give_the_same_listing(tmp_path: Path,
     (tree / "a" / "in" / "\xff-raw".encode("utf-8", "surrogateescape").decode(
         "utf-8", "surrogateescape")).write_bytes(b"x")
     os.symlink("../b", tree / "a" / "up")
-    (tree / "z" / "big").write_bytes(b"\1" * (datapool.BIG_FILE + 3))
+    (tree / "z" / "big").write_bytes(b"\1" * (datareading.BIG_FILE + 3))
     one_walk = digest(tree)
     handed = _tree_mode(monkeypatch)
     assert digest(tree) == one_walk
@@ -717,7 +719,7 @@ def test_file_deleted_in_a_subtree_after_its_walk(tmp_path: Path,
         (tree / name / "stays").write_bytes(b"y")
     (tree / "b" / "gone.bin").write_bytes(b"x")
     handed = _tree_mode(monkeypatch)
-    real = data._walk_tree
+    real = datawalk.walk_tree
 
     def walk_then_delete(*args: Any) -> Any:
         found = real(*args)
@@ -725,7 +727,7 @@ def test_file_deleted_in_a_subtree_after_its_walk(tmp_path: Path,
             (tree / "b" / "gone.bin").unlink()
         return found
 
-    monkeypatch.setattr(data, "_walk_tree", walk_then_delete)
+    monkeypatch.setattr(datadigest, "walk_tree", walk_then_delete)
     with pytest.raises(DataError, match=r"b/gone\.bin was removed while the dataset"):
         digest(tree)
     assert handed == [2]
@@ -737,15 +739,15 @@ def test_subtree_worker_killed_by_sigbus_is_redone(tmp_path: Path,
     for name in ("a", "b", "c"):
         (tree / name).mkdir(parents=True)
         (tree / name / "small").write_bytes(name.encode())
-    (tree / "b" / "big").write_bytes(b"\2" * (datapool.BIG_FILE + 1))
+    (tree / "b" / "big").write_bytes(b"\2" * (datareading.BIG_FILE + 1))
     expected = digest(tree)
 
-    def die(*args: object) -> datapool.FileResult:
+    def die(*args: object) -> datareading.FileResult:
         os.kill(os.getpid(), signal.SIGBUS)
         raise AssertionError("unreachable")
 
     handed = _tree_mode(monkeypatch)
-    monkeypatch.setattr(datapool, "_hash_mapped", die)
+    monkeypatch.setattr(dataworkers, "hash_mapped", die)
     assert digest(tree) == expected
     assert handed == [3]
 
@@ -768,5 +770,5 @@ def test_unreadable_directory_in_a_subtree_is_named(tmp_path: Path,
 
 def test_directory_walked_in_two_subtrees_is_named_once() -> None:
     ids = [(b"a/x", 1, 5), (b"b/y", 1, 5), (b"b/y/z", 1, 6), (b"a/x/z", 1, 6), (b"c", 1, 7)]
-    assert data._seen_twice(ids) == [
+    assert datawalk.seen_twice(ids) == [
         (b"b/y", "is a directory already seen above it (a bind-mount loop)")]

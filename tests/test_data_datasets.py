@@ -11,15 +11,15 @@ import blake3
 import pytest
 
 from manifest.canonical import canonical_bytes
-from manifest.data import tree as data
-from manifest.data.tree import (
+from manifest.data import digest as data
+from manifest.data.datasets import (
     compare_listing,
-    diff_listings,
     digest_datasets,
-    digest_path,
     parse_data_spec,
     recorded_path,
 )
+from manifest.data.digest import digest_path
+from manifest.data.listing import diff_listings, listing_root, path_bytes
 from manifest.errors import DataError
 from manifest.store import BlobStore
 from tests.conftest import GitRepo, assert_one_sentence, run_cli
@@ -95,7 +95,7 @@ def test_digest_datasets_records_entries_and_listing_blobs(tmp_path: Path) -> No
     assert first.listing is not None
     listing = store.get(first.listing)
     assert listing is not None
-    assert data.listing_root(listing) == first.root
+    assert listing_root(listing) == first.root
     assert found[1].root == "blake3:" + blake3.blake3(b"x\n").hexdigest()
     # The entries are valid canonical JSON.
     canonical_bytes([d.model_dump(mode="json") for d in found])
@@ -127,7 +127,7 @@ def test_non_utf8_dataset_path_is_valid_canonical_json(tmp_path: Path) -> None:
     assert entry.name == "d\\xe9"
     text = canonical_bytes(entry.model_dump(mode="json")).decode("utf-8")
     assert "d\\\\xe9" in text
-    assert data.path_bytes(entry.path) == b"d\xe9"
+    assert path_bytes(entry.path) == b"d\xe9"
 
 
 # ---------------------------------------------------------------- compare

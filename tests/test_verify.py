@@ -172,7 +172,7 @@ def test_missing_output_in_rerun_is_no_verdict(tmp_path: Path) -> None:
 
 
 def test_dataset_byte_change_is_reported_by_file(tmp_path: Path) -> None:
-    pytest.importorskip("manifest.data.tree")
+    pytest.importorskip("manifest.data.datasets")
     repo = make_repo(tmp_path / "repo", {
         "read.py": "import pathlib\npathlib.Path('out').mkdir(exist_ok=True)\n"
                    "pathlib.Path('out/y.bin').write_bytes(pathlib.Path('data/a.txt').read_bytes())\n",

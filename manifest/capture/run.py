@@ -312,7 +312,7 @@ def capture_from_cli(
     snap = take_snapshot(cwd, store_dir=store_dir, manifest_file=manifest_file)
     datasets: list[dict[str, Any]] = []
     if data:
-        from manifest.data.tree import digest_datasets
+        from manifest.data.datasets import digest_datasets
 
         found = digest_datasets(data, repo_root=snap.code.root, store=snap.store,
                                 no_cache=no_cache, quiet=quiet, base=data_base)

@@ -193,7 +193,7 @@ def _register_hash(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _cmd_hash(args: argparse.Namespace) -> int:
-    from manifest.data.tree import hash_from_cli
+    from manifest.data.datasets import hash_from_cli
 
     text = hash_from_cli(Path(args.path), no_cache=args.no_cache, store_dir=args.store,
                          quiet=args.quiet, as_json=args.json)

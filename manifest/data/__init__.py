@@ -1,4 +1,9 @@
-"""Dataset digests: the walk and its listing (``tree``), the pool (``pool``), the cache (``cache``).
+"""Dataset digests, one module per step, each layer importing only those above it.
 
-The format of a root, and what it proves, is written down in ``manifest.data.tree``.
+``listing`` (the format: what a root proves, path text, parse and diff) ←
+``walk`` (the sorted entries below a top) ← ``reading`` (one checked read of
+a file or a chunk) ← ``workers`` (what a forked worker runs, the wire) ←
+``pool`` (the fork pool that hashes a listing) ← ``digest`` (one path's
+root) ← ``datasets`` (specs, the data section, ``manifest hash``);
+``cache`` (stat key → digest) is used by the reading and the pool.
 """

@@ -146,7 +146,7 @@ def check_data(recorded: Manifest, root: Path, store: BlobStore, *, no_cache: bo
                quiet: bool) -> list[DataChange]:
     if not recorded.data:
         return []
-    from manifest.data.tree import compare_listing, digest_datasets
+    from manifest.data.datasets import compare_listing, digest_datasets
     from manifest.errors import DataError
 
     changes: list[DataChange] = []
