@@ -28,7 +28,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,10 @@ class LaunchSettings:
     derivation: str
     threads: int
     deterministic: bool
+    trail: str = "sampled"
+    """Automatic step trail: ``sampled`` (every step to 1000, then thinner), ``all``, ``off``."""
+    ops: dict[str, Any] | None = None
+    """Op-stream window for ``_manifest_ops.StepWindow`` (``MANIFEST_OPS``), or None."""
 
     def child_env(self, records_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
@@ -102,7 +106,11 @@ class LaunchSettings:
         env["MANIFEST_LAUNCH"] = json.dumps({
             "seed": self.seed, "derivation": self.derivation,
             "threads": self.threads, "deterministic": self.deterministic,
+            "trail": "" if self.trail == "off" else self.trail,
         })
+        env.pop("MANIFEST_OPS", None)
+        if self.ops is not None:
+            env["MANIFEST_OPS"] = json.dumps({"dir": str(records_dir), **self.ops})
         env["MANIFEST_LAUNCH_RECORDS"] = str(records_dir)
         env.setdefault("PYTHONHASHSEED", str(self.seed % 2**32))
         if self.deterministic:
@@ -117,6 +125,8 @@ class LaunchResult:
     exit_code: int
     records: list[dict[str, Any]]
     env: dict[str, str]
+    op_streams: dict[str, bytes] = field(default_factory=dict)
+    """File name → bytes of each op stream the processes wrote (``ops-<rank>-<pid>.json``)."""
 
 
 def run_under_launcher(
@@ -134,13 +144,16 @@ def run_under_launcher(
         except PermissionError as exc:
             raise UsageError(f"command is not executable: {argv[0]}.") from exc
         records = []
+        streams: dict[str, bytes] = {}
         for name in sorted(os.listdir(tmp)):
-            if name.endswith(".json"):
+            if name.startswith("ops-") and name.endswith(".json"):
+                streams[name] = Path(tmp, name).read_bytes()
+            elif name.endswith(".json"):
                 try:
                     records.append(json.loads(Path(tmp, name).read_text(encoding="utf-8")))
                 except (OSError, ValueError):
                     continue
-    return LaunchResult(code, select_ranks(records), env)
+    return LaunchResult(code, select_ranks(records), env, streams)
 
 
 def select_ranks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -178,8 +191,10 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
         ))
         out.append(ProcessOutcome(
             rank=rank, at_exit=_fingerprints(r.get("at_exit")),
+            # The script's own manifest.trail() wins; otherwise the launcher's
+            # automatic per-optimizer-step trail.
             trail=[TrailPoint(step=int(p["step"]), digest=p["digest"])
-                   for p in r.get("trail") or []],
+                   for p in r.get("trail") or r.get("auto_trail") or []],
         ))
     return rnd, det, out
 

@@ -44,6 +44,10 @@ _state: dict[str, Any] = {
     "record": None,
     "trail": [],
     "hooked": set(),
+    # Automatic trail: every optimizer step of this process (see _after_optimizer_step).
+    "steps": 0,
+    "auto_trail": [],
+    "ops": None,
 }
 
 
@@ -268,6 +272,86 @@ def trail_points() -> list[dict[str, Any]]:
     return list(_state["trail"])
 
 
+_INT_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def optimizer_fingerprint(optimizer: Any) -> str | None:
+    """blake3 of (dtype, shape) and an integer sum over the bit view of every parameter.
+
+    The sums run on the device the parameters live on and come back in one
+    transfer per device: a 1-ULP change anywhere moves a sum by one, at the
+    cost of one reduction per parameter (see benchmarks/trail_overhead.py).
+    """
+    torch = sys.modules["torch"]
+    header: list[str] = []
+    by_device: dict[str, list[Any]] = {}
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                t = p.detach()
+                header.append(f"{t.dtype}{list(t.shape)}")
+                if t.numel() == 0 or t.is_sparse or t.is_complex():
+                    continue
+                flat = t.reshape(-1)
+                width = flat.element_size()
+                if width in _INT_VIEW and flat.is_floating_point():
+                    flat = flat.view(getattr(torch, _INT_VIEW[width]))
+                by_device.setdefault(str(flat.device), []).append(flat.sum(dtype=torch.int64))
+    parts: list[bytes | memoryview] = [json.dumps(header).encode()]
+    for device in sorted(by_device):
+        parts.append(torch.stack(by_device[device]).cpu().numpy().tobytes())
+    return _blake3_hex(parts)
+
+
+def _keep_point(step: int, mode: Any) -> bool:
+    """``all``: every step; ``sampled``: every step to 1000, then every 10th, 100th…"""
+    if str(mode) == "all" or step <= 1000:
+        return True
+    interval: int = 10 ** (len(str(step)) - 3)
+    return step % interval == 0
+
+
+def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _state["steps"] += 1
+    step = _state["steps"]
+    config = _state["config"] or {}
+    ops = _state["ops"]
+    mode = config.get("trail", "sampled")
+    if mode and _keep_point(step, mode):
+        if ops is not None:
+            ops.paused = True
+        try:
+            digest = optimizer_fingerprint(optimizer)
+        finally:
+            if ops is not None:
+                ops.paused = False
+        if digest is not None:
+            _state["auto_trail"].append({"step": step, "digest": digest})
+    if ops is not None:
+        stop = ops.on_step_end(step)
+        ops.on_step_start(step + 1)
+        if stop:
+            # Explain needs this process only up to its divergent step: write
+            # what was recorded and leave without running the rest.
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            _write_record()
+            os._exit(0)
+
+
+def _install_step_hook(torch: Any) -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(_after_optimizer_step)
+    raw = os.environ.get("MANIFEST_OPS")
+    if raw:
+        import _manifest_ops  # type: ignore[import-not-found]
+
+        _state["ops"] = _manifest_ops.StepWindow(json.loads(raw), _rank_env("RANK"))
+        _state["ops"].on_step_start(1)
+
+
 # ------------------------------------------------------------- import hook
 
 
@@ -348,6 +432,8 @@ def _on_torch(module: ModuleType) -> None:
         apply_flags(module, lazy_inductor=True)
     seed_all(process_seed(config))
     record["at_start"] = rng_fingerprints()
+    if config.get("trail", "sampled") or os.environ.get("MANIFEST_OPS"):
+        _install_step_hook(module)
 
 
 def _write_record() -> None:
@@ -360,6 +446,10 @@ def _write_record() -> None:
         record.update(loaded_versions())
         record["at_exit"] = rng_fingerprints() if record["torch_imported"] else None
         record["trail"] = trail_points()
+        record["steps"] = _state["steps"]
+        record["auto_trail"] = list(_state["auto_trail"])
+        if _state["ops"] is not None:
+            _state["ops"].finish()
         mp = sys.modules.get("multiprocessing")
         record["mp_child"] = bool(mp is not None and mp.parent_process() is not None)
     except Exception as exc:

@@ -1,0 +1,434 @@
+"""Op-level fingerprint stream: every aten op, the module and source line it ran in.
+
+Loaded by the launcher only when ``MANIFEST_OPS`` is set (``manifest explain``,
+``capture --fingerprint-ops``), so a normal capture never imports it. It can
+also be used on its own, e.g. for an audit of the ops a model hits::
+
+    from manifest.launch.boot._manifest_ops import OpRecorder
+    with OpRecorder(events.append, fingerprint=False):
+        model(x).sum().backward()
+    # each event: OpEvent(seq, step, op, module, module_type, where, inputs, outputs,
+    #                     meta, device)
+
+How: a ``TorchDispatchMode`` (``torch.utils._python_dispatch``, the public
+extension point every op tracer uses; PyTorch's own ``DebugMode`` lives in a
+private module in torch 2.13, so it is not used) sees every aten op after
+autograd, forward, backward and optimizer alike. Global module forward
+pre/post hooks keep the dotted path of the module running (backward ops
+carry ``(backward)``), and a walk up the Python stack finds the first frame
+outside torch and manifest: the user's ``file:line``.
+
+Fingerprints: on CPU, blake3 of the raw bytes (zero-copy view, ~12 GB/s);
+on an accelerator, two 64-bit integer sums over the bit view (plain and
+position-weighted) computed on the device and fetched once per step, so
+recording does not sync per op. Measured on an H100 (a GPT of 10.7M
+parameters, 650 ops per step): fingerprinting every op makes a step ~4.5x
+slower, which is why only a window of steps is ever recorded.
+
+Stream file (JSON, one per process, ``<dir>/ops-<rank>-<pid>.json``)::
+
+    {"format": "manifest-ops/v1", "rank", "pid", "steps": [lo, hi],
+     "ops": [[step, op, module, module_type, where, [inputs], [outputs], [meta], device]]}
+
+With ``values`` set, the recorded outputs (and inputs no recorded op
+produced) of the window's ops are also kept on the host, up to a byte
+budget, and saved beside the stream (``values-<rank>-<pid>.pt``) so a
+comparison can count differing elements and ULPs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+OPS_VAR = "MANIFEST_OPS"
+FORMAT = "manifest-ops/v1"
+
+_TORCH_DIR = ""
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_MANIFEST_DIR = os.path.dirname(os.path.dirname(_HERE))
+
+
+class OpEvent(NamedTuple):
+    seq: int
+    step: int
+    op: str
+    module: str
+    module_type: str
+    where: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    meta: tuple[str, ...]
+    device: str
+
+
+# ------------------------------------------------------------ fingerprints
+
+_INT_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _leaves(obj: Any) -> Iterator[Any]:
+    """Tensors inside args/kwargs (lists, tuples, dicts), in order."""
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _leaves(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _leaves(item)
+    else:
+        yield obj
+
+
+def _describe(t: Any) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
+
+class _Fingerprinter:
+    """Tensor → fingerprint text; device sums are resolved in one transfer."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.pending: list[tuple[list[str], int, Any]] = []
+        self._weights: dict[tuple[str, int], Any] = {}
+
+    def __call__(self, t: Any) -> str:
+        torch = self.torch
+        try:
+            if t.is_sparse or t.is_quantized or t.device.type == "meta" or t.is_complex():
+                return "~"
+            if t.numel() == 0:
+                return "empty"
+            flat = t.detach().reshape(-1)
+            if t.device.type == "cpu":
+                return _blake3_16(flat.view(torch.uint8).numpy())
+            return self._device_sum(flat)
+        except Exception:  # an exotic tensor subclass: recorded as unfingerprinted
+            return "~"
+
+    def _device_sum(self, flat: Any) -> str:
+        torch = self.torch
+        width = flat.element_size()
+        ints = flat.view(getattr(torch, _INT_VIEW[width])) if width in _INT_VIEW else flat
+        ints = ints.to(torch.int64)
+        key = (str(flat.device), ints.numel())
+        weights = self._weights.get(key)
+        if weights is None:
+            weights = torch.arange(1, ints.numel() + 1, device=flat.device, dtype=torch.int64)
+            self._weights[key] = weights
+        sums = torch.stack([ints.sum(), (ints * weights).sum()])
+        slot: list[str] = ["?"]
+        self.pending.append((slot, 0, sums))
+        return slot  # type: ignore[return-value]  # resolved to text by resolve()
+
+    def resolve(self) -> None:
+        if not self.pending:
+            return
+        torch = self.torch
+        values = torch.stack([s for _, _, s in self.pending]).cpu().tolist()
+        for (slot, _, _), (a, b) in zip(self.pending, values, strict=True):
+            slot[0] = f"s{a & 0xFFFFFFFFFFFFFFFF:016x}{b & 0xFFFFFFFFFFFFFFFF:016x}"
+        self.pending.clear()
+
+
+def _blake3_16(buffer: Any) -> str:
+    try:
+        import blake3
+
+        return str(blake3.blake3(buffer).hexdigest(length=8))
+    except ImportError:
+        import hashlib
+
+        return hashlib.blake2b(buffer, digest_size=8).hexdigest()
+
+
+def _text(fp: Any) -> str:
+    return fp[0] if isinstance(fp, list) else str(fp)
+
+
+# ----------------------------------------------------------------- modules
+
+
+class _ModuleStack:
+    """Dotted path of the module whose forward is running (global hooks)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.stack: list[tuple[Any, str]] = []
+        self._child_names: dict[int, dict[int, str]] = {}
+        mod = torch.nn.modules.module
+        self.handles = [
+            mod.register_module_forward_pre_hook(self._pre),
+            mod.register_module_forward_hook(self._post),
+        ]
+
+    def _name_in(self, parent: Any, child: Any) -> str:
+        names = self._child_names.get(id(parent))
+        if names is None:
+            names = {id(m): n for n, m in parent.named_modules() if n}
+            self._child_names[id(parent)] = names
+        return names.get(id(child), type(child).__name__)
+
+    def _pre(self, module: Any, args: Any) -> None:
+        if not self.stack:
+            path = ""
+        else:
+            parent, parent_path = self.stack[-1]
+            name = self._name_in(parent, module)
+            path = f"{parent_path}.{name}" if parent_path else name
+        self.stack.append((module, path))
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        # A forward that raised skipped its post hook: unwind to this module.
+        while self.stack:
+            top, _ = self.stack.pop()
+            if top is module:
+                break
+
+    def current(self) -> tuple[str, str]:
+        if not self.stack:
+            return "", ""
+        module, path = self.stack[-1]
+        return path or "", type(module).__name__
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.stack.clear()
+
+
+# ------------------------------------------------------------ source lines
+
+_outside: dict[str, bool] = {}
+
+
+def _is_user_file(filename: str) -> bool:
+    known = _outside.get(filename)
+    if known is None:
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        known = not (
+            filename.startswith("<")
+            or (_TORCH_DIR and path.startswith(_TORCH_DIR))
+            or path.startswith(_MANIFEST_DIR)
+            or path.startswith(_HERE)
+        )
+        _outside[filename] = known
+    return known
+
+
+def user_line(depth: int = 2) -> str:
+    """``file:line`` of the first frame outside torch and manifest ('' if none)."""
+    try:
+        frame: Any = sys._getframe(depth)
+    except ValueError:
+        return ""
+    while frame is not None:
+        code = frame.f_code
+        if _is_user_file(code.co_filename):
+            return f"{_short(code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def _short(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+# ---------------------------------------------------------------- recorder
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward pass on this thread.
+
+    torch has no public query for it; without the private one, backward ops
+    are recorded with no module path rather than failing.
+    """
+    query = getattr(getattr(sys.modules.get("torch"), "_C", None), "_current_graph_task_id", None)
+    if query is None:
+        return False
+    try:
+        return bool(query() != -1)
+    except Exception:
+        return False
+
+
+def _dispatch_mode_base() -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def make_recorder_class() -> Any:
+    """The recorder class, built lazily so importing this file never imports torch."""
+    global _TORCH_DIR
+    import torch
+
+    _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+    base = _dispatch_mode_base()
+
+    class Recorder(base):  # type: ignore[misc, valid-type]
+        def __init__(self, on_op: Callable[[OpEvent], None], *, fingerprint: bool = True,
+                     step: Callable[[], int] | None = None,
+                     keep: Callable[[int, list[Any], list[Any]], None] | None = None) -> None:
+            super().__init__()
+            self.on_op = on_op
+            self.fingerprint = fingerprint
+            self.step = step or (lambda: 0)
+            self.keep = keep
+            self.index = 0
+            self.pid = os.getpid()
+            self.fp = _Fingerprinter(torch)
+            self.modules: _ModuleStack | None = None
+            self.paused = False
+
+        def __enter__(self) -> Any:
+            self.modules = _ModuleStack(torch)
+            return super().__enter__()
+
+        def __exit__(self, *exc: Any) -> Any:
+            if self.modules is not None:
+                self.modules.remove()
+            self.fp.resolve()
+            return super().__exit__(*exc)
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            # A forked DataLoader worker inherits the mode; the launcher pauses it
+            # while it fingerprints the step trail.
+            if self.paused or os.getpid() != self.pid:
+                return func(*args, **kwargs)
+            ins = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            in_fps = tuple(self.fp(t) for t in ins) if self.fingerprint else ()
+            out = func(*args, **kwargs)
+            outs = [t for t in _leaves(out) if isinstance(t, torch.Tensor)]
+            out_fps = tuple(self.fp(t) for t in outs) if self.fingerprint else ()
+            path, kind = self.modules.current() if self.modules is not None else ("", "")
+            if not path and _in_backward():
+                path = "(backward)"
+            device = next((str(t.device) for t in outs + ins), "cpu")
+            index = self.index
+            self.index += 1
+            if self.keep is not None:
+                self.keep(index, ins, outs)
+            self.on_op(OpEvent(index, self.step(), func.name(), path, kind, user_line(2),
+                               in_fps, out_fps, tuple(_describe(t) for t in outs), device))
+            return out
+
+    return Recorder
+
+
+def OpRecorder(on_op: Callable[[OpEvent], None], *, fingerprint: bool = True,
+               step: Callable[[], int] | None = None) -> Any:
+    """A context manager that calls ``on_op(OpEvent)`` for every aten op run inside it.
+
+    With ``fingerprint=False`` only names, modules and lines are recorded (an
+    audit: no tensor is read). Fingerprints from an accelerator are filled in
+    when the recorder exits or :func:`resolve` is called on it (``rec.fp.resolve()``).
+    """
+    return make_recorder_class()(on_op, fingerprint=fingerprint, step=step)
+
+
+# ----------------------------------------------- launcher side (MANIFEST_OPS)
+
+
+class StepWindow:
+    """Records ops during steps [lo, hi] of this process; stops it after ``stop``.
+
+    Steps are counted by the launcher's optimizer-step hook: step k is every
+    op after the (k-1)-th ``optimizer.step()`` returned, up to and including
+    the k-th.
+    """
+
+    def __init__(self, config: dict[str, Any], rank: int | None) -> None:
+        self.lo = int(config.get("from", 1))
+        self.hi = int(config.get("to", self.lo))
+        self.stop = config.get("stop")
+        self.dir = str(config["dir"])
+        self.budget = int(config.get("values_budget", 0))
+        self.rank = rank or 0
+        self.rows: list[list[Any]] = []
+        self.values: dict[int, tuple[list[Any], list[Any]]] = {}
+        self.kept = 0
+        self.produced: set[int] = set()
+        self.recorder: Any = None
+        self.current = 0
+        self.done = False
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.recorder is not None and self.recorder.paused)
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        if self.recorder is not None:
+            self.recorder.paused = value
+
+    def _on_op(self, ev: OpEvent) -> None:
+        self.rows.append([ev.step, ev.op, ev.module, ev.module_type, ev.where,
+                          list(ev.inputs), list(ev.outputs), list(ev.meta), ev.device])
+
+    def _keep(self, index: int, ins: list[Any], outs: list[Any]) -> None:
+        if self.kept >= self.budget:
+            return
+        copies_in = []
+        for t in ins:
+            copies_in.append(self._copy(t) if t.numel() and id(t) not in self.produced else None)
+        copies_out = [self._copy(t) for t in outs]
+        for t in outs:
+            self.produced.add(id(t))
+        self.values[len(self.rows)] = (copies_in, copies_out)
+
+    def _copy(self, t: Any) -> Any:
+        try:
+            c = t.detach().to("cpu", copy=True)
+        except Exception:
+            return None
+        self.kept += c.numel() * c.element_size()
+        return c
+
+    def begin(self) -> None:
+        recorder_class = make_recorder_class()
+        keep = self._keep if self.budget else None
+        self.recorder = recorder_class(self._on_op, step=lambda: self.current, keep=keep)
+        self.recorder.__enter__()
+
+    def on_step_start(self, step: int) -> None:
+        """Called with the number of the step about to run (1 at torch import)."""
+        self.current = step
+        if self.done:
+            return
+        if step == self.lo and self.recorder is None:
+            self.begin()
+
+    def on_step_end(self, step: int) -> bool:
+        """After ``optimizer.step()`` number ``step``; True when the process should stop."""
+        if self.recorder is not None and step >= self.hi and not self.done:
+            self.finish()
+        return self.stop is not None and step >= int(self.stop)
+
+    def finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.recorder is not None:
+            self.recorder.__exit__(None, None, None)
+        for row in self.rows:
+            row[5] = [_text(f) for f in row[5]]
+            row[6] = [_text(f) for f in row[6]]
+        name = f"{self.rank}-{os.getpid()}"
+        doc = {"format": FORMAT, "rank": self.rank, "pid": os.getpid(),
+               "steps": [self.lo, self.hi], "ops": self.rows}
+        path = os.path.join(self.dir, f"ops-{name}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, separators=(",", ":"))
+        os.replace(path + ".tmp", path)
+        if self.values:
+            import torch
+
+            torch.save(self.values, os.path.join(self.dir, f"values-{name}.pt"))
