@@ -32,7 +32,7 @@ Stream file (JSON, one per process, ``<dir>/ops-<rank>-<pid>.json``)::
 
 With ``values`` set, the recorded outputs (and inputs no recorded op
 produced) of the window's ops are also kept on the host, up to a byte
-budget, and saved beside the stream (``values-<rank>-<pid>.pt``) so a
+budget, and saved beside the stream (``values-<rank>-<pid>.safetensors``) so a
 comparison can count differing elements and ULPs.
 """
 
@@ -429,6 +429,40 @@ class StepWindow:
             json.dump(doc, fh, separators=(",", ":"))
         os.replace(path + ".tmp", path)
         if self.values:
-            import torch
+            tensors: dict[str, Any] = {}
+            for row, (ins, outs) in self.values.items():
+                tensors.update({f"i.{row}.{k}": t for k, t in enumerate(ins) if t is not None})
+                tensors.update({f"o.{row}.{k}": t for k, t in enumerate(outs) if t is not None})
+            write_safetensors(os.path.join(self.dir, f"values-{name}.safetensors"), tensors)
 
-            torch.save(self.values, os.path.join(self.dir, f"values-{name}.pt"))
+
+_SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+                       "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
+                       "uint8": "U8", "bool": "BOOL"}
+
+
+def write_safetensors(path: str, tensors: dict[str, Any]) -> None:
+    """The safetensors layout written with the standard library (the child may lack the package)."""
+    import struct
+
+    import torch
+
+    header: dict[str, Any] = {}
+    blobs: list[bytes] = []
+    offset = 0
+    for name, t in tensors.items():
+        code = _SAFETENSORS_DTYPES.get(str(t.dtype).removeprefix("torch."))
+        if code is None:
+            continue
+        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": code, "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text)
+        for blob in blobs:
+            fh.write(blob)
+    os.replace(path + ".tmp", path)
