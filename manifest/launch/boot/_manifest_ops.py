@@ -430,9 +430,9 @@ class StepWindow:
         os.replace(path + ".tmp", path)
         if self.values:
             tensors: dict[str, Any] = {}
-            for row, (ins, outs) in self.values.items():
-                tensors.update({f"i.{row}.{k}": t for k, t in enumerate(ins) if t is not None})
-                tensors.update({f"o.{row}.{k}": t for k, t in enumerate(outs) if t is not None})
+            for at, (ins, outs) in self.values.items():
+                tensors.update({f"i.{at}.{k}": t for k, t in enumerate(ins) if t is not None})
+                tensors.update({f"o.{at}.{k}": t for k, t in enumerate(outs) if t is not None})
             write_safetensors(os.path.join(self.dir, f"values-{name}.safetensors"), tensors)
 
 
