@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from manifest.capture.run import LaunchSettings, redact_argv, select_ranks
+from manifest.capture.run import LaunchSettings, select_ranks
+from manifest.redact import redact_argv
 from tests.runs import capture, free_port, make_repo, manifest_cli
 
 pytestmark = pytest.mark.slow
@@ -203,14 +204,14 @@ def test_secrets_in_argv_are_redacted(tmp_path: Path) -> None:
     for secret in (b"sk-live-123", b"hf_abcdef", b"pa55"):
         assert secret not in proc.stdout
     doc = json.loads(proc.stdout)
-    assert doc["command"]["argv"][2:] == ["--api-key=<redacted>", "--token", "<redacted>",
-                                          "https://example.com/x"]
+    assert doc["command"]["argv"][2:] == ["--api-key=<redacted:1>", "--token", "<redacted:2>",
+                                          "https://bob:<redacted:3>@example.com/x"]
 
 
 def test_redact_argv_keeps_ordinary_arguments() -> None:
     argv = ["python", "train.py", "--lr", "0.1", "--key-size", "4", "--password=x"]
     assert redact_argv(argv) == ["python", "train.py", "--lr", "0.1", "--key-size", "4",
-                                 "--password=<redacted>"]
+                                 "--password=<redacted:1>"]
 
 
 def test_select_ranks_prefers_ranked_processes() -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -46,34 +45,10 @@ from manifest.models import (
     RngFingerprints,
     TrailPoint,
 )
-from manifest.probes.code import strip_credentials
+from manifest.redact import redact_argv, redact_text
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch" / "boot"
 CUBLAS_DETERMINISTIC = ":4096:8"
-
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|secret|password|passwd|api[-_]?key|auth)[\w-]*$", re.I)
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """argv with credentials removed: URL userinfo, and values of secret-named flags."""
-    out: list[str] = []
-    redact_next = False
-    for arg in argv:
-        if redact_next:
-            out.append("<redacted>")
-            redact_next = False
-            continue
-        flag, eq, _value = arg.partition("=")
-        if _SECRET_FLAG.match(flag):
-            if eq:
-                out.append(f"{flag}=<redacted>")
-            else:
-                out.append(arg)
-                redact_next = True
-            continue
-        out.append(strip_credentials(arg) if "://" in arg and "@" in arg else arg)
-    return out
-
 
 def default_threads() -> int:
     """The thread count torch would use here: OMP_NUM_THREADS, else the CPUs we may run on."""
@@ -240,6 +215,7 @@ def build_run_manifest(
     if result.exit_code != 0:
         status = "failed"
         error = _process_error(result.records) or f"command exited with status {result.exit_code}"
+        error = redact_text(error, argv=argv)  # a child's exception can quote its credentials
     elif missing:
         status = "failed"
         error = f"declared output(s) matched no file: {', '.join(missing)}"

@@ -155,6 +155,18 @@ def capture_notes(manifest: Manifest) -> list[str]:
             code.untracked_files) else ""
         notes.append(f"the working tree has uncommitted changes{untracked}; their patch is "
                      f"stored as {store}/blobs/{blob}.")
+    if "untracked_secrets" in code.unavailable:
+        notes.append(f"{code.unavailable['untracked_secrets']}; verify's re-run will not have "
+                     "them.")
+    if manifest.command:
+        from manifest.redact import SECRET_ENV_PREFIX, withheld
+
+        numbers = [n for n in withheld(manifest.command.argv) if n]
+        if numbers:
+            names = ", ".join(f"{SECRET_ENV_PREFIX}{n}" for n in numbers)
+            notes.append(f"{len(numbers)} value(s) in the command look like credentials and "
+                         f"are recorded as <redacted:N>; to re-run, verify reads them from "
+                         f"{names}.")
     missing: list[str] = []
     if manifest.env.torch is None:
         missing.append(f"torch ({manifest.env.unavailable.get('torch', 'not found')})")

@@ -24,6 +24,7 @@ import blake3
 
 from manifest.gitrun import EMPTY_TREE, GitMissingError, run_git
 from manifest.models import Code, Submodule
+from manifest.redact import is_secret_file, strip_url_credentials
 from manifest.store import BlobStore
 
 LOCKFILE_NAMES = ("uv.lock", "poetry.lock", "Pipfile.lock", "pdm.lock", "environment.yml",
@@ -44,31 +45,9 @@ class CodeProbe:
 
 
 def strip_credentials(url: str) -> str:
-    """Remove credentials from a remote URL.
-
-    URLs lose their userinfo (``user:token@``), query and fragment (tokens
-    travel there too: ``?private_token=``). scp-style ``user@host:path`` keeps
-    a plain user name (``git@github.com:org/x.git``) but loses a userinfo
-    that carries a password (``oauth2:TOKEN@host:path``).
-    """
-    from urllib.parse import urlsplit, urlunsplit
-
-    if "://" not in url:
-        userinfo, at, rest = url.partition("@")
-        if at and ":" in userinfo and "/" not in userinfo:
-            return rest
-        return url
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "<unparseable URL>"
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if port:
-        host = f"{host}:{port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    """A remote URL without userinfo, query and fragment (tokens travel there too:
+    ``?private_token=``); the one redactor does it (``manifest.redact``)."""
+    return strip_url_credentials(url)
 
 
 def _file_digest(path: Path) -> str:
@@ -361,6 +340,15 @@ def probe_code(cwd: Path, store: BlobStore | None = None, *,
     config = read_repo_config(root)
     gitlinks, untracked = _index_listing(root)
     untracked = _without(untracked, root, exclude)
+    withheld = [p for p in untracked if is_secret_file(p)]
+    if withheld:
+        # Credentials by name (.env, .netrc, *.pem …) never enter a blob: a
+        # manifest and its store are meant to be shared.
+        untracked = [p for p in untracked if not is_secret_file(p)]
+        names = ", ".join(sorted(os.fsdecode(p) for p in withheld))
+        unavailable["untracked_secrets"] = (
+            f"{len(withheld)} untracked file(s) left out of the patch because their names "
+            f"say they hold credentials: {names}")
     patch, n_untracked = working_patch(root, state.head, state.git_dir, untracked,
                                        config.untrusted_filters)
     diff_digest = "blake3:" + blake3.blake3(patch).hexdigest() if patch else None

@@ -241,11 +241,26 @@ def link_data(recorded: Manifest, root: Path, tree: Path) -> None:
             target.symlink_to((root / path).resolve())
 
 
-def numerics_env(recorded: Manifest) -> dict[str, str]:
-    """Today's environment with the recorded numerics variables put back."""
-    from manifest.probes.env import NUMERICS_VARIABLES
+def _argv_to_run(argv: list[str]) -> list[str]:
+    """The recorded argv with withheld values filled from ``MANIFEST_SECRET_N``."""
+    from manifest.errors import UsageError
+    from manifest.redact import MissingSecretsError, restore_argv
 
-    env = {k: v for k, v in os.environ.items() if k not in NUMERICS_VARIABLES}
+    try:
+        return restore_argv(argv, os.environ)
+    except MissingSecretsError as exc:
+        raise UsageError(f"cannot re-run: {exc}.",
+                         hint="Values are never read from the manifest.") from exc
+
+
+def numerics_env(recorded: Manifest) -> dict[str, str]:
+    """Today's environment with the recorded numerics variables put back
+    (and without the ``MANIFEST_SECRET_N`` values, which went into the argv)."""
+    from manifest.probes.env import NUMERICS_VARIABLES
+    from manifest.redact import SECRET_ENV_PREFIX
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in NUMERICS_VARIABLES and not k.startswith(SECRET_ENV_PREFIX)}
     env.update(recorded.env.variables)
     return env
 
@@ -329,6 +344,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             raise UntrustedManifestError(
                 f"refusing to run the manifest's command: {problem}.",
                 hint="Inspect the command and pass --trust to run it anyway.")
+    run_argv = _argv_to_run(argv)
     if announce is not None:
         announce(argv)
 
@@ -341,7 +357,8 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             link_data(recorded, root, run_root)
         run_cwd = run_root / recorded.command.cwd
         report.workdir = str(run_cwd)
-        return _rerun_and_compare(recorded, report, run_cwd, root, scratch, options, machine)
+        return _rerun_and_compare(recorded, report, run_cwd, root, scratch, options, machine,
+                                  run_argv)
     finally:
         if not options.keep:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -349,7 +366,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
 
 def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, root: Path,
                        scratch: Path, options: VerifyOptions,
-                       machine: Machine) -> VerifyReport:
+                       machine: Machine, run_argv: list[str]) -> VerifyReport:
     from manifest.capture.run import LaunchSettings, build_run_manifest, run_under_launcher
     from manifest.capture.snapshot import take_snapshot
 
@@ -366,10 +383,9 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
         report.drift.append(Drift(
             "code.diff_digest", "bits",
             "the scratch tree does not reproduce the recorded uncommitted changes exactly"))
-    result = run_under_launcher(list(recorded.command.argv), run_cwd, settings,
-                                base_env=numerics_env(recorded))
+    result = run_under_launcher(run_argv, run_cwd, settings, base_env=numerics_env(recorded))
     report.rerun_exit_code = result.exit_code
-    new = build_run_manifest(snap, cwd=run_cwd, argv=list(recorded.command.argv),
+    new = build_run_manifest(snap, cwd=run_cwd, argv=run_argv,
                              settings=settings, result=result, datasets=[],
                              output_globs=list(recorded.command.outputs))
     assert new.outputs is not None
