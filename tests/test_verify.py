@@ -104,10 +104,12 @@ def test_one_ulp_from_an_undeclared_input_is_found(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", {"ulp.py": ULP_SCRIPT}, example=False)
     manifest, _ = capture(repo, command=["python", "ulp.py", str(outside)],
                           outputs="out/*.safetensors")
-    code, report, _ = verify(repo, manifest)
+    # The undeclared input lives under /tmp, which the sandbox replaces by a private
+    # one (test_sandbox.py); this test is about finding one ULP, so it runs unconfined.
+    code, report, _ = verify(repo, manifest, "--no-sandbox")
     assert (code, report["verdict"]) == (0, "identical")
     outside.write_text("1")
-    code, report, _ = verify(repo, manifest)
+    code, report, _ = verify(repo, manifest, "--no-sandbox")
     assert code == 1
     [art] = report["artifacts"]
     [delta] = art["tensors"]
@@ -122,7 +124,7 @@ def test_clock_seeded_script_differs(tmp_path: Path) -> None:
     (tmp_path / "flag").write_text("0")
     repo = make_repo(tmp_path / "repo", {"clock.py": script}, example=False)
     manifest, _ = capture(repo, command=["python", "clock.py", str(tmp_path / "flag")])
-    code, report, _ = verify(repo, manifest)
+    code, report, _ = verify(repo, manifest, "--no-sandbox")  # reads /tmp (see above)
     assert code == 1
     assert report["verdict"] == "differs"
 
@@ -144,17 +146,25 @@ def test_dirty_tree_with_untracked_file_is_rebuilt_exactly(tmp_path: Path) -> No
     assert tree_state(repo) == before
 
 
-def test_commit_unknown_locally_needs_trust(tmp_path: Path) -> None:
+def test_manifest_from_another_machine_needs_trust(tmp_path: Path) -> None:
     script = ("import pathlib\npathlib.Path('out').mkdir(exist_ok=True)\n"
               "pathlib.Path('out/x.bin').write_bytes(b'x')\n")
     repo = make_repo(tmp_path / "repo", {"noop.py": script}, example=False)
     manifest, _ = capture(repo, command=["python", "noop.py"], outputs="out/*.bin")
     other = make_repo(tmp_path / "other", {"unrelated.txt": "x"}, example=False)
     shutil.copy(manifest, other / "run.json")
-    code, _, stderr = verify(other, other / "run.json")
-    assert code == 2
+    # Another machine: its data directory holds no record of this manifest's digest.
+    elsewhere = {"XDG_DATA_HOME": str(tmp_path / "other-machine")}
+    proc = manifest_cli("verify", str(other / "run.json"), cwd=other, env=elsewhere)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 2
     assert "refusing to run" in stderr and "--trust" in stderr
+    assert "would run" in stderr and "command: python noop.py" in stderr
     assert "re-running" not in stderr
+    # With --trust it runs, and then finds the commit missing here: no verdict.
+    proc = manifest_cli("verify", str(other / "run.json"), "--trust", cwd=other, env=elsewhere)
+    assert proc.returncode == 3, proc.stderr.decode()
+    assert "could not materialise" in proc.stderr.decode()
 
 
 def test_missing_output_in_rerun_is_no_verdict(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,13 +106,19 @@ class LaunchResult:
 
 
 def run_under_launcher(
-    argv: list[str], cwd: Path, settings: LaunchSettings, *, base_env: dict[str, str] | None = None
+    argv: list[str], cwd: Path, settings: LaunchSettings, *, base_env: dict[str, str] | None = None,
+    wrap: Callable[[list[str], Path], list[str]] | None = None,
 ) -> LaunchResult:
-    """Run ``argv`` with every Python process prepared; return its records."""
+    """Run ``argv`` with every Python process prepared; return its records.
+
+    ``wrap(argv, records_dir)`` returns the command line that actually runs
+    (verify's sandbox: it must leave ``records_dir`` writable).
+    """
     with tempfile.TemporaryDirectory(prefix="manifest-records-") as tmp:
         env = settings.child_env(Path(tmp), base_env)
+        full = wrap(argv, Path(tmp)) if wrap is not None else argv
         try:
-            proc = subprocess.run(argv, cwd=cwd, env=env, stdout=sys.stderr.fileno(),
+            proc = subprocess.run(full, cwd=cwd, env=env, stdout=sys.stderr.fileno(),
                                   stdin=subprocess.DEVNULL, check=False)
             code = proc.returncode
         except FileNotFoundError as exc:
@@ -321,4 +328,8 @@ def capture_from_cli(
     manifest = build_run_manifest(snap, cwd=cwd, argv=command, settings=settings, result=result,
                                   datasets=datasets, output_globs=outputs)
     assert manifest.outputs is not None
+    # Verify runs a command without --trust only if this tool sealed it here.
+    from manifest.verify.trust import record_sealed
+
+    record_sealed(manifest.digest)
     return manifest, 0 if manifest.outputs.status == "ok" else 3

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from manifest import __version__
 from manifest.errors import (
@@ -22,6 +22,9 @@ from manifest.errors import (
     OutputError,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    from manifest.verify.trust import RunPlan, TrustDecision
 
 
 class _Parser(argparse.ArgumentParser):
@@ -255,7 +258,14 @@ def _register_verify(sub: argparse._SubParsersAction[_Parser]) -> None:
                    help="refuse to re-run when the environment or data drifted in a way "
                    "that can change bits")
     p.add_argument("--trust", action="store_true",
-                   help="run the command even if the commit or patch is not known locally")
+                   help="run the command although this machine did not seal the manifest "
+                   "and no trusted identity signed it (after reading what it will run)")
+    p.add_argument("--network", action="store_true",
+                   help="let the confined re-run reach the network")
+    p.add_argument("--require-sandbox", action="store_true",
+                   help="refuse (exit 3) when the re-run cannot be confined by bubblewrap")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="re-run without confinement (the report says 'not confined')")
     p.add_argument("--in-place", action="store_true",
                    help="run in the current tree instead of a scratch clone (no git needed)")
     p.add_argument("--no-rerun", action="store_true",
@@ -275,9 +285,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     options = VerifyOptions(strict=args.strict, trust=args.trust, in_place=args.in_place,
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
-                            no_cache=args.no_cache, quiet=args.quiet)
+                            no_cache=args.no_cache, quiet=args.quiet, network=args.network,
+                            sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox)
+    if args.no_sandbox and args.require_sandbox:
+        raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
     report = verify_run(_read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
-                        options=options, announce=render_command)
+                        options=options, announce=render_command, show_plan=_show_plan)
     if args.json:
         import json
 
@@ -285,6 +298,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     else:
         render_verify(report)
     return report.exit_code
+
+
+def _show_plan(plan: RunPlan, decision: TrustDecision) -> None:
+    """What verify would run, every string escaped, before it runs or refuses (stderr)."""
+    head = ("will run" if decision.allowed else "would run") + f" ({decision.reason})" * (
+        decision.allowed)
+    lines = [f"manifest: {head}:"] + [f"manifest:   {line}" for line in plan.lines()]
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
 
 
 def _register_gate(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -353,6 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("manifest: interrupted.\n")
         return 130
+    except BaseException as exc:
+        from manifest.verify.scratch import Terminated
+
+        if isinstance(exc, Terminated):  # SIGTERM/SIGHUP: scratch removed, exit like the signal
+            sys.stderr.write("manifest: terminated.\n")
+            return 128 + exc.signum
+        raise
     except BrokenPipeError:
         return 0
     except OSError as exc:  # a file or device failed us where no probe expected it

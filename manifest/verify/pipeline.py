@@ -8,16 +8,20 @@ Steps, in order; each one can end the verification with a result:
    ``bits`` drift (no verdict).
 3. Data: each recorded dataset is re-digested; a changed one is reported by
    file, from the listing blob stored at capture.
-4. Isolation: the recorded commit is materialised in a scratch clone
+4. Trust (``manifest.verify.trust``): the command runs only if this tool
+   sealed the manifest here, a trusted identity signed it, or ``--trust``
+   after the plan (argv, cwd, variables, datasets) was shown escaped; every
+   path the manifest names is validated as data first
+   (``manifest.verify.paths``). A refusal comes before "re-running".
+5. Isolation: the recorded commit is materialised in a scratch clone
    (``git clone --shared --no-checkout`` + checkout: the user's repository,
    working tree, index, stash and branches are not written), the stored
-   patch blob is applied with ``git apply --binary``; datasets that live
-   outside git are linked in. ``--in-place`` runs in the current tree.
-5. Trust: the command is shown; a manifest whose commit is not reachable
-   from a local ref, or whose patch is not in the local store, is refused
-   unless ``--trust``.
+   patch blob (from the local store only) is applied with ``git apply
+   --binary``; datasets that live outside git are linked in. ``--in-place``
+   runs in the current tree.
 6. Re-run under the launcher with the recorded seed, derivation, thread count,
-   determinism switch and numerics environment variables.
+   determinism switch and numerics environment variables, confined by
+   bubblewrap where available (``manifest.verify.sandbox``).
 7. Compare outputs tensor by tensor (``manifest.weights.compare``) and the step
    trails, if any: verdict ``identical``, ``differs`` or ``no-verdict``.
 """
@@ -25,8 +29,6 @@ Steps, in order; each one can end the verification with a result:
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,10 +38,12 @@ from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UntrustedMani
 from manifest.gitrun import GitFailedError, GitMissingError, run_git
 from manifest.models import Manifest
 from manifest.store import STORE_DIRNAME, BlobStore
+from manifest.verify.trust import RunPlan, check_trust
 from manifest.weights.compare import ArtifactDelta, compare_artifacts
 
 if TYPE_CHECKING:
     from manifest.probes.hardware import NvmlFacts
+    from manifest.verify.sandbox import SandboxSpec
 
 Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
 """(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
@@ -77,6 +81,10 @@ class VerifyReport:
     trail_compared: bool = False
     rerun_exit_code: int | None = None
     workdir: str | None = None
+    trust: str | None = None
+    """Why the command was allowed to run: ``sealed here``, ``signed by …``, ``--trust``."""
+    confinement: str | None = None
+    """How the re-run was confined, or ``not confined (why)``."""
 
     @property
     def bits_drift(self) -> list[Drift]:
@@ -107,6 +115,8 @@ class VerifyReport:
             ],
             "first_divergent_step": self.first_divergent_step,
             "rerun_exit_code": self.rerun_exit_code,
+            "trust": self.trust,
+            "confinement": self.confinement,
         }
 
 
@@ -120,6 +130,12 @@ class VerifyOptions:
     keep: bool = False
     no_cache: bool = False
     quiet: bool = False
+    signer: str | None = None
+    """Identity of a signature over the manifest that the user's policy trusts (see trust.py)."""
+    network: bool = False
+    sandbox: bool = True
+    """Confine the re-run when bubblewrap works here (``--no-sandbox`` turns it off)."""
+    require_sandbox: bool = False
 
 
 # ------------------------------------------------------------------- drift
@@ -186,23 +202,24 @@ def repo_root_of(cwd: Path) -> Path | None:
 
 
 def store_for(recorded: Manifest, root: Path) -> BlobStore:
-    rel = recorded.observed.store or STORE_DIRNAME
-    path = Path(rel)
-    return BlobStore(path if path.is_absolute() else root / path)
+    """The local blob store of the repository at ``root``.
 
+    ``observed.store`` is informational: a manifest that named a write
+    location (or a directory of the repository holding committed "blobs")
+    would choose where verify reads patches and writes. The store is the
+    one this repository's ``[tool.manifest] store`` names, else ``.manifest``.
+    """
+    del recorded
+    from manifest.config import load_config
+    from manifest.errors import ManifestError
 
-def trust_problem(recorded: Manifest, root: Path, store: BlobStore) -> str | None:
-    """Why this manifest's code is not known locally, or None if it is."""
-    commit = recorded.code.commit
-    if commit is None:
-        return "the manifest records no commit, so its code cannot be checked against this repo"
-    refs = run_git(["for-each-ref", "--contains", commit, "--format=%(refname)"], root,
-                   check=False)
-    if refs.returncode != 0 or not refs.stdout.strip():
-        return f"commit {commit[:12]} is not in the history of any local branch or tag"
-    if recorded.code.diff_digest and store.get(recorded.code.diff_digest) is None:
-        return "its uncommitted patch is not in the local store (it came from elsewhere)"
-    return None
+    try:
+        configured = load_config(root)[0].get("store")
+    except ManifestError:  # a broken pyproject is reported by the verbs that read it
+        configured = None
+    if isinstance(configured, str) and configured:
+        return BlobStore(root / configured)
+    return BlobStore(root / STORE_DIRNAME)
 
 
 def materialise(recorded: Manifest, root: Path, store: BlobStore, scratch: Path) -> Path:
@@ -229,16 +246,51 @@ def materialise(recorded: Manifest, root: Path, store: BlobStore, scratch: Path)
     return tree
 
 
-def link_data(recorded: Manifest, root: Path, tree: Path) -> None:
-    """Datasets that git does not carry are linked into the scratch tree."""
+def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path, Path]]:
+    """(real dataset, where the scratch tree wants it) for each recorded dataset.
+
+    Relative datasets that git does not carry come from the same path in the
+    user's repository; absolute ones stay where they were recorded. Paths are
+    validated first (``manifest.verify.paths``): nothing outside ``tree`` is
+    named as a destination.
+    """
+    from manifest.verify.paths import dataset_link
+
+    binds: list[tuple[Path, Path]] = []
     for ds in recorded.data:
-        path = Path(ds.path)
-        if path.is_absolute():
+        rel = dataset_link(root, ds.path)
+        if rel is None:
+            if os.path.exists(ds.path):
+                binds.append((Path(os.path.realpath(ds.path)), Path(ds.path)))
             continue
-        target = tree / path
-        if not target.exists() and (root / path).exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.symlink_to((root / path).resolve())
+        target = tree / rel
+        if os.path.lexists(target) or not (root / rel).exists():
+            continue  # git carries it (or there is nothing to link)
+        binds.append((Path(os.path.realpath(root / rel)), target))
+    return binds
+
+
+def link_data(binds: list[tuple[Path, Path]], tree: Path, *, confined: bool) -> None:
+    """Put each dataset in the scratch tree: an empty mount point for the sandbox to bind
+    read-only, or a symlink when unconfined. Parents are created without following links."""
+    from manifest.verify.paths import UnsafePathError, inside
+
+    for source, target in binds:
+        if not target.is_relative_to(tree):
+            continue  # absolute dataset: the sandbox binds it where it was recorded
+        parent = target.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        if not inside(tree, parent):
+            raise UnsafePathError(
+                f"the dataset {target.relative_to(tree)} sits below a committed symlink that "
+                "leaves the repository.")
+        if confined:
+            if source.is_dir():
+                target.mkdir()
+            else:
+                target.touch()
+        else:
+            target.symlink_to(source)
 
 
 def _argv_to_run(argv: list[str]) -> list[str]:
@@ -290,8 +342,13 @@ def first_divergent_step(recorded: Manifest, new: Manifest) -> tuple[bool, int |
 
 
 def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
-               announce: Any = None) -> VerifyReport:
-    """Verify a manifest (bytes of the file); never raises for a mismatch."""
+               announce: Any = None, show_plan: Any = None) -> VerifyReport:
+    """Verify a manifest (bytes of the file); never raises for a mismatch.
+
+    ``show_plan(plan, decision)`` is called with what would run before the
+    trust decision is enforced (unless the manifest was sealed here);
+    ``announce(argv)`` only once the command is allowed to run.
+    """
     recorded = load_manifest(data)
     argv = list(recorded.command.argv) if recorded.command else []
     report = VerifyReport(file=file, run_id=recorded.run_id, command=argv)
@@ -328,45 +385,100 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         report.reason = f"the recorded run itself failed ({recorded.outputs.error})"
         return report
 
-    escaping = [g for g in recorded.command.outputs
-                if os.path.isabs(g) or ".." in Path(g).parts]
-    if escaping and not options.in_place:
+    from manifest.verify.paths import dataset_link, tree_relative
+
+    for glob in recorded.command.outputs:
+        tree_relative(glob, "declared output")
+    tree_relative(recorded.command.cwd, "the recorded working directory")
+    linked = []
+    for ds in recorded.data:
+        rel = dataset_link(root, ds.path)
+        linked.append((ds.path, os.path.realpath(root / rel if rel is not None else ds.path)))
+    sandbox_reason = _sandbox_reason(options)
+    decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
+    report.trust = decision.reason if decision.allowed else None
+    report.confinement = _confinement_text(sandbox_reason, options)
+    plan = RunPlan(argv=argv, cwd=recorded.command.cwd,
+                   variables=_plan_variables(recorded, options), datasets=linked,
+                   confinement=report.confinement, network=options.network)
+    if show_plan is not None and decision.basis != "sealed":
+        show_plan(plan, decision)
+    if not decision.allowed:
+        raise UntrustedManifestError(
+            f"{decision.reason}.",
+            hint="Read what it would run (above) and pass --trust to run it anyway.")
+    if sandbox_reason is not None and options.require_sandbox:
         from manifest.errors import NoVerdictError
 
-        raise NoVerdictError(
-            f"declared output {escaping[0]} lies outside the repository: a re-run would "
-            "overwrite the original there.",
-            hint="Capture with outputs inside the tree, or use --in-place knowingly.")
-    if not options.in_place:
-        problem = trust_problem(recorded, root, store) if repo else (
-            "not inside a git repository (use --in-place to run in this directory)")
-        if problem and not options.trust:
-            raise UntrustedManifestError(
-                f"refusing to run the manifest's command: {problem}.",
-                hint="Inspect the command and pass --trust to run it anyway.")
+        raise NoVerdictError(f"--require-sandbox: the re-run cannot be confined: "
+                             f"{sandbox_reason}.",
+                             hint="Install bubblewrap (apt-get install bubblewrap).")
     run_argv = _argv_to_run(argv)
     if announce is not None:
         announce(argv)
 
-    scratch = Path(tempfile.mkdtemp(prefix="manifest-verify-"))
-    try:
+    from manifest.verify.scratch import scratch_dir
+
+    with scratch_dir(keep=options.keep) as scratch:
+        binds: list[tuple[Path, Path]] = []
         if options.in_place:
             run_root = root
+            binds = [(Path(os.path.realpath(ds.path)), Path(ds.path)) for ds in recorded.data
+                     if os.path.isabs(ds.path) and os.path.exists(ds.path)]
         else:
             run_root = materialise(recorded, root, store, scratch)
-            link_data(recorded, root, run_root)
-        run_cwd = run_root / recorded.command.cwd
+            binds = dataset_binds(recorded, root, run_root)
+            link_data(binds, run_root, confined=sandbox_reason is None)
+        from manifest.verify.paths import check_cwd, check_outputs
+
+        run_cwd = check_cwd(run_root, recorded.command.cwd)
+        check_outputs(run_root, run_cwd, list(recorded.command.outputs))
         report.workdir = str(run_cwd)
+        spec = None
+        if sandbox_reason is None:
+            from manifest.verify.sandbox import SandboxSpec
+
+            ro = [(src, root / dst.relative_to(run_root)) if dst.is_relative_to(run_root)
+                  else (src, dst) for src, dst in binds]
+            spec = SandboxSpec(scratch=run_root, mount_at=root, ro_binds=ro,
+                               network=options.network)
         return _rerun_and_compare(recorded, report, run_cwd, root, scratch, options, machine,
-                                  run_argv)
-    finally:
-        if not options.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
+                                  run_argv, spec)
+
+
+def _sandbox_reason(options: VerifyOptions) -> str | None:
+    """None when the re-run will be confined, else why not."""
+    if not options.sandbox:
+        return "--no-sandbox"
+    from manifest.verify.sandbox import unavailable_reason
+
+    return unavailable_reason()
+
+
+def _confinement_text(reason: str | None, options: VerifyOptions) -> str:
+    if reason is not None:
+        return f"not confined ({reason})"
+    return "bubblewrap: system read-only, only the scratch tree writable, private /tmp, " + (
+        "network allowed (--network)" if options.network else "no network")
+
+
+def _plan_variables(recorded: Manifest, options: VerifyOptions) -> dict[str, str]:
+    """The variables the re-run sets: recorded numerics variables and the launcher's."""
+    threads = options.threads or recorded.determinism.num_threads or 1
+    variables = dict(recorded.env.variables)
+    variables.update({
+        "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+        "MANIFEST_LAUNCH": (f"seed={recorded.randomness.seed or 0} "
+                            f"derivation={recorded.randomness.derivation or 'same'} "
+                            f"deterministic={recorded.determinism.requested}"),
+    })
+    return variables
 
 
 def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, root: Path,
                        scratch: Path, options: VerifyOptions,
-                       machine: Machine, run_argv: list[str]) -> VerifyReport:
+                       machine: Machine, run_argv: list[str],
+                       spec: SandboxSpec | None = None) -> VerifyReport:
     from manifest.capture.run import LaunchSettings, build_run_manifest, run_under_launcher
     from manifest.capture.snapshot import take_snapshot
 
@@ -383,7 +495,20 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
         report.drift.append(Drift(
             "code.diff_digest", "bits",
             "the scratch tree does not reproduce the recorded uncommitted changes exactly"))
-    result = run_under_launcher(run_argv, run_cwd, settings, base_env=numerics_env(recorded))
+    wrap = None
+    if spec is not None:
+        from manifest.verify.sandbox import SandboxSpec
+        from manifest.verify.sandbox import wrap as sandbox_wrap
+
+        cwd_inside = spec.mount_at / run_cwd.relative_to(spec.scratch)
+        sandbox = spec
+
+        def wrap(argv: list[str], records: Path) -> list[str]:
+            confined = SandboxSpec(sandbox.scratch, sandbox.mount_at, sandbox.ro_binds,
+                                   [*sandbox.rw_paths, records], sandbox.network)
+            return sandbox_wrap(confined, argv, cwd_inside)
+    result = run_under_launcher(run_argv, run_cwd, settings,
+                                base_env=numerics_env(recorded), wrap=wrap)
     report.rerun_exit_code = result.exit_code
     new = build_run_manifest(snap, cwd=run_cwd, argv=run_argv,
                              settings=settings, result=result, datasets=[],

@@ -1,0 +1,142 @@
+"""The one path validator: every path a manifest names is data, checked here.
+
+A manifest (or the repository it points at) can name paths that make a
+re-run touch the user's files: ``command.cwd`` = ``/home/u/project`` or
+``../..`` runs the command in the real tree; a dataset path ``../../x`` made
+verify create directories and links outside the scratch directory; a
+committed symlink ``out -> /home/u/project/out`` made the re-run overwrite the
+original outputs. So, before anything runs:
+
+* ``command.cwd`` and every output glob are relative, free of ``..`` and NUL,
+  and resolve (following the links the scratch tree holds) inside the tree;
+* a declared output, or a directory on the way to it, that is a symlink
+  leaving the tree is refused; missing parents are created here, one
+  component at a time without following links;
+* a relative dataset path is linked only from the matching recorded dataset
+  root, inside the tree; an absolute one is never linked (the sandbox binds
+  it read-only at its recorded path) and may not cover the tree itself.
+
+Violations raise :class:`UnsafePathError` (exit 3: no verdict can be reached
+without running somewhere the manifest should not reach).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path, PurePosixPath
+
+from manifest.errors import NoVerdictError
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+class UnsafePathError(NoVerdictError):
+    """A manifest path would reach outside the scratch tree."""
+
+
+def _show(value: str) -> str:
+    from manifest.verify.trust import escape_text
+
+    return escape_text(value)
+
+
+def tree_relative(value: str, what: str) -> PurePosixPath:
+    """``value`` as a relative path inside the tree, or :class:`UnsafePathError`."""
+    if "\0" in value:
+        raise UnsafePathError(f"{what} {_show(value)} contains a NUL byte.")
+    path = PurePosixPath(value)
+    if path.is_absolute() or value.startswith("~"):
+        raise UnsafePathError(
+            f"{what} {_show(value)} lies outside the repository: a re-run would write there.",
+            hint="Capture with paths inside the tree, or use --in-place knowingly.")
+    if ".." in path.parts:
+        raise UnsafePathError(
+            f"{what} {_show(value)} climbs out of the repository with '..': a re-run would "
+            "write outside the scratch tree.")
+    return path
+
+
+def _static_prefix(glob: PurePosixPath) -> PurePosixPath:
+    """The leading components of a glob that hold no wildcard."""
+    parts: list[str] = []
+    for part in glob.parts:
+        if _GLOB_CHARS & set(part):
+            break
+        parts.append(part)
+    return PurePosixPath(*parts) if parts else PurePosixPath(".")
+
+
+def inside(tree: Path, candidate: Path) -> bool:
+    """Whether ``candidate`` resolves (all links followed) to ``tree`` or below it."""
+    real_tree = os.path.realpath(tree)
+    real = os.path.realpath(candidate)
+    return real == real_tree or real.startswith(real_tree.rstrip("/") + "/")
+
+
+def check_cwd(tree: Path, cwd: str) -> Path:
+    """The directory to run in: ``tree/cwd``, refused if it leaves the tree."""
+    rel = tree_relative(cwd, "the recorded working directory")
+    full = tree / rel
+    if not inside(tree, full):
+        raise UnsafePathError(
+            f"the recorded working directory {_show(cwd)} is a symlink that leaves the "
+            "repository.")
+    return full
+
+
+def check_outputs(tree: Path, cwd: Path, globs: list[str]) -> None:
+    """Refuse output globs (and existing outputs or parents) that lead outside ``tree``.
+
+    Run on the materialised tree before the command: a committed symlink at an
+    output's place, or on the way to it, would carry the re-run's write into
+    the target. Missing parent directories are created here, without
+    following links, so the command has nothing to create through one.
+    """
+    for glob in globs:
+        rel = tree_relative(glob, "declared output")
+        prefix = _static_prefix(rel)
+        _make_parents(tree, cwd, prefix if prefix != rel else rel.parent, glob)
+        for match in cwd.glob(str(rel)) if rel.parts else []:
+            if match.is_symlink() and not inside(tree, match):
+                raise UnsafePathError(
+                    f"declared output {_show(glob)} is a committed symlink that leaves the "
+                    "repository: a re-run would write through it.")
+
+
+def _make_parents(tree: Path, cwd: Path, rel: PurePosixPath, glob: str) -> None:
+    current = cwd
+    for part in rel.parts:
+        if part in ("", "."):
+            continue
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            try:
+                os.mkdir(current)
+            except OSError as exc:
+                raise UnsafePathError(
+                    f"cannot create the output directory for {_show(glob)}: "
+                    f"{exc.strerror or exc}.") from exc
+            continue
+        if stat.S_ISLNK(st.st_mode) and not inside(tree, current):
+            raise UnsafePathError(
+                f"declared output {_show(glob)} goes through a committed symlink that leaves "
+                "the repository: a re-run would write through it.")
+
+
+def dataset_link(tree: Path, ds_path: str) -> PurePosixPath | None:
+    """Where a dataset is linked inside ``tree`` (None for an absolute, unlinked one)."""
+    if "\0" in ds_path:
+        raise UnsafePathError(f"dataset path {_show(ds_path)} contains a NUL byte.")
+    if os.path.isabs(ds_path):
+        real_tree = os.path.realpath(tree)
+        if real_tree == ds_path.rstrip("/") or real_tree.startswith(ds_path.rstrip("/") + "/"):
+            raise UnsafePathError(
+                f"dataset path {_show(ds_path)} contains the repository itself.")
+        return None
+    rel = tree_relative(ds_path, "dataset path")
+    if rel == PurePosixPath("."):
+        raise UnsafePathError("a dataset path names the repository root itself.")
+    return rel
