@@ -356,7 +356,49 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-_EXTRA_VERBS = [_register_verify, _register_hash, _register_diff, _register_gate]
+def _register_explain(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "explain", help="where two runs part: the step, the op, the module and the line",
+        description="Re-run the recorded command twice in a scratch clone, find the first "
+        "optimizer step where the runs (or the recorded trail) part, re-run up to that step "
+        "recording every aten op, and name the first op whose inputs matched and outputs "
+        "differ, or the value that entered from outside torch.",
+        epilog="Exit status: 0 the runs do not part, 1 they part (explained), 2 bad input, "
+        "3 no verdict.")
+    p.add_argument("file", help="manifest file ('-' for stdin)")
+    p.add_argument("--threads", type=_positive, default=None,
+                   help="run B with this thread count (A keeps the recorded one)")
+    p.add_argument("--step", type=_positive, default=None,
+                   help="explain this optimizer step (skip locating the first divergent one)")
+    p.add_argument("--trust", action="store_true",
+                   help="run the command even if the commit or patch is not known locally")
+    p.add_argument("--in-place", action="store_true",
+                   help="run in the current tree instead of a scratch clone")
+    p.add_argument("--keep", action="store_true", help="keep the scratch tree and op streams")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_explain)
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from manifest.cli.render import render_command
+    from manifest.cli.render_explain import render_explain
+    from manifest.explain.pipeline import ExplainOptions, explain_run
+
+    options = ExplainOptions(trust=args.trust, in_place=args.in_place, threads=args.threads,
+                             keep=args.keep, step=args.step)
+    report = explain_run(_read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
+                         options=options, announce=render_command)
+    if args.json:
+        import json
+
+        sys.stdout.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+    else:
+        render_explain(report)
+    return report.exit_code
+
+
+_EXTRA_VERBS = [_register_verify, _register_hash, _register_diff, _register_gate,
+                _register_explain]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

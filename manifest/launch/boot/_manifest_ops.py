@@ -257,6 +257,40 @@ def _in_backward() -> bool:
         return False
 
 
+def _backward_labeller(torch: Any, modules: _ModuleStack, holder: dict[str, Any]) -> Any:
+    """A ``TorchFunctionMode`` that tags each forward op's autograd node with its module.
+
+    Both are public API (``torch.overrides.TorchFunctionMode``,
+    ``Node.register_prehook``): when the node runs in backward, its prehook
+    says which module's backward the following aten ops belong to.
+    """
+    from torch.overrides import TorchFunctionMode
+
+    class Labeller(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            path, kind = modules.current()
+            if not (path or kind):
+                return out
+            for t in _leaves(out):
+                node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+                if node is None or node.metadata.get("manifest_module") is not None:
+                    continue
+                node.metadata["manifest_module"] = (path, kind)
+                node.register_prehook(_set_backward(holder, path, kind))
+            return out
+
+    return Labeller()
+
+
+def _set_backward(holder: dict[str, Any], path: str, kind: str) -> Callable[[Any], None]:
+    def prehook(grad_outputs: Any) -> None:
+        holder["module"] = (path, kind)
+
+    return prehook
+
+
 def _dispatch_mode_base() -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -285,12 +319,21 @@ def make_recorder_class() -> Any:
             self.fp = _Fingerprinter(torch)
             self.modules: _ModuleStack | None = None
             self.paused = False
+            self.backward: dict[str, Any] = {}
+            self.labeller: Any = None
 
         def __enter__(self) -> Any:
             self.modules = _ModuleStack(torch)
+            try:
+                self.labeller = _backward_labeller(torch, self.modules, self.backward)
+                self.labeller.__enter__()
+            except Exception:  # no TorchFunctionMode here: backward ops stay unlabelled
+                self.labeller = None
             return super().__enter__()
 
         def __exit__(self, *exc: Any) -> Any:
+            if self.labeller is not None:
+                self.labeller.__exit__(None, None, None)
             if self.modules is not None:
                 self.modules.remove()
             self.fp.resolve()
@@ -310,7 +353,8 @@ def make_recorder_class() -> Any:
             out_fps = tuple(self.fp(t) for t in outs) if self.fingerprint else ()
             path, kind = self.modules.current() if self.modules is not None else ("", "")
             if not path and _in_backward():
-                path = "(backward)"
+                path, kind = self.backward.get("module") or ("", "")
+                path, kind = (path or "(backward)"), (f"{kind}, backward" if kind else "")
             device = next((str(t.device) for t in outs + ins), "cpu")
             index = self.index
             self.index += 1

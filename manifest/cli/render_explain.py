@@ -1,0 +1,85 @@
+"""The human ``explain`` report: the step, then the op, module and line, then the numbers."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from manifest.explain.pipeline import ExplainReport, Finding
+
+_CAUSES = {
+    "nondeterminism": "the two fresh runs part under the same settings: a nondeterministic "
+                      "computation",
+    "outside-input": "a value entered from outside torch (Python or numpy data, os.urandom, "
+                     "a clock, a file): seeding torch cannot fix it",
+    "configuration": "the runs were made under different settings (see runs)",
+    "environment": "the environment or the inputs differ from the recorded run's",
+}
+
+
+def _number(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _finding_lines(f: Finding) -> list[str]:
+    if f.module in ("", "(backward)") and f.module_type:
+        module = f"{f.module_type} (the top module)"
+    elif f.module_type:
+        module = f"{f.module} ({f.module_type})"
+    else:
+        module = f.module or "(outside any module)"
+    lines = [f"  rank {f.rank}, step {f.step}: {_what(f)}",
+             f"    op       {f.op} on {f.device}",
+             f"    module   {module}",
+             f"    line     {f.where or '(no user frame)'}",
+             f"    tensor   {f.tensor}"]
+    if f.elements is not None:
+        total = f"/{f.total}" if f.total else ""
+        lines.append(f"    differs  {f.elements}{total} elements, max |Δ| {_number(f.max_abs)}, "
+                     f"max ULP {_number(f.max_ulp)}")
+    if f.kind == "op-differs":
+        listed = ("yes: torch documents it as nondeterministic there with "
+                  "use_deterministic_algorithms off" if f.listed_nondeterministic else
+                  "no: torch does not list it as nondeterministic on this device")
+        lines.append(f"    listed   {listed}")
+    lines.append(f"    compared {f.compared}")
+    return lines
+
+
+def _what(f: Finding) -> str:
+    if f.kind == "op-differs":
+        return "first op whose inputs matched and whose outputs differ"
+    if f.kind == "input-from-outside":
+        return "an input differs that no torch op produced: it came from outside torch"
+    if f.kind == "paths-differ":
+        return f"the runs took different paths (the other ran {f.other or 'another op'})"
+    return f"one run ran ops the other did not ({f.other or 'extra ops'})"
+
+
+def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
+    out = file or sys.stdout
+    head = {"parted": "the runs part", "agree": "the runs do not part"}.get(
+        report.verdict, "no verdict")
+    out.write(f"explain  {report.file}  run_id {report.run_id[:23]}…\n")
+    for run in report.runs:
+        out.write(f"  {run}\n")
+    if report.first_step is not None:
+        out.write(f"{head} at step {report.first_step}")
+        out.write(f" (recorded trail parts at step {report.recorded_step})\n"
+                  if report.recorded_step is not None else "\n")
+    else:
+        out.write(f"{head}\n")
+    if report.cause:
+        out.write(f"cause: {_CAUSES.get(report.cause, report.cause)}\n")
+    for f in report.findings:
+        out.write("\n".join(_finding_lines(f)) + "\n")
+    if report.reason:
+        out.write(f"{report.reason}\n")
+    for drift in report.drift:
+        out.write(f"drift ({drift.impact}): {drift.reason}\n")
+    if report.timings:
+        spent = ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items())
+        out.write(f"runs: {spent}\n")

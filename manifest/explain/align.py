@@ -1,0 +1,82 @@
+"""Line two op streams up and name the first op that computes differently.
+
+Alignment matches ops by (op name, module path) with ``difflib``'s
+longest-matching-blocks, so a stream with extra or missing ops (a branch
+taken in one run only, a different kernel decomposition) still lines up
+around them, as PyTorch's fuzzy stream alignment does. Walking the matched
+pairs in order, the first pair that disagrees is the answer:
+
+* inputs equal, outputs differ: this op computed differently (a
+  nondeterministic kernel, another thread count, library or device);
+* an input differs that no earlier op of either stream produced: the value
+  entered from outside torch (Python or numpy data, ``os.urandom``, a clock,
+  a file) at this op's source line;
+* an input differs that an op present in only one stream produced: the
+  streams took different paths (named as such).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from manifest.explain.stream import Op
+
+
+@dataclass(frozen=True)
+class Divergence:
+    kind: str
+    """``op-differs``, ``input-from-outside``, ``paths-differ`` or ``missing``."""
+    a: Op | None
+    b: Op | None
+    position: int | None = None
+    """Which input or output (flattened order) differs first."""
+    only_in: str | None = None
+    """For ``paths-differ``: which stream ran the extra op (``a`` or ``b``)."""
+
+
+def first_divergence(a: list[Op], b: list[Op]) -> Divergence | None:
+    """The first place two op lists disagree, or None when every op matches."""
+    matcher = difflib.SequenceMatcher(None, [o.key for o in a], [o.key for o in b],
+                                      autojunk=False)
+    ia = ib = 0
+    for block in matcher.get_matching_blocks():
+        # Ops the alignment skipped: a value they made that the other run lacks
+        # is a path difference, not an outside one.
+        unmatched_a, unmatched_b = a[ia:block.a], b[ib:block.b]
+        for k in range(block.size):
+            x, y = a[block.a + k], b[block.b + k]
+            found = _compare(x, y, unmatched_a, unmatched_b)
+            if found is not None:
+                return found
+            unmatched_a, unmatched_b = [], []
+        ia, ib = block.a + block.size, block.b + block.size
+    if len(a) != len(b):
+        extra = a[len(b):] if len(a) > len(b) else b[len(a):]
+        side = "a" if len(a) > len(b) else "b"
+        first = extra[0] if extra else None
+        return Divergence("missing", first if side == "a" else None,
+                          first if side == "b" else None, only_in=side)
+    return None
+
+
+def _compare(x: Op, y: Op, skipped_a: list[Op], skipped_b: list[Op]) -> Divergence | None:
+    if x.inputs != y.inputs:
+        for pos, (fa, fb) in enumerate(zip(x.inputs, y.inputs, strict=False)):
+            if fa == fb:
+                continue
+            made_by_skipped = any(fa in op.outputs for op in skipped_a) or any(
+                fb in op.outputs for op in skipped_b)
+            if made_by_skipped:
+                return Divergence("paths-differ", x, y, pos, only_in="a" if skipped_a else "b")
+            # Not made by any op, or made by a matched op whose outputs agreed and
+            # then changed without an aten op (written through .numpy(), a buffer):
+            # either way the difference came from outside torch.
+            return Divergence("input-from-outside", x, y, pos)
+        if len(x.inputs) != len(y.inputs):
+            return Divergence("paths-differ", x, y, None)
+    if x.outputs != y.outputs:
+        out = next((i for i, (fa, fb) in enumerate(zip(x.outputs, y.outputs, strict=False))
+                    if fa != fb), None)
+        return Divergence("op-differs", x, y, out)
+    return None

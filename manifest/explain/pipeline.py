@@ -1,0 +1,358 @@
+"""``manifest explain run.json``: re-run twice, find the step, then the op.
+
+Steps, in order:
+
+1. The verify prelude (``manifest.verify.pipeline``): integrity, drift,
+   trust, a scratch tree at the recorded commit with the recorded patch.
+2. Locate: run the command twice, A under the recorded settings and B under
+   the same or the overridden ones (``--threads``), with the automatic
+   trail at every optimizer step. The first step where A and B part, or
+   else where A parts from the recorded trail, is the step to explain.
+   (With a known step, e.g. from ``verify --explain``, this pass is skipped.)
+3. Pinpoint: run both again up to and including that step only, recording
+   its op stream (``_manifest_ops``) and keeping its tensors' values, then
+   stop the processes there.
+4. Align the two streams (``manifest.explain.align``) per rank and report
+   the first op whose inputs matched and outputs differ, or the value that
+   entered from outside torch. When A and B agree with each other but not
+   with the record, the cause is the environment or the inputs: the drift
+   is shown, and a recorded op stream (``capture --fingerprint-ops``) names
+   the first op that computes differently here.
+
+Cost on the bundled example (60 steps): about 2 full runs plus 2 short
+ones; the op stream of one step costs a few times that step's time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from manifest.canonical import load_manifest
+from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UntrustedManifestError
+from manifest.explain.align import Divergence, first_divergence
+from manifest.explain.catalogue import listed_nondeterministic
+from manifest.explain.stream import Op, OpStream, parse_stream, streams_in
+from manifest.models import Manifest
+from manifest.verify.pipeline import (
+    Drift,
+    environment_drift,
+    link_data,
+    materialise,
+    numerics_env,
+    repo_root_of,
+    store_for,
+    trust_problem,
+)
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    trust: bool = False
+    in_place: bool = False
+    threads: int | None = None
+    keep: bool = False
+    step: int | None = None
+    """The first divergent step when already known (``verify --explain``)."""
+    values_budget: int = 256 * 2**20
+    """Bytes of tensor values each run keeps from the explained step (per process)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Where the two streams of one rank part."""
+
+    rank: int
+    step: int
+    kind: str
+    """``op-differs``, ``input-from-outside``, ``paths-differ``, ``missing``."""
+    compared: str
+    op: str
+    module: str
+    module_type: str
+    where: str
+    device: str
+    tensor: str
+    """dtype[shape] of the differing output (or input)."""
+    listed_nondeterministic: bool
+    elements: int | None = None
+    total: int | None = None
+    max_abs: float | None = None
+    max_ulp: int | None = None
+    other: str | None = None
+    """For ``paths-differ``/``missing``: the op the other run ran there."""
+
+
+@dataclass
+class ExplainReport:
+    file: str
+    run_id: str
+    command: list[str]
+    verdict: str = "no-verdict"
+    """``parted`` (a step and a cause were found), ``agree``, ``no-verdict``."""
+    cause: str | None = None
+    """``nondeterminism``, ``outside-input``, ``configuration``, ``environment``."""
+    reason: str | None = None
+    first_step: int | None = None
+    recorded_step: int | None = None
+    """First step where the fresh runs part from the recorded trail."""
+    steps_run: int | None = None
+    runs: list[str] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        if self.verdict == "agree":
+            return EXIT_OK
+        if self.verdict == "parted":
+            return EXIT_FAILED
+        return EXIT_NO_VERDICT
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "manifest-explain/v1",
+            "file": self.file, "run_id": self.run_id, "command": self.command,
+            "verdict": self.verdict, "cause": self.cause, "reason": self.reason,
+            "first_step": self.first_step, "recorded_step": self.recorded_step,
+            "steps_run": self.steps_run, "runs": self.runs,
+            "drift": [d.__dict__ for d in self.drift],
+            "findings": [f.__dict__ for f in self.findings],
+            "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+        }
+
+
+# ------------------------------------------------------------------ trails
+
+
+def _trails(records: list[dict[str, Any]], *, auto: bool) -> dict[int, dict[int, str]]:
+    out: dict[int, dict[int, str]] = {}
+    for r in records:
+        points = r.get("auto_trail") if auto else (r.get("trail") or r.get("auto_trail"))
+        out[int(r["rank"])] = {int(p["step"]): str(p["digest"]) for p in points or []}
+    return out
+
+
+def _first_parting(a: dict[int, dict[int, str]], b: dict[int, dict[int, str]]) -> int | None:
+    first: int | None = None
+    for rank, steps in a.items():
+        other = b.get(rank, {})
+        for step in sorted(set(steps) & set(other)):
+            if steps[step] != other[step]:
+                first = step if first is None else min(first, step)
+                break
+    return first
+
+
+def _recorded_trails(recorded: Manifest) -> dict[int, dict[int, str]]:
+    assert recorded.outputs is not None
+    return {p.rank: {t.step: t.digest for t in p.trail} for p in recorded.outputs.processes}
+
+
+# ---------------------------------------------------------------- findings
+
+
+def _numbers(stream_a: OpStream, stream_b: OpStream | None, div: Divergence) -> dict[str, Any]:
+    """Elements differing, max |Δ| and max ULP of the differing tensor, if values were kept."""
+    if stream_b is None or div.a is None or div.b is None or div.position is None:
+        return {}
+    side = "o" if div.kind == "op-differs" else "i"
+    ta = stream_a.tensor(f"{side}.{div.a.row}.{div.position}")
+    tb = stream_b.tensor(f"{side}.{div.b.row}.{div.position}")
+    if ta is None or tb is None or ta.dtype != tb.dtype or ta.shape != tb.shape:
+        return {}
+    from manifest.weights.compare import numeric_delta
+
+    delta = numeric_delta(ta, tb)
+    return {"elements": delta.elements, "total": delta.total, "max_abs": delta.max_abs,
+            "max_ulp": delta.max_ulp}
+
+
+def _finding(rank: int, step: int, div: Divergence, compared: str, a: OpStream,
+             b: OpStream | None) -> Finding:
+    op: Op | None = div.a or div.b
+    assert op is not None
+    if div.kind == "op-differs" and div.position is not None and div.position < len(op.meta):
+        tensor = op.meta[div.position]
+    elif div.kind == "op-differs":
+        tensor = ", ".join(op.meta)
+    else:
+        tensor = "input " + ("" if div.position is None else f"#{div.position}")
+    other = None
+    if div.kind in ("paths-differ", "missing"):
+        other_op = div.b if op is div.a else div.a
+        other = other_op.short_name if other_op else None
+    return Finding(
+        rank=rank, step=step, kind=div.kind, compared=compared, op=op.short_name,
+        module=op.module, module_type=op.module_type, where=op.where, device=op.device,
+        tensor=tensor.strip(), listed_nondeterministic=listed_nondeterministic(op.name, op.device),
+        other=other, **_numbers(a, b, div))
+
+
+def compare_streams(a: dict[int, OpStream], b: dict[int, OpStream], step: int,
+                    compared: str, *, values: bool = True) -> list[Finding]:
+    """Per rank, the first op where the streams of ``step`` part."""
+    found: list[Finding] = []
+    for rank in sorted(set(a) & set(b)):
+        div = first_divergence(a[rank].step(step), b[rank].step(step))
+        if div is not None:
+            found.append(_finding(rank, step, div, compared, a[rank], b[rank] if values else None))
+    return found
+
+
+# -------------------------------------------------------------------- main
+
+
+def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
+                announce: Any = None) -> ExplainReport:
+    """Explain where a recorded run and fresh runs of it part; never raises for a mismatch."""
+    recorded = load_manifest(data)
+    argv = list(recorded.command.argv) if recorded.command else []
+    report = ExplainReport(file=file, run_id=recorded.run_id, command=argv)
+    repo = repo_root_of(cwd)
+    root = repo or cwd
+    store = store_for(recorded, root)
+    from manifest.capture.snapshot import probe_machine
+
+    report.drift = environment_drift(recorded, probe_machine())
+    if recorded.command is None or recorded.outputs is None:
+        report.reason = "the manifest records no command to re-run"
+        return report
+    if options.threads is not None and options.threads != recorded.determinism.num_threads:
+        report.drift.append(Drift(
+            "determinism.num_threads", "bits",
+            f"threads {recorded.determinism.num_threads} → {options.threads} (--threads): "
+            "CPU reduction order changes"))
+    if not options.in_place:
+        problem = trust_problem(recorded, root, store) if repo else (
+            "not inside a git repository (use --in-place to run in this directory)")
+        if problem and not options.trust:
+            raise UntrustedManifestError(
+                f"refusing to run the manifest's command: {problem}.",
+                hint="Inspect the command and pass --trust to run it anyway.")
+    if announce is not None:
+        announce(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="manifest-explain-"))
+    try:
+        if options.in_place:
+            run_root = root
+        else:
+            run_root = materialise(recorded, root, store, scratch)
+            link_data(recorded, root, run_root)
+        _explain_in(recorded, report, run_root / recorded.command.cwd, scratch, options,
+                    store)
+        return report
+    finally:
+        if not options.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _explain_in(recorded: Manifest, report: ExplainReport, run_cwd: Path, scratch: Path,
+                options: ExplainOptions, store: Any) -> None:
+    from manifest.capture.run import LaunchSettings, run_under_launcher
+
+    assert recorded.command is not None
+    argv = list(recorded.command.argv)
+    base = LaunchSettings(
+        seed=recorded.randomness.seed or 0,
+        derivation=recorded.randomness.derivation or "same",
+        threads=recorded.determinism.num_threads or 1,
+        deterministic=recorded.determinism.requested,
+        trail="all",
+    )
+    other = base if options.threads is None else LaunchSettings(
+        base.seed, base.derivation, options.threads, base.deterministic, "all")
+    report.runs = [_describe("A", base), _describe("B", other)]
+    env = numerics_env(recorded)
+
+    def launch(label: str, settings: LaunchSettings, ops: dict[str, Any] | None) -> Any:
+        started = time.perf_counter()
+        if ops is not None:
+            settings = LaunchSettings(settings.seed, settings.derivation, settings.threads,
+                                      settings.deterministic, "all", ops)
+        result = run_under_launcher(argv, run_cwd, settings, base_env=env)
+        report.timings[label] = time.perf_counter() - started
+        return result
+
+    recorded_trails = _recorded_trails(recorded)
+    step = options.step
+    if step is None:
+        a = launch("locate A", base, None)
+        b = launch("locate B", other, None)
+        if a.exit_code != 0 or b.exit_code != 0:
+            report.reason = f"the re-run failed (exit {a.exit_code or b.exit_code})"
+            return
+        trail_a, trail_b = _trails(a.records, auto=True), _trails(b.records, auto=True)
+        report.steps_run = max((len(t) for t in trail_a.values()), default=0)
+        if not report.steps_run:
+            report.reason = ("the command ran no optimizer step (torch.optim), so there is "
+                             "no step to explain")
+            return
+        parted = _first_parting(trail_a, trail_b)
+        report.recorded_step = _first_parting(_trails(a.records, auto=False), recorded_trails)
+        step = parted if parted is not None else report.recorded_step
+        if step is None:
+            report.verdict = "agree"
+            report.reason = (f"the runs do not part: two fresh runs and the recorded trail agree "
+                             f"at every one of {report.steps_run} steps")
+            return
+    report.first_step = step
+    window = {"from": step, "to": step, "stop": step, "values_budget": options.values_budget}
+    dir_a, dir_b = scratch / "ops-a", scratch / "ops-b"
+    dir_a.mkdir()
+    dir_b.mkdir()
+    a2 = launch("pinpoint A", base, {**window, "dir": str(dir_a)})
+    b2 = launch("pinpoint B", other, {**window, "dir": str(dir_b)})
+    if a2.exit_code != 0 or b2.exit_code != 0:
+        report.reason = f"the re-run up to step {step} failed (exit {a2.exit_code or b2.exit_code})"
+        return
+    streams_a, streams_b = streams_in(dir_a), streams_in(dir_b)
+    if not streams_a:
+        report.reason = "no op stream was recorded (is this torch without TorchDispatchMode?)"
+        return
+    report.findings = compare_streams(streams_a, streams_b, step, "run A vs run B")
+    report.verdict = "parted"
+    if report.findings:
+        kinds = {f.kind for f in report.findings}
+        if "input-from-outside" in kinds:
+            report.cause = "outside-input"
+        elif options.threads is not None and other != base:
+            report.cause = "configuration"
+        else:
+            report.cause = "nondeterminism"
+        return
+    # A and B agree: the record differs because of what is different here.
+    report.cause = "environment"
+    report.recorded_step = report.recorded_step or step
+    recorded_streams = recorded_op_streams(recorded, store)
+    if recorded_streams and any(s.steps[0] <= step <= s.steps[1]
+                                for s in recorded_streams.values()):
+        report.findings = compare_streams(recorded_streams, streams_a, step,
+                                          "recorded op stream vs run A", values=False)
+    report.reason = ("two fresh runs agree with each other but not with the recorded run: "
+                     "the cause is the environment or the inputs, not nondeterminism")
+
+
+def recorded_op_streams(recorded: Manifest, store: Any) -> dict[int, OpStream]:
+    """Op streams stored at capture (``--fingerprint-ops``), by rank."""
+    out: dict[int, OpStream] = {}
+    if recorded.outputs is None:
+        return out
+    for process in recorded.outputs.processes:
+        ref = getattr(process, "ops", None)
+        if ref is None:
+            continue
+        blob = store.get(ref.digest)
+        if blob is not None:
+            out[process.rank] = parse_stream(blob, what=f"recorded op stream {ref.digest}")
+    return out
+
+
+def _describe(label: str, s: Any) -> str:
+    det = "recipe on" if s.deterministic else "recipe off"
+    return f"{label}: seed {s.seed}, {s.threads} thread(s), {det}"

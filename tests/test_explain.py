@@ -1,0 +1,125 @@
+"""``manifest explain``: the step, op, module and line where two real CPU runs part (issue 13)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runs import capture, make_repo, manifest_cli
+
+pytestmark = pytest.mark.slow
+
+# A training loop whose forward adds noise from os.urandom at step 3 only, on
+# the line marked NOISE; with PLANT_ULP set, one weight moves by one ULP just
+# before step 5 (through a bit view, outside autograd).
+NOISY = """
+import os, sys
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.step = 0
+
+    def forward(self, x):
+        if self.step == 3 and os.environ.get("NOISE"):
+            x = x + torch.tensor(list(os.urandom(8)), dtype=torch.float32) / 255  # NOISE
+        return self.lin(x)
+
+
+net = Net()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+data = torch.randn(16, 8)
+for step in range(1, 8):
+    net.step = step
+    if step == 5 and os.environ.get("PLANT_ULP"):
+        with torch.no_grad():
+            net.lin.weight.view(torch.int32)[0, 0] += 1
+    loss = net(data).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def explain(repo: Path, manifest: Path, *args: str,
+            env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
+    proc = manifest_cli("explain", str(manifest), "--json", *args, cwd=repo, env=env)
+    stderr = proc.stderr.decode()
+    assert "Traceback" not in stderr, stderr
+    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else {}), stderr
+
+
+def line_of(text: str, marker: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if marker in line)
+
+
+@pytest.fixture(scope="module")
+def noisy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    repo = make_repo(tmp_path_factory.mktemp("explain") / "repo", {"noisy.py": NOISY},
+                     example=False)
+    path, _ = capture(repo, "--seed", "1", "--threads", "1", command=["python", "noisy.py"],
+                      outputs="noisy.py")
+    return repo, path
+
+
+def test_faithful_runs_do_not_part(noisy: tuple[Path, Path]) -> None:
+    repo, manifest = noisy
+    code, report, stderr = explain(repo, manifest)
+    assert code == 0, stderr
+    assert report["verdict"] == "agree"
+    assert report["findings"] == []
+    assert "do not part" in report["reason"]
+
+
+def test_urandom_noise_is_named_at_its_step_and_line(noisy: tuple[Path, Path]) -> None:
+    repo, manifest = noisy
+    code, report, stderr = explain(repo, manifest, env={"NOISE": "1"})
+    assert code == 1, stderr
+    assert report["first_step"] == 3
+    assert report["cause"] == "outside-input"
+    [finding] = report["findings"]
+    assert finding["kind"] == "input-from-outside"
+    assert finding["where"] == f"noisy.py:{line_of(NOISY, '# NOISE')}"
+    assert finding["module"] == "" and finding["module_type"] == "Net"
+    # Positive control: without the noise the same script does not part (test above).
+
+
+def test_planted_ulp_before_step_5_is_found_at_step_5(noisy: tuple[Path, Path]) -> None:
+    repo, manifest = noisy
+    code, report, stderr = explain(repo, manifest, env={"PLANT_ULP": "1"})
+    assert code == 1, stderr
+    # Both fresh runs carry the plant, the record does not: an input, not nondeterminism.
+    assert report["first_step"] == 5
+    assert report["recorded_step"] == 5
+    assert report["cause"] == "environment"
+    assert "not nondeterminism" in report["reason"]
+
+
+def test_example_threads_names_the_first_op_that_differs(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {})
+    manifest, _ = capture(repo, "--seed", "0", "--threads", "2",
+                          command=["python", "train.py", "--steps", "4"])
+    code, report, stderr = explain(repo, manifest, "--threads", "1")
+    assert code == 1, stderr
+    assert report["first_step"] == 1
+    assert report["cause"] == "configuration"
+    [finding] = report["findings"]
+    assert finding["kind"] == "op-differs"
+    assert finding["op"].startswith("aten::")
+    assert finding["module"] in {"conv1", "bn1", "conv2", "fc", "dropout", ""}
+    assert finding["module_type"]
+    assert finding["where"].startswith("train.py:")
+    assert finding["elements"] > 0 and finding["max_ulp"] > 0
+    assert finding["listed_nondeterministic"] is False
+    proc = manifest_cli("explain", str(manifest), "--threads", "1", "--step", "1", cwd=repo)
+    text = proc.stdout.decode()
+    assert proc.returncode == 1
+    assert f"op       {finding['op']} on cpu" in text
+    assert "first op whose inputs matched and whose outputs differ" in text
