@@ -84,6 +84,11 @@ class BlobStore:
             atomic_write(target, data, mode=0o444)
         return digest
 
+    def writer(self) -> BlobWriter:
+        """A blob written piece by piece (a listing too big to hold), named when complete."""
+        self.ensure()
+        return BlobWriter(self)
+
     def get(self, digest: str) -> bytes | None:
         """Return a blob's bytes, or None if absent or corrupted."""
         try:
@@ -93,3 +98,55 @@ class BlobStore:
         if "blake3:" + blake3.blake3(data).hexdigest() != digest:
             return None
         return data
+
+
+class BlobWriter:
+    """A blob written as it is produced, to a temporary file in the store.
+
+    :meth:`commit` names it by its content and renames it into place
+    atomically, as :meth:`BlobStore.put` would have; :meth:`discard` removes
+    it. Either must be called.
+    """
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+        self._hasher = blake3.blake3()
+        try:
+            fd, self._tmp = tempfile.mkstemp(prefix=".blob.", suffix=".tmp", dir=store.blobs)
+        except OSError as exc:
+            raise OutputError(f"cannot write to the store {store.root}: "
+                              f"{exc.strerror or exc}.") from exc
+        self._fh = os.fdopen(fd, "wb")
+
+    def write(self, data: bytes) -> None:
+        self._hasher.update(data)
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            self.discard()
+            raise OutputError(f"cannot write to the store {self.store.root}: "
+                              f"{exc.strerror or exc}.") from exc
+
+    def commit(self) -> str:
+        """Finish the blob; return its ``blake3:<hex>`` name."""
+        digest = "blake3:" + self._hasher.hexdigest()
+        target = self.store.path_for(digest)
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            if target.exists():
+                os.unlink(self._tmp)
+            else:
+                os.chmod(self._tmp, 0o444)
+                os.replace(self._tmp, target)
+        except OSError as exc:
+            self.discard()
+            raise OutputError(f"cannot write {target}: {exc.strerror or exc}.") from exc
+        return digest
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self._fh.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._tmp)

@@ -39,6 +39,7 @@ from manifest.data.listing import (
     path_text,
 )
 from manifest.errors import DataError
+from manifest.store import BlobStore
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -772,3 +773,44 @@ def test_directory_walked_in_two_subtrees_is_named_once() -> None:
     ids = [(b"a/x", 1, 5), (b"b/y", 1, 5), (b"b/y/z", 1, 6), (b"a/x/z", 1, 6), (b"c", 1, 7)]
     assert datawalk.seen_twice(ids) == [
         (b"b/y", "is a directory already seen above it (a bind-mount loop)")]
+
+
+# ------------------------------------------------------------ streamed listing
+
+
+def _mixed_tree(root: Path) -> Path:
+    for d in range(6):
+        (root / f"d{d}" / "sub").mkdir(parents=True)
+        for f in range(5):
+            (root / f"d{d}" / f"f{f}").write_bytes(os.urandom(50 + f))
+        (root / f"d{d}" / "sub" / "deep").write_bytes(b"deep")
+    (root / "top.txt").write_bytes(b"top")
+    return root
+
+
+def test_listing_streamed_to_its_blob_is_the_listing_kept(tmp_path: Path, mode: str) -> None:
+    tree = _mixed_tree(tmp_path / "t")
+    kept = digest(tree)
+    store = BlobStore(tmp_path / "store")
+    streamed = digest_path(tree, cache=None, store=store, keep=False)
+    assert (streamed.root, streamed.files, streamed.listing) == (kept.root, kept.files, b"")
+    assert streamed.blob is not None and store.get(streamed.blob) == kept.listing
+    dropped = digest_path(tree, cache=None, keep=False)
+    assert (dropped.root, dropped.listing, dropped.blob) == (kept.root, b"", None)
+    assert sorted(p.name for p in store.blobs.iterdir()) == [streamed.blob.replace(":", "-")]
+
+
+def test_refused_tree_leaves_no_partial_blob(tmp_path: Path, mode: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = _mixed_tree(tmp_path / "t")
+    real = datapool.hash_entries
+
+    def delete_then_hash(*args: object, **kwargs: object) -> datapool.Hashed:
+        (tree / "top.txt").unlink()  # listed by the parent in every mode
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("manifest.data.digest.hash_entries", delete_then_hash)
+    store = BlobStore(tmp_path / "store")
+    with pytest.raises(DataError, match=r"top\.txt was removed while the dataset"):
+        digest_path(tree, cache=None, store=store)
+    assert list(store.blobs.iterdir()) == []

@@ -106,10 +106,10 @@ def digest_datasets(specs: list[str], *, repo_root: Path | None, store: BlobStor
             path = base / path
         label = path_text(os.fsencode(path))
         found = digest_path(path, cache=cache, no_cache=no_cache, quiet=quiet, label=label,
-                            skip=[store.root])
+                            skip=[store.root], store=store)
         datasets.append(Dataset(name=name, path=recorded_path(path, repo_root), root=found.root,
                                 files=found.files, bytes=found.total_bytes,
-                                listing=store.put(found.listing)))
+                                listing=found.blob))
     return datasets
 
 
@@ -163,15 +163,18 @@ def hash_from_cli(path: Path, *, no_cache: bool, store_dir: str | None, quiet: b
         except OutputError:
             store_root = None  # an unwritable store only costs the cache
     label = path_text(os.fsencode(path))
+    # The listing is only wanted for --json, where it goes to the store.
+    listing_store = BlobStore(store_root) if as_json and store_root is not None else None
     found = digest_path(path, cache=cache, no_cache=no_cache, quiet=quiet, label=label,
-                        skip=[store_root] if store_root is not None else [])
+                        skip=[store_root] if store_root is not None else [],
+                        store=listing_store, keep=False)
     if not as_json:
         return found.root
     from manifest.canonical import canonical_bytes
     from manifest.models import Dataset
 
     name, _ = parse_data_spec(str(path))
-    listing = BlobStore(store_root).put(found.listing) if store_root is not None else None
+    listing = found.blob
     entry = Dataset(name=name, path=recorded_path(path, find_repo_root(cwd)), root=found.root,
                     files=found.files, bytes=found.total_bytes, listing=listing)
     return canonical_bytes(entry.model_dump(mode="json")).decode("utf-8")

@@ -19,21 +19,26 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import blake3
 
 from manifest.data.cache import DigestCache
 from manifest.data.listing import (
     KIND_WORD,
     LISTING_HEADER,
     SPECIAL_KIND,
+    TREE_CONTEXT,
     file_line,
     path_text,
-    tree_root,
 )
 from manifest.data.pool import cpu_count, hash_entries
 from manifest.data.reading import ATTEMPTS, FileResult, Status
 from manifest.data.walk import Entries, Problems, seen_twice, walk, walk_tree
 from manifest.errors import DataError
+
+if TYPE_CHECKING:
+    from manifest.store import BlobStore, BlobWriter
 
 PROGRESS_AFTER_S = 1.0
 
@@ -49,7 +54,10 @@ class DatasetDigest(NamedTuple):
     files: int
     total_bytes: int
     listing: bytes
+    """The listing, unless it went to the store (``blob``) or was not asked for (``keep``)."""
     is_dir: bool
+    blob: str | None = None
+    """The listing's name in the store, when :func:`digest_path` wrote it there."""
 
 
 
@@ -165,18 +173,49 @@ def _open_top(path: Path, label: str) -> tuple[bytes, os.stat_result]:
         raise DataError(f"cannot access dataset {label}: {exc.strerror or exc}.") from None
 
 
+class _ListingOut:
+    """Where the listing goes as the pool hands it on in order: into the root's
+    hasher, and into a store blob, memory, or neither.
+
+    Streamed, a directory of a million files costs the parent no 100 MB
+    listing (and no copies of it), so peak memory stays flat in the file count.
+    """
+
+    def __init__(self, writer: BlobWriter | None, keep: bool) -> None:
+        self.root = blake3.blake3(derive_key_context=TREE_CONTEXT)
+        self.writer = writer
+        self.parts: list[bytes] | None = [] if keep else None
+        self.add(LISTING_HEADER.encode() + b"\n")
+
+    def add(self, piece: bytes) -> None:
+        self.root.update(piece)
+        if self.writer is not None:
+            self.writer.write(piece)
+        if self.parts is not None:
+            self.parts.append(piece)
+
+    def listing(self) -> bytes:
+        return b"".join(self.parts) if self.parts is not None else b""
+
+
 def digest_path(path: Path, *, cache: DigestCache | None, no_cache: bool = False,
                 quiet: bool = True, label: str | None = None,
-                skip: Sequence[Path] = ()) -> DatasetDigest:
+                skip: Sequence[Path] = (), store: BlobStore | None = None,
+                keep: bool = True) -> DatasetDigest:
     """Digest a file or a directory tree (see the module docstring for what is hashed).
 
     ``cache`` is consulted unless ``no_cache``, and refreshed either way;
-    ``skip`` names directories left out of a tree (the store). Raises
-    :class:`DataError` for anything that prevents a complete, stable read.
+    ``skip`` names directories left out of a tree (the store). The listing
+    is written to a blob in ``store`` as it is made (``DatasetDigest.blob``),
+    or held in memory if ``keep`` (``DatasetDigest.listing``), or dropped.
+    Raises :class:`DataError` for anything that prevents a complete, stable read.
     """
     label = label if label is not None else path_text(os.fsencode(path))
     started_ns = time.time_ns()
     top, top_st = _open_top(path, label)
+    is_dir = stat.S_ISDIR(top_st.st_mode)
+    # A single file's listing is one line, and its root is read from it.
+    out = _ListingOut(store.writer() if store is not None else None, keep or not is_dir)
     progress = _Progress(label, enabled=not quiet and sys.stderr.isatty())
     try:
         trees: list[tuple[bytes, bytes]] = []
@@ -188,7 +227,7 @@ def digest_path(path: Path, *, cache: DigestCache | None, no_cache: bool = False
             entries = Entries([b""], [None], [0], [name], [parent])
             progress.total, progress.by_bytes = top_st.st_size, True
             problems: Problems = []
-        elif stat.S_ISDIR(top_st.st_mode):
+        elif is_dir:
             for folder in skip:
                 with contextlib.suppress(OSError):
                     st = os.stat(folder)
@@ -203,19 +242,23 @@ def digest_path(path: Path, *, cache: DigestCache | None, no_cache: bool = False
                             "it is never opened.")
         hashed = hash_entries(entries, cache=cache, lookup=not no_cache, render=file_line,
                               started_ns=started_ns, progress=progress, trees=trees,
-                              walk=lambda path, rel: walk_tree(path, rel, seen, skip_ids))
+                              walk=lambda path, rel: walk_tree(path, rel, seen, skip_ids),
+                              emit=out.add)
+        problems += hashed.walk_problems
+        problems += seen_twice(hashed.dir_ids)
+        problems += [(rel, _result_reason(res)) for rel, res in hashed.problems]
+        if problems:
+            raise _refuse(label, problems)
+        blob = out.writer.commit() if out.writer is not None else None
+        out.writer = None
     finally:
         progress.close()
-    problems += hashed.walk_problems
-    problems += seen_twice(hashed.dir_ids)
-    problems += [(rel, _result_reason(res)) for rel, res in hashed.problems]
-    if problems:
-        raise _refuse(label, problems)
-    listing = LISTING_HEADER.encode() + b"\n" + hashed.body
-    if not stat.S_ISDIR(top_st.st_mode):
-        hexd = hashed.body.split(b"\t")[2].decode()
-        return DatasetDigest("blake3:" + hexd, 1, hashed.total_bytes, listing, is_dir=False)
-    return DatasetDigest(tree_root(listing), hashed.files, hashed.total_bytes, listing,
-                         is_dir=True)
-
-
+        if out.writer is not None:
+            out.writer.discard()
+    listing = out.listing()
+    if not is_dir:
+        hexd = listing.split(b"\t")[2].decode()
+        return DatasetDigest("blake3:" + hexd, 1, hashed.total_bytes, listing, is_dir=False,
+                             blob=blob)
+    return DatasetDigest("blake3:" + out.root.hexdigest(), hashed.files, hashed.total_bytes,
+                         listing, is_dir=True, blob=blob)

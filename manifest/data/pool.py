@@ -77,6 +77,8 @@ _FLUSH_BYTES = FLUSH_ROWS * ROW_SIZE
 
 ProgressFn = Callable[[int, int], None]
 """Called with (files finished, bytes hashed) increments."""
+_Settle = Callable[[bytes, bytes, FileResult], "str | None"]
+"""(path, relative path, result) -> the line of a file left pending, or None (a problem)."""
 _TREE_MARK = b"\x01"
 """The line of a subtree in the parent's entries (``manifest.data.walk.TREE``)."""
 
@@ -107,14 +109,17 @@ def cpu_count() -> int:
 def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
                  render: RenderFile, started_ns: int, jobs: int | None = None,
                  progress: ProgressFn | None = None, trees: Sequence[tuple[bytes, bytes]] = (),
-                 walk: WalkFn | None = None) -> Hashed:
+                 walk: WalkFn | None = None, emit: Callable[[bytes], None] | None = None
+                 ) -> Hashed:
     """Hash every regular file among ``entries`` and render the listing body.
 
     ``cache`` is read when ``lookup`` and refreshed with every digest read
     now. Never raises for one file: failures come back in ``problems``.
     ``trees``: (directory, relative path) of subtrees that workers walk with
     ``walk``, hash and render whole; each stands in ``entries`` as a line
-    ``_TREE_MARK`` where its lines go.
+    ``_TREE_MARK`` where its lines go. ``emit``: called with the body in
+    order, piece by piece, as it becomes final (then ``Hashed.body`` is
+    empty); without it the body is returned whole.
     """
     jobs = jobs or cpu_count()
     note: ProgressFn = progress or (lambda files, nbytes: None)
@@ -126,83 +131,7 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
     files = total = 0
     tasks: list[tuple[int, int, int]] = []
     done_trees: dict[int, SubTree] = {}
-
-    def take_tree(index: int, tree: SubTree) -> None:
-        nonlocal files, total
-        done_trees[index] = tree
-        files += tree.files
-        total += tree.total_bytes
-        note(tree.files, tree.hashed_bytes)
-
-    def take(start: int, chunk: Chunk) -> None:
-        nonlocal files, total
-        texts[start] = chunk.text
-        files += chunk.files
-        total += chunk.total_bytes
-        for i, res in chunk.pending:
-            pending[i] = res
-            if res.status == Status.BIG:
-                tasks.append((TASK_BIG, i, i + 1))
-        note(chunk.files, chunk.hashed_bytes)
-
-    if (n < IN_PROCESS_MAX and not trees) or not can_fork:
-        look = cache if lookup else None
-        for start in range(0, n, CHUNK_ENTRIES):
-            chunk = run_chunk(entries, start, min(start + CHUNK_ENTRIES, n), look, render,
-                               defer_big=can_fork, keep=cache is not None)
-            fresh += chunk.fresh
-            take(start, chunk)
-    else:
-        tasks = [(TASK_CHUNK, s, min(s + CHUNK_ENTRIES, n)) for s in range(0, n, CHUNK_ENTRIES)]
-    # Popped from the end: subtrees first, in path order.
-    tasks += [(TASK_TREE, j, j + 1) for j in reversed(range(len(trees) if can_fork else 0))]
-    if cache is not None:
-        cache.store(fresh, started_ns=started_ns)
-        cache.close()
-    if tasks:
-        def run(task_fd: int, result_fd: int) -> None:
-            worker_main(task_fd, result_fd, entries, cache, lookup, render, jobs, started_ns,
-                         trees, walk)
-
-        # Workers send their fresh digests back as rows; only the parent writes
-        # them, in few large transactions, while the workers hash the next tasks.
-        rows: list[bytes] = []
-        gathered = 0
-
-        def keep_rows(data: bytes) -> None:
-            nonlocal gathered
-            rows.append(data)
-            gathered += len(data)
-
-        def flush(final: bool = False) -> None:
-            nonlocal gathered
-            if cache is not None and rows and (final or gathered >= _FLUSH_BYTES):
-                cache.store_packed(b"".join(rows))
-                rows.clear()
-                gathered = 0
-
-        def before_fork() -> None:
-            if cache is not None:
-                cache.close()  # no SQLite connection is carried across fork
-
-        _run_pool(tasks, jobs, run, _Sink(take, take_tree, keep_rows, flush, before_fork),
-                  pending, note)
-        flush(final=True)
-    # What a dead worker left unfinished, or a big file it could not map,
-    # is hashed here with buffered reads: a truncation is a short read here.
     late: list[tuple[StatKey, bytes]] = []
-    for start in range(0, n, CHUNK_ENTRIES):
-        if start not in texts:
-            chunk = run_chunk(entries, start, min(start + CHUNK_ENTRIES, n), None, render,
-                               defer_big=False, keep=cache is not None)
-            late += chunk.fresh
-            take(start, chunk)
-    for j, (path, rel) in enumerate(trees):
-        if j not in done_trees:  # its worker died (or there is no fork)
-            tree = run_tree(walk or _no_walk, path, rel, None, render, keep=cache is not None,
-                             mapped=None)
-            late += tree.fresh
-            take_tree(j, tree)
     problems: list[tuple[bytes, FileResult]] = []
 
     def settle(path: bytes, rel: bytes, res: FileResult) -> str | None:
@@ -222,35 +151,97 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
         problems.append((rel, res))
         return None
 
-    resolved: dict[int, str] = {}
-    for i, res in sorted(pending.items()):
-        line = settle(entries.path(i), entries.rel[i], res)
-        if line is not None:
-            resolved[i] = line
+    body = _InOrder(entries, texts, pending, done_trees, settle, emit)
+
+    def take_tree(index: int, tree: SubTree) -> None:
+        nonlocal files, total
+        done_trees[index] = tree
+        files += tree.files
+        total += tree.total_bytes
+        note(tree.files, tree.hashed_bytes)
+
+    def take(start: int, chunk: Chunk) -> None:
+        nonlocal files, total
+        texts[start] = chunk.text
+        files += chunk.files
+        total += chunk.total_bytes
+        if chunk.pending:
+            body.holes[start] = [i for i, _ in chunk.pending]
+        for i, res in chunk.pending:
+            pending[i] = res
+            if res.status == Status.BIG:
+                tasks.append((TASK_BIG, i, i + 1))
+        note(chunk.files, chunk.hashed_bytes)
+
+    if (n < IN_PROCESS_MAX and not trees) or not can_fork:
+        look = cache if lookup else None
+        for start in range(0, n, CHUNK_ENTRIES):
+            chunk = run_chunk(entries, start, min(start + CHUNK_ENTRIES, n), look, render,
+                              defer_big=can_fork, keep=cache is not None)
+            fresh += chunk.fresh
+            take(start, chunk)
+    # Popped from the end, so handed out in path order: chunks (the parent's
+    # entries, the top levels only when there are subtrees), then subtrees.
+    # Pieces come back in about the order they go out, and the body is
+    # passed on as soon as it is in order, not held whole.
+    tasks[:0] = [(TASK_TREE, j, j + 1) for j in reversed(range(len(trees) if can_fork else 0))]
+    if not ((n < IN_PROCESS_MAX and not trees) or not can_fork):
+        tasks += [(TASK_CHUNK, s, min(s + CHUNK_ENTRIES, n))
+                  for s in reversed(range(0, n, CHUNK_ENTRIES))]
+    if cache is not None:
+        cache.store(fresh, started_ns=started_ns)
+        cache.close()
+    if tasks:
+        def run(task_fd: int, result_fd: int) -> None:
+            worker_main(task_fd, result_fd, entries, cache, lookup, render, jobs, started_ns,
+                        trees, walk)
+
+        # Workers send their fresh digests back as rows; only the parent writes
+        # them, in few large transactions, while the workers hash the next tasks.
+        rows: list[bytes] = []
+        gathered = 0
+
+        def keep_rows(data: bytes) -> None:
+            nonlocal gathered
+            rows.append(data)
+            gathered += len(data)
+
+        def between(final: bool = False) -> None:
+            nonlocal gathered
+            body.advance(final=False)
+            if cache is not None and rows and (final or gathered >= _FLUSH_BYTES):
+                cache.store_packed(b"".join(rows))
+                rows.clear()
+                gathered = 0
+
+        def before_fork() -> None:
+            if cache is not None:
+                cache.close()  # no SQLite connection is carried across fork
+
+        _run_pool(tasks, jobs, run, _Sink(take, take_tree, keep_rows, between, before_fork),
+                  pending, note)
+        between(final=True)
+    # What a dead worker left unfinished, or a big file it could not map,
+    # is hashed here with buffered reads: a truncation is a short read here.
+    for start in range(0, n, CHUNK_ENTRIES):
+        if start not in texts and start >= body.next_chunk:
+            chunk = run_chunk(entries, start, min(start + CHUNK_ENTRIES, n), None, render,
+                              defer_big=False, keep=cache is not None)
+            late += chunk.fresh
+            take(start, chunk)
+    for j, (path, rel) in enumerate(trees):
+        if j not in done_trees and j >= body.next_tree:  # its worker died (or no fork)
+            tree = run_tree(walk or _no_walk, path, rel, None, render, keep=cache is not None,
+                            mapped=None)
+            late += tree.fresh
+            take_tree(j, tree)
+    body.advance(final=True)
     if cache is not None:
         if late:
             cache.store(late, started_ns=started_ns)
         cache.close()
-    body = _assemble(texts, sorted(pending), resolved, n)
-    hashed = Hashed(body, files, total, problems)
-    if trees:
-        pieces = body.split(_TREE_MARK)
-        parts = [pieces[0]]
-        for j, piece in enumerate(pieces[1:]):
-            tree = done_trees[j]
-            text = tree.text
-            if tree.pending:
-                holes = text.split(PLACEHOLDER.encode())
-                fill = [(settle(path, rel, res) or "").encode("utf-8")
-                        for path, rel, res in tree.pending] + [b""]
-                text = b"".join(h + f for h, f in zip(holes, fill, strict=True))
-            parts += [text, piece]
-            hashed.walk_problems += tree.problems
-            hashed.dir_ids += tree.dir_ids
-        hashed.body = b"".join(parts)
-        if cache is not None and late:
-            cache.store(late, started_ns=started_ns)
-            cache.close()
+    hashed = Hashed(body.collected(), files, total, problems)
+    hashed.walk_problems, hashed.dir_ids = body.walk_problems, body.dir_ids
     return hashed
 
 
@@ -259,22 +250,90 @@ def _no_walk(path: bytes, rel: bytes) -> tuple[Entries, list[tuple[bytes, str]],
     raise ValueError("subtrees to hash, but no walk to list them")
 
 
-def _assemble(texts: dict[int, bytes], holes: list[int], resolved: dict[int, str],
-              n: int) -> bytes:
-    """Join chunk texts in order, filling each placeholder with its resolved line.
+class _InOrder:
+    """The listing body, handed on in entry order as soon as each piece is final.
 
-    A hole left unresolved is a problem, and a listing with problems is never used.
+    Tasks finish out of order; a piece (a chunk's text, a subtree's text) is
+    passed to ``emit`` once every piece before it has been, and then dropped,
+    so the parent holds only the pieces that arrived early, never the whole
+    listing (~100 bytes a file: 100 MB for a million files). A piece with a
+    hole waits for it: a big file's own task (filled as soon as its digest
+    is back), or a file a worker could not read (filled by :attr:`settle`,
+    which reads it again, once the pool is done).
     """
-    parts: list[bytes] = []
-    for start in range(0, n, CHUNK_ENTRIES):
-        text = texts[start]
-        if b"\0" in text:
-            mine = [i for i in holes if start <= i < start + CHUNK_ENTRIES]
-            pieces = text.split(b"\0")
-            fill = [resolved.get(i, "").encode("utf-8") for i in mine] + [b""]
-            text = b"".join(p + f for p, f in zip(pieces, fill, strict=True))
-        parts.append(text)
-    return b"".join(parts)
+
+    def __init__(self, entries: Entries, texts: dict[int, bytes], pending: dict[int, FileResult],
+                 trees: dict[int, SubTree], settle: _Settle,
+                 emit: Callable[[bytes], None] | None) -> None:
+        self.entries, self.texts, self.pending, self.trees = entries, texts, pending, trees
+        self.holes: dict[int, list[int]] = {}
+        """Chunk start -> the entries of that chunk left as placeholders, in order."""
+        self.parts: list[bytes] = []
+        self.emit = emit if emit is not None else self.parts.append
+        self.next_chunk = 0
+        self.next_tree = 0
+        self.rest: list[bytes] = []
+        """What is left of the current chunk's text after a subtree's mark."""
+        self.settle = settle
+        self.walk_problems: list[tuple[bytes, str]] = []
+        self.dir_ids: list[tuple[bytes, int, int]] = []
+
+    def collected(self) -> bytes:
+        return b"".join(self.parts)
+
+    def _fill(self, text: bytes, holes: list[tuple[bytes, bytes, FileResult]],
+              final: bool) -> bytes | None:
+        """``text`` with its placeholders filled, or None while a hole is not final.
+
+        Early (not ``final``), only digests already known fill a hole: a big
+        file whose own task is back. A hole whose file is filled with nothing
+        is a problem :attr:`settle` recorded; the listing is then never used.
+        """
+        if not final and not all(res.status in (Status.OK, Status.CACHED)
+                                 and res.key is not None and res.digest is not None
+                                 for _, _, res in holes):
+            return None
+        lines = [(self.settle(path, rel, res) or "").encode("utf-8") for path, rel, res in holes]
+        pieces = text.split(PLACEHOLDER.encode())
+        return b"".join(p + f for p, f in zip(pieces, [*lines, b""], strict=True))
+
+    def advance(self, *, final: bool) -> None:
+        """Emit every piece that is final now (with ``final``: all of them)."""
+        n = len(self.entries.rel)
+        while True:
+            while self.rest:
+                tree = self.trees.get(self.next_tree)
+                if tree is None:
+                    return
+                text: bytes | None = tree.text
+                if tree.pending:
+                    if not final:
+                        return
+                    text = self._fill(tree.text, tree.pending, final)
+                assert text is not None
+                self.emit(text)
+                self.walk_problems += tree.problems
+                self.dir_ids += tree.dir_ids
+                del self.trees[self.next_tree]
+                self.next_tree += 1
+                self.emit(self.rest.pop(0))
+            start = self.next_chunk
+            if start >= n or start not in self.texts:
+                return
+            text = self.texts[start]
+            holes = self.holes.get(start)
+            if holes:
+                path, rel = self.entries.path, self.entries.rel
+                text = self._fill(text, [(path(i), rel[i], self.pending[i]) for i in holes],
+                                  final)
+                if text is None:
+                    return
+                for i in holes:
+                    del self.pending[i]
+            del self.texts[start]
+            self.next_chunk = start + CHUNK_ENTRIES
+            first, *self.rest = text.split(_TREE_MARK)
+            self.emit(first)
 
 
 class _Sink:
