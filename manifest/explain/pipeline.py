@@ -25,8 +25,6 @@ ones; the op stream of one step costs a few times that step's time.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,13 +38,14 @@ from manifest.explain.stream import Op, OpStream, parse_stream, streams_in
 from manifest.models import Manifest
 from manifest.verify.pipeline import (
     Drift,
+    _argv_to_run,
+    dataset_binds,
     environment_drift,
     link_data,
     materialise,
     numerics_env,
     repo_root_of,
     store_for,
-    trust_problem,
 )
 
 
@@ -228,36 +227,35 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
             "determinism.num_threads", "bits",
             f"threads {recorded.determinism.num_threads} → {options.threads} (--threads): "
             "CPU reduction order changes"))
-    if not options.in_place:
-        problem = trust_problem(recorded, root, store) if repo else (
-            "not inside a git repository (use --in-place to run in this directory)")
-        if problem and not options.trust:
-            raise UntrustedManifestError(
-                f"refusing to run the manifest's command: {problem}.",
-                hint="Inspect the command and pass --trust to run it anyway.")
+    from manifest.verify.trust import check_trust
+
+    # The one trust decision verify makes; explain's re-runs are not confined
+    # (the op streams are written beside the scratch tree), and the report says so.
+    decision = check_trust(recorded, user_trusted=options.trust)
+    if not decision.allowed:
+        raise UntrustedManifestError(
+            f"{decision.reason}.",
+            hint="Inspect the command (manifest show) and pass --trust to run it anyway.")
+    run_argv = _argv_to_run(argv)
     if announce is not None:
         announce(argv)
-    scratch = Path(tempfile.mkdtemp(prefix="manifest-explain-"))
-    try:
+    from manifest.verify.scratch import scratch_dir
+
+    with scratch_dir(keep=options.keep) as scratch:
         if options.in_place:
             run_root = root
         else:
             run_root = materialise(recorded, root, store, scratch)
-            link_data(recorded, root, run_root)
+            link_data(dataset_binds(recorded, root, run_root), run_root, confined=False)
         _explain_in(recorded, report, run_root / recorded.command.cwd, scratch, options,
-                    store)
-        return report
-    finally:
-        if not options.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
+                    store, run_argv)
+    return report
 
 
 def _explain_in(recorded: Manifest, report: ExplainReport, run_cwd: Path, scratch: Path,
-                options: ExplainOptions, store: Any) -> None:
+                options: ExplainOptions, store: Any, argv: list[str]) -> None:
     from manifest.capture.run import LaunchSettings, run_under_launcher
 
-    assert recorded.command is not None
-    argv = list(recorded.command.argv)
     base = LaunchSettings(
         seed=recorded.randomness.seed or 0,
         derivation=recorded.randomness.derivation or "same",
