@@ -13,13 +13,23 @@ package. On top of it:
   any edit anywhere changes it.
 
 Loading (:func:`load_manifest`) refuses anything this module would not have
-written: non-UTF-8, NaN/Infinity, duplicate keys, unknown schema, wrong
-types, and a ``run_id`` or ``digest`` that does not match the content.
+written: non-UTF-8, NaN/Infinity, duplicate keys, integers beyond 4300
+digits, lone surrogates, NUL characters (outside ``outputs.error``), unknown
+schema, wrong types, and a ``run_id`` or ``digest`` that does not match the
+content. Files are read by :func:`read_manifest_file` only, the one place
+that decides what a manifest file may be: a regular file (a FIFO would block
+forever, ``/dev/zero`` would never end) of at most ``MANIFEST_MAX_BYTES``
+(default 64 MiB: a manifest of 100,000 tensors is about 25 MiB).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
+import sys
+from pathlib import Path
 from typing import Any
 
 import blake3
@@ -30,6 +40,7 @@ from manifest.errors import (
     InvalidManifestError,
     TamperedManifestError,
     UnsupportedSchemaError,
+    UsageError,
 )
 from manifest.models import SCHEMA_V1, Manifest
 
@@ -102,6 +113,79 @@ def dumps(manifest: Manifest) -> bytes:
     return canonical_bytes(to_document(manifest))
 
 
+MAX_BYTES_VARIABLE = "MANIFEST_MAX_BYTES"
+DEFAULT_MAX_BYTES = 64 * 2**20
+
+
+def max_manifest_bytes() -> int:
+    """The size cap on manifest and baseline files (``MANIFEST_MAX_BYTES``, default 64 MiB)."""
+    raw = os.environ.get(MAX_BYTES_VARIABLE, "")
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise UsageError(f"{MAX_BYTES_VARIABLE} must be a positive number of bytes, "
+                         f"not {raw!r}.")
+    return value
+
+
+def read_manifest_file(path: str | Path, *, what: str = "manifest file") -> bytes:
+    """The bytes of a manifest (or baseline) file; ``-`` reads stdin.
+
+    Refuses (exit 2) anything that is not a regular file, and anything over
+    :func:`max_manifest_bytes`, before reading more than the cap plus one byte.
+    The file is opened non-blocking, so a FIFO given by name is refused
+    instead of waiting forever for a writer.
+    """
+    cap = max_manifest_bytes()
+    name = os.fsdecode(path)
+    if name == "-":
+        data = sys.stdin.buffer.read(cap + 1)
+        if len(data) > cap:
+            raise UsageError(f"the {what} on stdin is larger than {cap} bytes "
+                             f"({MAX_BYTES_VARIABLE}); refusing to read it.")
+        return data
+    if not name:
+        raise UsageError(f"the {what} name is empty.")
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as exc:
+        raise UsageError(f"{what} {name} does not exist.") from exc
+    except IsADirectoryError as exc:
+        raise UsageError(f"{name} is a directory, not a {what}.") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"cannot read {name!r}: {reason}.") from exc
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{name} is a directory, not a {what}.")
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                    "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                    "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise UsageError(f"{name} is {kind}, not a regular {what}; refusing to read it.")
+        if st.st_size > cap:
+            raise UsageError(f"{name} is {st.st_size} bytes, over the {cap}-byte limit for a "
+                             f"{what} ({MAX_BYTES_VARIABLE}); refusing to read it.")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=True) as fh:
+            fd = -1
+            data = fh.read(cap + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read {name}: {exc.strerror or exc}.") from exc
+    finally:
+        if fd != -1:
+            os.close(fd)
+    if len(data) > cap:  # it grew while we read
+        raise UsageError(f"{name} is over the {cap}-byte limit for a {what} "
+                         f"({MAX_BYTES_VARIABLE}); refusing to read it.")
+    return data
+
+
 def _reject_constant(name: str) -> Any:
     raise InvalidManifestError(f"manifest contains {name}, which JSON does not allow.")
 
@@ -117,20 +201,75 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def parse_json(data: bytes, *, what: str = "manifest") -> Any:
-    """Strict JSON parse: UTF-8 only, no NaN/Infinity, no duplicate keys."""
+def parse_json(data: bytes, *, what: str = "manifest", floats: list[str] | None = None) -> Any:
+    """Strict JSON parse: UTF-8 only, no NaN/Infinity, no duplicate keys.
+
+    ``floats`` collects the literal text of every non-integer number.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidManifestError(f"{what} is not UTF-8 text.") from exc
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        if floats is None:
+            return json.loads(text, object_pairs_hook=_no_duplicates,
+                              parse_constant=_reject_constant)
+
+        def literal(token: str) -> float:
+            floats.append(token)
+            return float(token)
+
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant,
+                          parse_float=literal)
     except json.JSONDecodeError as exc:
         raise InvalidManifestError(
             f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
         ) from exc
     except RecursionError as exc:
         raise InvalidManifestError(f"{what} is nested too deeply to be a manifest.") from exc
+    except ValueError as exc:  # an integer over Python's 4300-digit conversion limit
+        raise InvalidManifestError(f"{what} holds an integer too long to be a manifest value "
+                                   "(over 4300 digits).") from exc
+
+
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+"""``\\u0000`` or a UTF-16 surrogate escape: the only ways a JSON text can carry
+a NUL or a lone surrogate (raw bytes for either are rejected by the decoder)."""
+
+
+def _bad_string(value: Any, where: str) -> str | None:
+    """Where a NUL or a lone surrogate sits in a parsed document, if anywhere."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                problem = _bad_text(k, f"{at} key")
+                if problem:
+                    return problem
+                if at == "outputs" and k == "error":
+                    # The child's own message: any NUL in it is text, never a path.
+                    cleaned = v.replace("\0", "") if isinstance(v, str) else None
+                    stack.append((cleaned, f"{at}.{k}"))
+                    continue
+                stack.append((v, f"{at}.{k}" if at else k))
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, str):
+            problem = _bad_text(item, at)
+            if problem:
+                return problem
+    return None
+
+
+def _bad_text(text: str, at: str) -> str | None:
+    if "\0" in text:
+        return f"a NUL character in {at or 'the document'}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"a lone UTF-16 surrogate in {at or 'the document'}"
+    return None
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -142,9 +281,15 @@ def _first_error(exc: ValidationError) -> str:
 
 def load_manifest(data: bytes, *, verify: bool = True) -> Manifest:
     """Parse, validate and check a manifest; raise the project's errors only."""
-    doc = parse_json(data)
+    floats: list[str] = []
+    doc = parse_json(data, floats=floats)
     if not isinstance(doc, dict):
         raise InvalidManifestError("manifest is not a JSON object.")
+    if _SUSPECT_ESCAPE.search(data):
+        problem = _bad_string(doc, "")
+        if problem:
+            raise InvalidManifestError(f"manifest holds {problem}, which no manifest can "
+                                       "contain.")
     schema = doc.get("schema")
     if schema not in SUPPORTED_SCHEMAS:
         raise UnsupportedSchemaError(
@@ -157,8 +302,17 @@ def load_manifest(data: bytes, *, verify: bool = True) -> Manifest:
     except ValidationError as exc:
         raise InvalidManifestError(_first_error(exc)) from exc
     if verify:
-        check_names(doc, raw=data)
+        check_names(doc, raw=data if _floats_canonical(floats) else None)
     return manifest
+
+
+def _floats_canonical(floats: list[str]) -> bool:
+    """Whether every float literal is written as RFC 8785 writes it (``1`` not ``1.0``,
+    ``0.00001`` not ``1e-05``): a precondition of hashing the file's own bytes."""
+    try:
+        return all(rfc8785.dumps(float(token)) == token.encode() for token in floats)
+    except (rfc8785.CanonicalizationError, ValueError, OverflowError):
+        return False
 
 
 def _top_level_member(raw: bytes, key: bytes) -> tuple[int, int] | None:
@@ -197,15 +351,28 @@ def _digest_matches(doc: dict[str, Any], raw: bytes | None) -> bool:
 
     Fast path for files this tool wrote (canonical bytes): hash the file's
     own bytes minus the top-level digest member, which are then exactly the
-    canonical bytes of the rest. Anything else (re-indented, reordered) falls
-    back to canonicalising the parsed document.
+    canonical bytes of the rest. ``digest`` is defined over the canonical
+    form, so the fast path also checks that those bytes *are* canonical: the
+    C encoder's sorted compact output must equal them (RFC 8785 differs from
+    it only in float formatting, checked by the caller, and in the key order
+    of characters beyond the BMP, which sends a file to the slow path).
+    Anything else (re-indented, reordered) is canonicalised in full.
     """
     claimed = doc.get("digest")
-    if raw is not None and isinstance(claimed, str):
+    if raw is not None and isinstance(claimed, str) and not _ASTRAL.search(raw):
         span = _top_level_member(raw, b"digest")
-        if span is not None and blake3_name(raw[: span[0]] + raw[span[1] :]) == claimed:
-            return True
+        if span is not None:
+            rest = raw[: span[0]] + raw[span[1] :]
+            if blake3_name(rest) == claimed:
+                compact = json.dumps({k: v for k, v in doc.items() if k != "digest"},
+                                     sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                if compact.encode("utf-8", "surrogatepass") == rest:
+                    return True
     return compute_digest(doc) == claimed
+
+
+_ASTRAL = re.compile(rb"[\xf0-\xf4]")
+"""The lead byte of a 4-byte UTF-8 sequence (a character beyond U+FFFF)."""
 
 
 def check_names(doc: dict[str, Any], *, raw: bytes | None = None) -> None:

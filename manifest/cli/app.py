@@ -46,16 +46,9 @@ def _write_output(data: bytes, output: str | None) -> None:
 
 
 def _read_manifest_file(path: str) -> bytes:
-    try:
-        if path == "-":
-            return sys.stdin.buffer.read()
-        return Path(path).read_bytes()
-    except FileNotFoundError as exc:
-        raise UsageError(f"manifest file {path} does not exist.") from exc
-    except IsADirectoryError as exc:
-        raise UsageError(f"{path} is a directory, not a manifest file.") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}.") from exc
+    from manifest.canonical import read_manifest_file
+
+    return read_manifest_file(path)
 
 
 # ------------------------------------------------------------------ verbs
@@ -91,9 +84,10 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     _write_output(dumps(manifest), args.output)
     if not args.quiet:
         from manifest.cli.render import capture_notes
+        from manifest.cli.text import printable
 
         for note in capture_notes(manifest):
-            sys.stderr.write(f"manifest: note: {note}\n")
+            sys.stderr.write(f"manifest: note: {printable(note)}\n")
     return exit_code
 
 
@@ -198,6 +192,8 @@ def _register_hash(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_hash(args: argparse.Namespace) -> int:
     from manifest.data.datasets import hash_from_cli
 
+    if not args.path:  # Path("") is the current directory
+        raise UsageError("manifest hash: the path is empty; name a file or directory.")
     text = hash_from_cli(Path(args.path), no_cache=args.no_cache, store_dir=args.store,
                          quiet=args.quiet, as_json=args.json)
     sys.stdout.write(text + "\n")
@@ -401,6 +397,15 @@ _EXTRA_VERBS = [_register_verify, _register_hash, _register_diff, _register_gate
                 _register_explain]
 
 
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``manifest`` console script."""
     parser = build_parser()
@@ -410,9 +415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_BAD_INPUT
         code: int = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
         return code
     except ManifestError as exc:
-        sys.stderr.write(f"manifest: {exc.diagnostics()}\n")
+        from manifest.cli.text import printable
+
+        # Messages quote recorded strings: never let one act on the terminal.
+        sys.stderr.write(f"manifest: {printable(exc.diagnostics())}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("manifest: interrupted.\n")
@@ -425,6 +434,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + exc.signum
         raise
     except BrokenPipeError:
+        # The reader went away (``manifest show run.json | head -1``): like git,
+        # end quietly. stdout is pointed at /dev/null so the interpreter's own
+        # flush at exit does not fail a second time.
+        _silence_stdout()
         return 0
     except OSError as exc:  # a file or device failed us where no probe expected it
         where = f" ({exc.filename})" if exc.filename else ""

@@ -5,16 +5,17 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from manifest.cli.text import make_console, markup, shell_join
 from manifest.models import Manifest
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from manifest.verify.pipeline import VerifyReport
 
 
-def _console(file: TextIO | None = None):  # type: ignore[no-untyped-def]
-    from rich.console import Console
-
-    return Console(file=file or sys.stdout, highlight=False, soft_wrap=True)
+def _console(file: TextIO | None = None) -> Console:
+    return make_console(file)
 
 
 def render_show(manifest: Manifest, file: TextIO | None = None) -> None:
@@ -22,56 +23,59 @@ def render_show(manifest: Manifest, file: TextIO | None = None) -> None:
     from rich.table import Table
 
     console = _console(file)
-    console.print(f"[bold]run_id[/bold] {manifest.run_id}")
-    console.print(f"[bold]digest[/bold] {manifest.digest}")
+    console.print(f"[bold]run_id[/bold] {markup(manifest.run_id)}")
+    console.print(f"[bold]digest[/bold] {markup(manifest.digest)}")
     table = Table(show_header=True, header_style="bold")
     table.add_column("section")
     table.add_column("fact")
     table.add_column("value", overflow="fold")
+
+    def add_row(section: str, fact: object, value: object) -> None:
+        # Every recorded string is text, never markup or terminal control.
+        table.add_row(section, markup(fact), markup(value))
+
     code = manifest.code
-    table.add_row("code", "commit", code.commit or f"- ({code.unavailable.get('commit', '')})")
-    table.add_row("", "dirty", str(code.dirty))
+    add_row("code", "commit", code.commit or f"- ({code.unavailable.get('commit', '')})")
+    add_row("", "dirty", str(code.dirty))
     if code.diff_digest:
-        table.add_row("", "diff", code.diff_digest)
+        add_row("", "diff", code.diff_digest)
     for name, digest in code.lockfiles.items():
-        table.add_row("", f"lockfile {name}", digest)
+        add_row("", f"lockfile {name}", digest)
     for ds in manifest.data:
-        table.add_row("data", ds.name, f"{ds.root} ({ds.files} files, {ds.bytes} bytes)")
+        add_row("data", ds.name, f"{ds.root} ({ds.files} files, {ds.bytes} bytes)")
     env = manifest.env
-    table.add_row("env", "python", f"{env.implementation} {env.python}")
-    table.add_row("", "torch", env.torch or "-")
-    table.add_row("", "torch CUDA build", env.torch_cuda or "-")
-    table.add_row("", "cuDNN / NCCL", f"{env.cudnn or '-'} / {env.nccl or '-'}")
-    table.add_row("", "packages", f"{len(env.packages)} ({env.packages_digest})")
+    add_row("env", "python", f"{env.implementation} {env.python}")
+    add_row("", "torch", env.torch or "-")
+    add_row("", "torch CUDA build", env.torch_cuda or "-")
+    add_row("", "cuDNN / NCCL", f"{env.cudnn or '-'} / {env.nccl or '-'}")
+    add_row("", "packages", f"{len(env.packages)} ({env.packages_digest})")
     for key, value in env.variables.items():
-        table.add_row("", key, value)
+        add_row("", key, value)
     hw = manifest.hardware
     gpus = ", ".join(g.name for g in hw.gpus) if hw.gpus else f"- ({hw.unavailable.get('gpus')})"
-    table.add_row("hardware", "GPUs", gpus)
-    table.add_row("", "CPU", hw.cpu_model or "-")
-    table.add_row("", "ISA", " ".join(hw.cpu_isa) or "-")
+    add_row("hardware", "GPUs", gpus)
+    add_row("", "CPU", hw.cpu_model or "-")
+    add_row("", "ISA", " ".join(hw.cpu_isa) or "-")
     rnd, det = manifest.randomness, manifest.determinism
-    table.add_row("randomness", "seed", "-" if rnd.seed is None else str(rnd.seed))
-    table.add_row("determinism", "enforced", str(det.requested))
-    table.add_row("", "threads", "-" if det.num_threads is None else str(det.num_threads))
+    add_row("randomness", "seed", "-" if rnd.seed is None else str(rnd.seed))
+    add_row("determinism", "enforced", str(det.requested))
+    add_row("", "threads", "-" if det.num_threads is None else str(det.num_threads))
     if manifest.command:
-        table.add_row("command", "argv", " ".join(manifest.command.argv))
+        add_row("command", "argv", shell_join(list(manifest.command.argv)))
     if manifest.outputs:
         out = manifest.outputs
-        table.add_row("outputs", "status", f"{out.status} (exit {out.exit_code})")
+        add_row("outputs", "status", f"{out.status} (exit {out.exit_code})")
         for art in out.artifacts:
             n = len(art.tensors) if art.tensors is not None else 0
-            table.add_row("", art.path, f"{art.format}, {n} tensors, {art.digest}")
-    table.add_row("observed", "captured", manifest.observed.started_at)
+            add_row("", art.path, f"{art.format}, {n} tensors, {art.digest}")
+    add_row("observed", "captured", manifest.observed.started_at)
     console.print(table)
 
 
 def render_command(argv: list[str], file: TextIO | None = None) -> None:
     """Show the command verify is about to run (stderr)."""
-    import shlex
-
     stream = file or sys.stderr
-    stream.write(f"manifest: re-running: {shlex.join(argv)}\n")
+    stream.write(f"manifest: re-running: {shell_join(argv)}\n")
     stream.flush()
 
 
@@ -90,27 +94,28 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
     console = _console(file)
     style = {"identical": "green", "checked": "green", "differs": "red"}.get(
         report.verdict, "yellow")
-    console.print(f"[bold {style}]{report.verdict}[/bold {style}]  {report.file}  "
-                  f"run_id {report.run_id[:23]}…")
+    console.print(f"[bold {style}]{markup(report.verdict)}[/bold {style}]  {markup(report.file)}  "
+                  f"run_id {markup(report.run_id[:23])}…")
     if report.reason:
-        console.print(f"reason: {report.reason}")
+        console.print(f"reason: {markup(report.reason)}")
     for drift in report.drift:
         tag = "[red]bits[/red]" if drift.impact == "bits" else "benign"
-        console.print(f"drift ({tag}): {drift.reason}")
+        console.print(f"drift ({tag}): {markup(drift.reason)}")
     if report.bits_drift and report.verdict != "identical":
         console.print("the environment drifted in ways that can change bits: "
                       "bit-exactness is not expected.")
     for change in report.data:
-        console.print(f"[red]data[/red]: {change.detail}")
+        console.print(f"[red]data[/red]: {markup(change.detail)}")
         for name in change.files[:20]:
-            console.print(f"  {name}")
+            console.print(f"  {markup(name)}")
         if len(change.files) > 20:
             console.print(f"  … and {len(change.files) - 20} more")
     for art in report.artifacts:
         if art.identical:
-            console.print(f"[green]identical[/green] {art.path}")
+            console.print(f"[green]identical[/green] {markup(art.path)}")
             continue
-        console.print(f"[red]differs[/red] {art.path}" + (f" ({art.detail})" if art.detail else ""))
+        console.print(f"[red]differs[/red] {markup(art.path)}"
+                      + (f" ({markup(art.detail)})" if art.detail else ""))
         if not art.tensors:
             continue
         table = Table(show_header=True, header_style="bold")
@@ -120,7 +125,7 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
             count = "-" if t.elements is None else (
                 f"{t.elements}/{t.total}" if t.total else str(t.elements))
             what = t.change if not t.detail else f"{t.change}: {t.detail}"
-            table.add_row(t.name, what, count, _fmt(t.max_abs), _fmt(t.max_ulp))
+            table.add_row(markup(t.name), markup(what), count, _fmt(t.max_abs), _fmt(t.max_ulp))
         console.print(table)
     if report.first_divergent_step is not None:
         console.print(f"first divergent step: {report.first_divergent_step}")

@@ -9,7 +9,6 @@ tensor of a model differs after a seed change) is folded after
 from __future__ import annotations
 
 import json
-import sys
 from typing import TextIO
 
 from manifest.diff.engine import Difference, ManifestDiff, show_value
@@ -75,11 +74,12 @@ def render_diff(
     file: TextIO | None = None,
 ) -> None:
     """A readable report: the non-determinism note, a header, the table, a summary line."""
-    from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
-    console = Console(file=file or sys.stdout, highlight=False, soft_wrap=False)
+    from manifest.cli.text import make_console
+    from manifest.cli.text import markup as escape
+
+    console = make_console(file, soft_wrap=False)
     nd = result.nondeterminism
     if nd is not None:
         console.print(f"[bold red]{escape(nd.message)}[/bold red]")
@@ -93,9 +93,9 @@ def render_diff(
         if nd.first_divergent_step is not None:
             console.print(f"  first divergent step: {nd.first_divergent_step}")
     same = "same run_id" if result.same_run_id else "different run_id"
-    console.print(f"[bold]a[/bold] {escape(a_file)}  run_id {show_value(result.a_run_id)}",
+    console.print(f"[bold]a[/bold] {escape(a_file)}  run_id {escape(show_value(result.a_run_id))}",
                   soft_wrap=True)
-    console.print(f"[bold]b[/bold] {escape(b_file)}  run_id {show_value(result.b_run_id)}"
+    console.print(f"[bold]b[/bold] {escape(b_file)}  run_id {escape(show_value(result.b_run_id))}"
                   f"  ({same})", soft_wrap=True)
     rows = result.selected(only)
     if rows:
@@ -114,7 +114,7 @@ def render_diff(
                       else "[green]benign[/green]")
             section = row.section if (row.impact, row.section) != previous else ""
             previous = (row.impact, row.section)
-            table.add_row(impact, section, escape(row.reason))
+            table.add_row(impact, escape(section), escape(row.reason))
         console.print(table)
     elif only is not None and result.differences:
         console.print(f"No {only.value} differences.")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import TextIO
 
+from manifest.cli.text import printable as _p
+from manifest.cli.text import shell_join
 from manifest.gate.report import CheckResult, GateReport, Status
 
 _MARK = {Status.PASS: "✅", Status.FAIL: "❌", Status.SKIP: "⏭️", Status.NO_VERDICT: "⚠️"}
@@ -19,19 +21,19 @@ _WORD = {"pass": "PASSED", "fail": "FAILED", "no-verdict": "NO VERDICT"}
 
 def render_gate(report: GateReport, file: TextIO) -> None:
     """The human report: one line per check, its details indented, then the verdict."""
-    head = f"manifest gate ({report.mode}) in {report.project}"
+    head = f"manifest gate ({report.mode}) in {_p(report.project)}"
     if report.command:
-        head += f": {' '.join(report.command)}"
+        head += f": {shell_join(list(report.command))}"
     file.write(head + "\n")
     width = max((len(c.name) for c in report.checks), default=0)
     for c in report.checks:
-        file.write(f"  {c.status.value.upper():<10} {c.name:<{width}}  {c.reason}\n")
+        file.write(f"  {c.status.value.upper():<10} {c.name:<{width}}  {_p(c.reason)}\n")
         for line in c.details:
-            file.write(f"  {'':<10} {'':<{width}}    - {line}\n")
+            file.write(f"  {'':<10} {'':<{width}}    - {_p(line)}\n")
         if c.hint and c.status in (Status.FAIL, Status.NO_VERDICT, Status.SKIP):
-            file.write(f"  {'':<10} {'':<{width}}    → {c.hint}\n")
+            file.write(f"  {'':<10} {'':<{width}}    → {_p(c.hint)}\n")
     for w in report.warnings:
-        file.write(f"  warning: {w}\n")
+        file.write(f"  warning: {_p(w)}\n")
     file.write(f"gate {_WORD[report.verdict]} (exit {report.exit_code})\n")
 
 
@@ -41,17 +43,18 @@ def gate_json_bytes(report: GateReport) -> bytes:
 
 def _cell(text: str) -> str:
     """Text safe inside one Markdown table cell."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return _p(text).replace("\\", "\\\\").replace("|", "\\|")
 
 
 def _code(text: str) -> str:
+    text = _p(text)
     fence = "``" if "`" in text else "`"
     return f"{fence}{text}{fence}"
 
 
 def _detail_block(c: CheckResult) -> str:
     lines = [f"<details><summary>{c.name}: {len(c.details)} line(s)</summary>", ""]
-    lines += [f"- {line.replace('<', '&lt;')}" for line in c.details]
+    lines += [f"- {_p(line).replace('<', '&lt;')}" for line in c.details]
     lines += ["", "</details>", ""]
     return "\n".join(lines)
 
@@ -61,7 +64,7 @@ def gate_markdown(report: GateReport) -> str:
     out = [f"## Reproducibility gate: {_TITLE[report.verdict]}", ""]
     facts = [f"project {_code(report.project)}"]
     if report.command:
-        facts.append(f"command {_code(' '.join(report.command))}")
+        facts.append(f"command {_code(shell_join(list(report.command)))}")
     facts.append(f"baseline {_code(report.baseline)}")
     if report.run_id:
         facts.append(f"run_id {_code(report.run_id[:19] + '…')}")
@@ -75,7 +78,7 @@ def gate_markdown(report: GateReport) -> str:
         if c.details:
             out.append(_detail_block(c))
         if c.hint:
-            out += [f"> **{c.name}**: {c.hint}", ""]
+            out += [f"> **{c.name}**: {_p(c.hint)}", ""]
     for w in report.warnings:
-        out += [f"> ⚠️ {w}", ""]
+        out += [f"> ⚠️ {_p(w)}", ""]
     return "\n".join(out).rstrip() + "\n"

@@ -8,9 +8,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from manifest.errors import (
-    ConfigError,
-)
 from manifest.gate.policy import Project
 from manifest.gate.report import UPDATE_HINT, CheckResult, GateReport, Status
 from manifest.models import Manifest
@@ -42,15 +39,12 @@ def update_baseline(project: Project, manifest: Manifest, deterministic: bool,
 
 def load_baseline(path: Path) -> Manifest | None:
     """The baseline manifest, or None when the file does not exist."""
-    from manifest.canonical import load_manifest
+    from manifest.canonical import load_manifest, read_manifest_file
     from manifest.errors import InvalidManifestError
 
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as exc:
-        raise ConfigError(f"cannot read the baseline {path}: {exc.strerror or exc}.") from exc
+    data = read_manifest_file(path, what="baseline manifest")
     try:
         return load_manifest(data)
     except InvalidManifestError as exc:

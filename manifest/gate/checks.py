@@ -256,7 +256,7 @@ def _committed_manifests(project: Project, options: GateOptions) -> list[Path]:
 
 def _gate_committed(project: Project, options: GateOptions, report: GateReport) -> None:
     """Validate committed manifests without training (``--no-rerun``)."""
-    from manifest.canonical import load_manifest
+    from manifest.canonical import load_manifest, read_manifest_file
     from manifest.verify.pipeline import VerifyOptions, verify_run
 
     for name in ("determinism", "baseline"):
@@ -275,10 +275,7 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
     manifests: list[Manifest] = []
     for path in paths:
         shown = project.rel(path)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise UsageError(f"cannot read {shown}: {exc.strerror or exc}.") from exc
+        data = read_manifest_file(path)
         verdict = verify_run(data, file=shown, cwd=project.dir,
                              options=VerifyOptions(no_rerun=True, quiet=options.quiet))
         for change in verdict.data:
