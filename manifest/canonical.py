@@ -237,33 +237,31 @@ _SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
 a NUL or a lone surrogate (raw bytes for either are rejected by the decoder)."""
 
 
-def _bad_string(value: Any, where: str) -> str | None:
-    """Where a NUL or a lone surrogate sits in a parsed document, if anywhere."""
-    stack: list[tuple[Any, str]] = [(value, where)]
+def _bad_string(value: Any) -> str | None:
+    """Where a lone surrogate, or a NUL that could reach a path or an exec, sits in a
+    parsed document. ``observed`` and ``outputs.error`` are free text (a branch
+    name, a child's message): a NUL there is only shown, escaped."""
+    stack: list[tuple[Any, str, bool]] = [(value, "", False)]
     while stack:
-        item, at = stack.pop()
+        item, at, nul_ok = stack.pop()
         if isinstance(item, dict):
             for k, v in item.items():
-                problem = _bad_text(k, f"{at} key")
+                problem = _bad_text(k, f"{at or 'the document'} key", nul_ok)
                 if problem:
                     return problem
-                if at == "outputs" and k == "error":
-                    # The child's own message: any NUL in it is text, never a path.
-                    cleaned = v.replace("\0", "") if isinstance(v, str) else None
-                    stack.append((cleaned, f"{at}.{k}"))
-                    continue
-                stack.append((v, f"{at}.{k}" if at else k))
+                free = nul_ok or (not at and k == "observed") or (at == "outputs" and k == "error")
+                stack.append((v, f"{at}.{k}" if at else k, free))
         elif isinstance(item, list):
-            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+            stack.extend((v, f"{at}[{i}]", nul_ok) for i, v in enumerate(item))
         elif isinstance(item, str):
-            problem = _bad_text(item, at)
+            problem = _bad_text(item, at, nul_ok)
             if problem:
                 return problem
     return None
 
 
-def _bad_text(text: str, at: str) -> str | None:
-    if "\0" in text:
+def _bad_text(text: str, at: str, nul_ok: bool) -> str | None:
+    if not nul_ok and "\0" in text:
         return f"a NUL character in {at or 'the document'}"
     try:
         text.encode("utf-8")
@@ -286,7 +284,7 @@ def load_manifest(data: bytes, *, verify: bool = True) -> Manifest:
     if not isinstance(doc, dict):
         raise InvalidManifestError("manifest is not a JSON object.")
     if _SUSPECT_ESCAPE.search(data):
-        problem = _bad_string(doc, "")
+        problem = _bad_string(doc)
         if problem:
             raise InvalidManifestError(f"manifest holds {problem}, which no manifest can "
                                        "contain.")

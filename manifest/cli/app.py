@@ -426,13 +426,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("manifest: interrupted.\n")
         return 130
-    except BaseException as exc:
-        from manifest.verify.scratch import Terminated
-
-        if isinstance(exc, Terminated):  # SIGTERM/SIGHUP: scratch removed, exit like the signal
-            sys.stderr.write("manifest: terminated.\n")
-            return 128 + exc.signum
-        raise
     except BrokenPipeError:
         # The reader went away (``manifest show run.json | head -1``): like git,
         # end quietly. stdout is pointed at /dev/null so the interpreter's own
@@ -449,4 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"manifest: internal error ({type(exc).__name__}: {exc}); no verdict. "
                          "Re-run with MANIFEST_DEBUG=1 for the traceback and report it.\n")
         return EXIT_NO_VERDICT
+    except BaseException as exc:  # after Exception: only what is not an Exception
+        from manifest.verify.scratch import Terminated
+
+        if isinstance(exc, Terminated):  # SIGTERM/SIGHUP: scratch removed, exit like the signal
+            sys.stderr.write("manifest: terminated.\n")
+            return 128 + exc.signum
+        raise
 
