@@ -12,8 +12,9 @@ children's environment for the same reason. Reported: median and minimum
 wall time of each, the median CPU time (user+sys of the child, less
 sensitive to other load on the machine), and collect_env / capture.
 
-Target (issue 2): capture <= 0.25 s and >= 7x faster than collect_env.
-``--check`` exits 1 when the medians miss it.
+Target (issue 16): capture <= 0.25 s and >= 12x faster than collect_env.
+``--check`` exits 1 when the medians miss it. ``benchmarks/data_hashing.py``
+runs this first, so one run prints every row of issue 16's table.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TARGET_S = 0.25
-TARGET_RATIO = 7.0
+TARGET_RATIO = 12.0
 
 
 @dataclass

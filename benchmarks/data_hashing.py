@@ -2,7 +2,8 @@
 
 Not a timed test: run it by hand, read the figures::
 
-    python benchmarks/data_hashing.py [--dir /tmp] [--big-gib 2] [--small-files 50000]
+    python benchmarks/data_hashing.py [--quick] [--dir /tmp] [--big-gib 2]
+        [--small-files 50000] [--many 1000000] [--no-capture]
 
 It generates its own data in a temporary directory (removed afterwards):
 
@@ -20,7 +21,16 @@ file contents: the dataset's pages are evicted from the page cache
 (which includes the workers it reaped) shows ``read_bytes`` (from storage)
 and ``rchar`` (through ``read()``) for a cold and a warm run.
 
-Peers that are not installed are skipped, and the report says so.
+(d) Peak memory of ``manifest hash --json`` (the listing written to the
+store) over ``--many`` files of 16 bytes in folders of 1,000, and over a
+tenth of them: the largest single process of the command (``wait4``'s
+``ru_maxrss``), which must be flat in the file count.
+
+Peers that are not installed are skipped, and the report says so. Unless
+``--no-capture``, ``benchmarks/capture_latency.py`` runs first, and the last
+lines print each row of issue 16's table against its peer, all measured in
+this run. ``--quick`` shrinks the data (0.5 GiB, 10,000 files, 100,000 for
+memory) to see the shape in a minute; the table's figures need the full sizes.
 """
 
 from __future__ import annotations
@@ -92,6 +102,43 @@ def best(cmd: Sequence[str], repeat: int, *, cwd: Path | None = None) -> tuple[f
 
 def shell(script: str) -> list[str]:
     return ["bash", "-c", script]
+
+
+_PEAK = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.execvp(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
+
+def peak_rss_mb(cmd: Sequence[str]) -> float:
+    """Peak resident memory, in MB, of the largest process among a command and its workers.
+
+    A process forked from this one starts with this one's (large) peak, and
+    exec keeps it; so a fresh small interpreter forks the command instead.
+    """
+    proc = subprocess.run([sys.executable, "-c", _PEAK, *cmd], capture_output=True, text=True,
+                          check=False)
+    maxrss_kib, code = (int(x) for x in proc.stdout.split())
+    if code != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({code}): {proc.stderr[-500:]}")
+    return maxrss_kib * 1024 / 1e6
+
+
+def make_many(root: Path, count: int) -> None:
+    """``count`` files of 16 bytes in folders of 1,000 (the shape of a sharded dataset)."""
+    for i in range(count):
+        if i % 1000 == 0:
+            folder = root / f"d{i // 1000:05d}"
+            folder.mkdir(parents=True)
+        fd = os.open(folder / f"f{i % 1000:04d}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, os.urandom(16))
+        os.close(fd)
 
 
 def evict(paths: Sequence[Path]) -> None:
@@ -168,7 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--small-files", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dvc", default=shutil.which("dvc"), help="dvc executable")
+    parser.add_argument("--many", type=int, default=1_000_000,
+                        help="files for the peak-memory case (and a tenth of them)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    parser.add_argument("--no-capture", action="store_true",
+                        help="skip benchmarks/capture_latency.py")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.big_gib, args.small_files, args.many, args.repeat = 0.5, 10_000, 100_000, 1
+    capture_rows: list[str] = []
+    if not args.no_capture:
+        capture_rows = run_capture_latency(quick=args.quick)
 
     ours = manifest_cmd()
     b3sum = shutil.which("b3sum")
@@ -247,12 +304,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # --------------------------------------------- (c) proof of no reads
         proof: list[str] = []
-        for label, path, paths, nbytes in (("2 GiB file", big, [big], big_size),
-                                           ("50k files", tree, files, small_bytes)):
+        warm_read_b = -1
+        small_label = f"{len(files) // 1000}k files"
+        for label, path, paths, nbytes in ((f"{big_size / GIB:g} GiB file", big, [big], big_size),
+                                           (small_label, tree, files, small_bytes)):
             for kind, extra in (("cold --no-cache", ["--no-cache"]), ("warm, cache", [])):
                 evict(paths)
                 elapsed, _, io = run_timed([*ours, "hash", "-q", *extra, "--store", str(store),
                                             str(path)])
+                if label == small_label and extra == []:
+                    warm_read_b = io.get("read_bytes", -1)
                 proof.append(f"  {label:10s} {kind:16s} {elapsed:7.3f} s   "
                              f"read_bytes {io.get('read_bytes', -1) / 1e6:9.1f} MB   "
                              f"rchar {io.get('rchar', -1) / 1e6:9.1f} MB   "
@@ -284,6 +345,19 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(/proc/PID/io of the command, its workers included)")
         print("\n".join(proof))
 
+        # ------------------------------------------------------ (d) memory
+        peaks: list[tuple[int, float]] = []
+        for count in (args.many // 10, args.many):
+            many = work / f"many-{count}"
+            make_many(many, count)
+            peaks.append((count, peak_rss_mb([*ours, "hash", "-q", "--json", "--no-cache",
+                                              "--store", str(work / f"store-{count}"),
+                                              str(many)])))
+            shutil.rmtree(many, ignore_errors=True)
+        print("\n(d) peak memory of manifest hash --json (largest single process)")
+        for count, peak in peaks:
+            print(f"  {count:>9,} files  {peak:7.1f} MB")
+
         print(f"\nload average now {os.getloadavg()[0]:.2f}\ntargets")
         target("(a) manifest vs b3sum (x faster)", t_b3_a / t_ours_a if t_b3_a else None, 1.2)
         target("(a) manifest GB/s / read-ceiling GB/s", t_cat_a / t_ours_a, 0.55)
@@ -293,9 +367,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         target("(b) manifest vs find|xargs -P2 b3sum (x faster)",
                t_x2 / t_ours_b if t_x2 else None, 0.8)
         target("(c) warm re-hash of the 50k-file tree, seconds", t_warm_b, 0.35, at_most=True)
+
+        print("\nissue 16 (whole commands; each peer measured in this run)")
+        for row in capture_rows:
+            print(f"  {row}")
+        target(f"{big_size / GIB:.2f} GiB file, page cache: b3sum s / manifest s",
+               t_b3_a / t_ours_a if t_b3_a else None, 1.0)
+        target(f"{len(files):,} x 4 KiB, no cache: xargs -P2 b3sum s / manifest s",
+               t_x2 / t_ours_b if t_x2 else None, 1.0)
+        target(f"warm re-hash / cold, {len(files):,} files "
+               f"({t_warm_b:.3f} s / {t_ours_b:.3f} s)", t_warm_b / t_ours_b, 0.1, at_most=True)
+        print(f"  {'warm re-hash, evicted first: read_bytes of the data read':52s} "
+              f"{warm_read_b / 1e6:7.2f} MB  (target 0: no file contents read)")
+        target(f"peak memory, {peaks[-1][0]:,} files, MB", peaks[-1][1], 100, at_most=True)
+        target(f"peak memory growth {peaks[0][0]:,} -> {peaks[-1][0]:,} files, MB",
+               peaks[-1][1] - peaks[0][1], 5, at_most=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def run_capture_latency(*, quick: bool) -> list[str]:
+    """Run benchmarks/capture_latency.py; return its summary lines (row 1 of the table)."""
+    script = Path(__file__).with_name("capture_latency.py")
+    proc = subprocess.run([sys.executable, str(script), "--runs", "5" if quick else "9"],
+                          capture_output=True, text=True, check=False)
+    print(proc.stdout, end="")
+    lines = proc.stdout.strip().splitlines()
+    return [line for line in lines if "collect_env /" in line or line.startswith("capture median")]
 
 
 if __name__ == "__main__":
