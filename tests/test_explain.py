@@ -123,3 +123,15 @@ def test_example_threads_names_the_first_op_that_differs(tmp_path: Path) -> None
     assert proc.returncode == 1
     assert f"op       {finding['op']} on cpu" in text
     assert "first op whose inputs matched and whose outputs differ" in text
+
+
+def test_verify_explain_names_the_step_verify_found(noisy: tuple[Path, Path]) -> None:
+    repo, manifest = noisy
+    proc = manifest_cli("verify", str(manifest), "--json", "--explain", cwd=repo,
+                        env={"NOISE": "1"})
+    assert proc.returncode == 1, proc.stderr.decode()
+    doc = json.loads(proc.stdout)
+    # The automatic trail found the step without the script calling manifest.trail().
+    assert doc["first_divergent_step"] == 3
+    assert doc["explain"]["first_step"] == 3
+    assert doc["explain"]["findings"][0]["kind"] == "input-from-outside"

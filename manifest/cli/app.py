@@ -24,6 +24,7 @@ from manifest.errors import (
 )
 
 if TYPE_CHECKING:
+    from manifest.explain.pipeline import ExplainReport
     from manifest.verify.trust import RunPlan, TrustDecision
 
 
@@ -270,6 +271,8 @@ def _register_verify(sub: argparse._SubParsersAction[_Parser]) -> None:
                    help="override the recorded thread count (expect differences)")
     p.add_argument("--keep", action="store_true", help="keep the scratch tree")
     p.add_argument("--no-cache", action="store_true", help="re-read every data file")
+    p.add_argument("--explain", action="store_true",
+                   help="when the outputs differ, explain where (see 'manifest explain')")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_verify)
@@ -287,13 +290,34 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
     report = verify_run(_read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
                         options=options, announce=render_command, show_plan=_show_plan)
+    explained = None
+    if args.explain and report.verdict == "differs":
+        explained = _explain_after_verify(args, report.first_divergent_step)
     if args.json:
         import json
 
-        sys.stdout.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+        doc = report.to_json()
+        if explained is not None:
+            doc["explain"] = explained.to_json()
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     else:
         render_verify(report)
+        if explained is not None:
+            from manifest.cli.render_explain import render_explain
+
+            render_explain(explained)
     return report.exit_code
+
+
+def _explain_after_verify(args: argparse.Namespace, step: int | None) -> ExplainReport:
+    from manifest.explain.pipeline import ExplainOptions, explain_run
+
+    # Past step 1000 the recorded trail is sampled: let explain locate the exact step.
+    options = ExplainOptions(trust=args.trust, in_place=args.in_place, threads=args.threads,
+                             keep=args.keep, step=step if step is not None and step <= 1000
+                             else None)
+    return explain_run(_read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
+                       options=options)
 
 
 def _show_plan(plan: RunPlan, decision: TrustDecision) -> None:

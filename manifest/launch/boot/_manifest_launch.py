@@ -31,6 +31,7 @@ import os
 import random
 import sys
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -285,22 +286,41 @@ def optimizer_fingerprint(optimizer: Any) -> str | None:
     torch = sys.modules["torch"]
     header: list[str] = []
     by_device: dict[str, list[Any]] = {}
+    cache = _state.setdefault("bit_views", {})
     with torch.no_grad():
         for group in optimizer.param_groups:
             for p in group["params"]:
-                t = p.detach()
-                header.append(f"{t.dtype}{list(t.shape)}")
-                if t.numel() == 0 or t.is_sparse or t.is_complex():
-                    continue
-                flat = t.reshape(-1)
-                width = flat.element_size()
-                if width in _INT_VIEW and flat.is_floating_point():
-                    flat = flat.view(getattr(torch, _INT_VIEW[width]))
-                by_device.setdefault(str(flat.device), []).append(flat.sum(dtype=torch.int64))
+                # The flat integer view shares the parameter's storage, so it is
+                # made once and follows in-place updates; a parameter whose
+                # storage was swapped (p.data = …) gets a new one.
+                key = id(p)
+                hit = cache.get(key)
+                if hit is None or hit[0]() is not p or hit[1] != p.data_ptr():
+                    hit = (weakref.ref(p), p.data_ptr(), _bit_view(torch, p.detach()),
+                           f"{p.dtype}{list(p.shape)}")
+                    cache[key] = hit
+                header.append(hit[3])
+                view = hit[2]
+                if view is None and p.numel() and not p.is_contiguous():
+                    view = _bit_view(torch, p.detach().contiguous())  # a copy: not cached
+                if view is not None:
+                    by_device.setdefault(str(view.device), []).append(
+                        view.sum(dtype=torch.int64))
     parts: list[bytes | memoryview] = [json.dumps(header).encode()]
     for device in sorted(by_device):
         parts.append(torch.stack(by_device[device]).cpu().numpy().tobytes())
     return _blake3_hex(parts)
+
+
+def _bit_view(torch: Any, t: Any) -> Any:
+    """A flat integer view of ``t``'s storage (None when it has no such view)."""
+    if t.numel() == 0 or t.is_sparse or t.is_complex() or not t.is_contiguous():
+        return None
+    flat = t.view(-1)
+    width = flat.element_size()
+    if width in _INT_VIEW and flat.is_floating_point():
+        flat = flat.view(getattr(torch, _INT_VIEW[width]))
+    return flat
 
 
 def _keep_point(step: int, mode: Any) -> bool:
