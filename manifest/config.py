@@ -21,6 +21,10 @@ from typing import Any
 
 from manifest.errors import ConfigError
 
+MAX_SEED = 2**53 - 1
+"""The largest seed a manifest records (JSON's exact integer range)."""
+MAX_THREADS = 65536
+
 KNOWN_KEYS = frozenset({"command", "seed", "threads", "data", "outputs", "store", "gate",
                         "deterministic"})
 
@@ -54,7 +58,33 @@ def load_config(start: Path) -> tuple[dict[str, Any], Path | None]:
             f"[tool.manifest] in {path} has unknown key(s): {', '.join(unknown)}.",
             hint=f"Known keys: {', '.join(sorted(KNOWN_KEYS))}.",
         )
+    check_table(table, path)
     return table, path
+
+
+def check_table(table: dict[str, Any], origin: Path | None) -> None:
+    """Refuse wrong types and out-of-range numbers in ``[tool.manifest]``, whichever verb
+    reads it (``gate --no-rerun`` trains nothing but still says the config is wrong)."""
+    where = f"[tool.manifest] in {origin}"
+    for key, low, high in (("seed", 0, MAX_SEED), ("threads", 1, MAX_THREADS)):
+        value = table.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ConfigError(f"{where}: {key} must be an integer from {low} to {high}, "
+                              f"not {str(value)[:40]}.")
+    command = table.get("command")
+    if command is not None and not isinstance(command, str) and not (
+            isinstance(command, list) and all(isinstance(a, str) for a in command)):
+        raise ConfigError(f"{where}: command must be a string or a list of strings.")
+    for key in ("data", "outputs"):
+        string_list(table, key, origin)
+    if "store" in table and not isinstance(table["store"], str):
+        raise ConfigError(f"{where}: store must be a string (a directory).")
+    if "deterministic" in table and not isinstance(table["deterministic"], bool):
+        raise ConfigError(f"{where}: deterministic must be true or false.")
+    if "gate" in table and not isinstance(table["gate"], dict):
+        raise ConfigError(f"{where}: gate must be a table ([tool.manifest.gate]).")
 
 
 def string_list(table: dict[str, Any], key: str, origin: Path | None, *,

@@ -160,6 +160,11 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
     rnd, det, out = [], [], []
     for r in records:
         rank = int(r["rank"])
+        seed = r.get("seed")
+        if isinstance(seed, int) and not 0 <= seed <= 2**53 - 1:
+            raise UsageError(
+                f"rank {rank}'s seed {seed} (base + rank, --per-rank-seed) is above 2**53-1, "
+                "the largest seed a manifest records.", hint="Choose a smaller --seed.")
         rnd.append(ProcessRandomness(rank=rank, seed=r.get("seed"),
                                      at_start=_fingerprints(r.get("at_start"))))
         flags = r.get("flags")
@@ -269,8 +274,9 @@ def _config_int(table: dict[str, Any], key: str, origin: Path | None) -> int | N
     value = table.get(key)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"[tool.manifest] {key} in {origin} must be a non-negative integer.")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 2**53 - 1:
+        raise ConfigError(f"[tool.manifest] {key} in {origin} must be an integer from 0 to "
+                          "2**53-1.")
     return value
 
 

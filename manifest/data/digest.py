@@ -133,6 +133,9 @@ def _result_reason(res: FileResult) -> str:
         return "was removed while the dataset was being hashed"
     if res.status == Status.CHANGED:
         return f"kept changing while it was being hashed ({ATTEMPTS} attempts)"
+    if res.status == Status.SIZE_MISMATCH:
+        return ("is not a plain file: reading it gives another length than its size says "
+                "(a /proc or /sys pseudo-file)")
     if res.errno in (errno.EPERM, errno.EACCES):
         return "permission denied"
     return os.strerror(res.errno).lower()

@@ -70,6 +70,8 @@ class Status(IntEnum):
     """open/read failed (``errno`` says why)."""
     CHANGED = 5
     """Not the same regular file before and after reading it."""
+    SIZE_MISMATCH = 6
+    """Reading gave another length than ``st_size`` while stat stayed the same (pseudo-files)."""
 
 
 class FileResult(NamedTuple):
@@ -224,6 +226,12 @@ def retry_changed(path: bytes, res: FileResult) -> FileResult:
     for attempt in range(1, ATTEMPTS):
         if res.status != Status.CHANGED:
             return res
+        key, failed = lstat_file(path)
+        if key is not None and key == res.key:
+            # stat says nothing changed, yet the read did not give st_size bytes:
+            # a file whose size lies (/proc, /sys report 4096 or 0). Sleeping and
+            # reading again cannot help (it cost 0.15 s per file, minutes on /sys).
+            return FileResult(Status.SIZE_MISMATCH, key, None)
         time.sleep(0.05 * attempt)
         key, failed = lstat_file(path)
         res = failed or hash_buffered(path, key or StatKey(0, 0, 0, 0, 0))
