@@ -41,7 +41,7 @@ def verify_vs_bare(runs: int, tmp: Path) -> None:
     subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*GIT, "commit", "-qm", "bench"], cwd=repo, check=True)
     py = sys.executable
-    cap = subprocess.run([py, "-m", "manifest", "capture", "-q", "--output", "out/*.safetensors",
+    cap = subprocess.run([py, "-m", "manifest", "capture", "-q", "--artifact", "out/*.safetensors",
                           "--", "python", "train.py"], cwd=repo, check=True,
                          capture_output=True)
     (repo / "run.json").write_bytes(cap.stdout)

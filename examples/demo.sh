@@ -6,11 +6,11 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "== capture (seed 1)" >&2
-manifest capture --seed 1 --output 'out/*.safetensors' -- python examples/train.py > "$work/seed1.json"
+manifest capture --seed 1 --artifact 'out/*.safetensors' -- python examples/train.py > "$work/seed1.json"
 echo "== verify" >&2
 manifest verify "$work/seed1.json"
 echo "== capture (seed 2)" >&2
-manifest capture --seed 2 --output 'out/*.safetensors' -- python examples/train.py > "$work/seed2.json"
+manifest capture --seed 2 --artifact 'out/*.safetensors' -- python examples/train.py > "$work/seed2.json"
 echo "== diff" >&2
 status=0
 manifest diff "$work/seed1.json" "$work/seed2.json" || status=$?

@@ -5,7 +5,7 @@ capture`` the launcher seeds every generator before this code runs, and
 ``manifest verify`` re-runs it under the same seed. Works under torchrun
 (gloo on CPU): each rank trains on its shard and gradients are averaged.
 
-    manifest capture --seed 0 --output 'out/*.safetensors' -- python examples/train.py
+    manifest capture --seed 0 --artifact 'out/*.safetensors' -- python examples/train.py
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def capture(repo: Path, *extra: str, command: list[str] | None = None,
             outputs: str = "out/*.safetensors", name: str = "run.json",
             expect: int = 0) -> tuple[Path, dict[str, Any]]:
     cmd = command or ["python", "train.py", "--steps", "20"]
-    proc = manifest_cli("capture", "--output", outputs, *extra, "--", *cmd, cwd=repo)
+    proc = manifest_cli("capture", "--artifact", outputs, *extra, "--", *cmd, cwd=repo)
     assert proc.returncode == expect, proc.stderr.decode()
     path = repo / name
     path.write_bytes(proc.stdout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,18 @@ EXAMPLE = REPO / "examples" / "gate_repo"
 
 def gate(repo: Path, *args: str, env: dict[str, str] | None = None
          ) -> tuple[int, dict[str, Any], str]:
-    proc = manifest_cli("gate", "--json", *args, cwd=repo, env=env)
-    stderr = proc.stderr.decode()
-    assert "Traceback" not in stderr, stderr
-    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    return proc.returncode, report, stderr
+    """Run the gate; returns its exit status, the JSON report and the human text.
+
+    The human report goes to stdout and the JSON report to --json-file, both
+    from the same run: the text returned is stdout followed by stderr.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        report_file = Path(scratch) / "report.json"
+        proc = manifest_cli("gate", "--json-file", str(report_file), *args, cwd=repo, env=env)
+        stderr = proc.stderr.decode()
+        assert "Traceback" not in stderr, stderr
+        report = json.loads(report_file.read_bytes()) if report_file.exists() else {}
+    return proc.returncode, report, proc.stdout.decode() + stderr
 
 
 def checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -260,7 +268,7 @@ def test_pre_commit_entry_warns_on_unpinned_threads(work: Path) -> None:
     proc = manifest_cli("gate", "--no-rerun", "--warn-hygiene", "manifests/baseline.json",
                         cwd=work)
     assert proc.returncode == 0, proc.stderr.decode()
-    assert "warning: the thread count is not pinned" in proc.stderr.decode()
+    assert "warning: the thread count is not pinned" in proc.stdout.decode()
 
 
 def test_training_crash_is_no_verdict(work: Path) -> None:

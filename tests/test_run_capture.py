@@ -176,7 +176,7 @@ def test_failed_command_still_writes_a_manifest_marked_failed(tmp_path: Path) ->
 
 def test_missing_declared_output_is_a_failed_run(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", {"noop.py": "pass\n"}, example=False)
-    proc = manifest_cli("capture", "--output", "out/*.pt", "--", "python", "noop.py", cwd=repo)
+    proc = manifest_cli("capture", "--artifact", "out/*.pt", "--", "python", "noop.py", cwd=repo)
     assert proc.returncode == 3
     doc = json.loads(proc.stdout)
     assert "matched no file" in doc["outputs"]["error"]

@@ -243,7 +243,7 @@ def test_manifest_without_commit_needs_in_place(tmp_path: Path) -> None:
     plain.mkdir()
     (plain / "w.py").write_text("import pathlib\npathlib.Path('out').mkdir(exist_ok=True)\n"
                                 "pathlib.Path('out/x.bin').write_bytes(b'x')\n")
-    proc = manifest_cli("capture", "--output", "out/*.bin", "--", "python", "w.py", cwd=plain)
+    proc = manifest_cli("capture", "--artifact", "out/*.bin", "--", "python", "w.py", cwd=plain)
     assert proc.returncode == 0, proc.stderr.decode()
     (plain / "run.json").write_bytes(proc.stdout)
     code, _, stderr = verify(plain, plain / "run.json", "--trust")

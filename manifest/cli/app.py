@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from manifest import __version__
+from manifest.cli.options import (
+    ReportFormat,
+    add_format_option,
+    add_verbosity_options,
+)
 from manifest.errors import (
     EXIT_BAD_INPUT,
     EXIT_NO_VERDICT,
@@ -66,6 +71,10 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     command = list(args.command or [])
     if command and command[0] == "--":
         command = command[1:]
+    if args.old_outputs:
+        _note("--output GLOB is deprecated (it was easy to mistake for the manifest file); "
+              "use --artifact GLOB.")
+    artifacts = (args.artifacts or []) + (args.old_outputs or [])
     from manifest.capture.run import capture_from_cli
 
     manifest, exit_code = capture_from_cli(
@@ -73,7 +82,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         command=command,
         seed=args.seed,
         data=args.data,
-        outputs=args.outputs,
+        outputs=artifacts or None,
         threads=args.threads,
         deterministic=not args.no_deterministic,
         store_dir=args.store,
@@ -87,9 +96,18 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         from manifest.cli.render import capture_notes
         from manifest.cli.text import printable
 
-        for note in capture_notes(manifest):
-            sys.stderr.write(f"manifest: note: {printable(note)}\n")
+        for note in capture_notes(manifest, verbose=args.verbose):
+            _note(printable(note))
+    if exit_code and manifest.outputs is not None:
+        from manifest.cli.render import capture_failure
+        from manifest.cli.text import printable
+
+        sys.stderr.write(f"manifest: {printable(capture_failure(manifest.outputs))}\n")
     return exit_code
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"manifest: note: {text}\n")
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -97,7 +115,20 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from manifest.cli.render import render_show
 
     manifest = load_manifest(_read_manifest_file(args.file))
-    render_show(manifest)
+    if args.format is ReportFormat.JSON:
+        import json
+
+        doc = manifest.model_dump(mode="json", by_alias=True, exclude_none=False)
+        text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+        _write_output(text.encode(), None)
+    elif args.format is ReportFormat.MARKDOWN:
+        from manifest.cli.render import show_rows
+        from manifest.cli.render_markdown import show_markdown
+
+        _write_output(show_markdown(show_rows(manifest), run_id=manifest.run_id,
+                                    digest=manifest.digest).encode(), None)
+    else:
+        render_show(manifest)
     return 0
 
 
@@ -131,8 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--seed", type=_seed, default=None, help="base seed (default: config or 0)")
     cap.add_argument("--data", action="append", default=None, metavar="[NAME=]PATH",
                      help="dataset to digest (repeatable)")
-    cap.add_argument("--output", dest="outputs", action="append", default=None, metavar="GLOB",
-                     help="artifact glob to digest after the run (repeatable)")
+    cap.add_argument("--artifact", dest="artifacts", action="append", default=None,
+                     metavar="GLOB",
+                     help="file(s) the run writes, to digest after it (repeatable; weight files "
+                     "also get a per-tensor table)")
+    cap.add_argument("--output", dest="old_outputs", action="append", default=None,
+                     metavar="GLOB", help="deprecated spelling of --artifact")
     cap.add_argument("--threads", type=_positive, default=None,
                      help="pin the torch/OpenMP thread count (default: the count in force)")
     cap.add_argument("--no-deterministic", action="store_true",
@@ -141,16 +176,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seed each rank with base + RANK (default: every rank gets the base)")
     cap.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
     cap.add_argument("--no-cache", action="store_true", help="re-read every data file")
-    cap.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    add_verbosity_options(cap)
     cap.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
     cap.set_defaults(func=_cmd_capture)
 
-    show = sub.add_parser("show", help="print a readable summary of a manifest")
+    show = sub.add_parser(
+        "show", help="print a readable summary of a manifest",
+        description="Check a manifest's digest and print its facts: code, data, environment, "
+        "hardware, randomness, determinism, command, outputs and the compute record.")
     show.add_argument("file", help="manifest file ('-' for stdin)")
+    add_format_option(show, what="the summary (json: the whole manifest, indented)")
     show.set_defaults(func=_cmd_show)
 
-    schema = sub.add_parser("schema", help="print the JSON Schema of the manifest")
-    schema.add_argument("-o", "--out", dest="output", metavar="FILE")
+    schema = sub.add_parser(
+        "schema", help="print the JSON Schema of the manifest",
+        description="Print the JSON Schema (draft 2020-12) generated from the manifest's models.")
+    schema.add_argument("-o", "--out", dest="output", metavar="FILE",
+                        help="write the schema here (atomically) instead of stdout")
     schema.set_defaults(func=_cmd_schema)
 
     for register in _EXTRA_VERBS:
@@ -181,12 +223,15 @@ def _positive(text: str) -> int:
 
 
 def _register_hash(sub: argparse._SubParsersAction[_Parser]) -> None:
-    p = sub.add_parser("hash", help="print the blake3 digest of a file or directory tree")
-    p.add_argument("path")
+    p = sub.add_parser(
+        "hash", help="print the blake3 digest of a file or directory tree",
+        description="Print a dataset's root: plain BLAKE3 of a file, or BLAKE3 (derive-key "
+        "mode) of a directory's listing; the same root capture --data records.")
+    p.add_argument("path", help="file or directory to digest")
     p.add_argument("--no-cache", action="store_true", help="re-read every file")
     p.add_argument("--store", metavar="DIR", help="cache location (default: <repo>/.manifest)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    p.add_argument("--json", action="store_true", help="print the dataset entry as JSON")
+    add_format_option(p, what="the root (table: the root alone; json: the dataset entry)")
     p.set_defaults(func=_cmd_hash)
 
 
@@ -196,7 +241,11 @@ def _cmd_hash(args: argparse.Namespace) -> int:
     if not args.path:  # Path("") is the current directory
         raise UsageError("manifest hash: the path is empty; name a file or directory.")
     text = hash_from_cli(Path(args.path), no_cache=args.no_cache, store_dir=args.store,
-                         quiet=args.quiet, as_json=args.json)
+                         quiet=args.quiet, as_json=args.format is not ReportFormat.TABLE)
+    if args.format is ReportFormat.MARKDOWN:
+        from manifest.cli.render_markdown import hash_markdown
+
+        text = hash_markdown(text).rstrip("\n")
     sys.stdout.write(text + "\n")
     return 0
 
@@ -211,7 +260,7 @@ def _register_diff(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     p.add_argument("a", metavar="A.json", help="first manifest ('-' for stdin)")
     p.add_argument("b", metavar="B.json", help="second manifest ('-' for stdin)")
-    p.add_argument("--json", action="store_true", help="print the diff as JSON")
+    add_format_option(p, what="the differences")
     p.add_argument("--only", choices=["bits", "benign"], help="list only these differences")
     p.add_argument("--all", action="store_true", help="do not fold long runs of similar rows")
     p.set_defaults(func=_cmd_diff)
@@ -233,10 +282,15 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     b = load_for_diff(_read_manifest_file(args.b), name=args.b)
     result = diff_manifests(a, b)
     only = None if args.only is None else Impact(args.only)
-    if args.json:
+    if args.format is ReportFormat.JSON:
         from manifest.cli.render_diff import diff_json_bytes
 
         _write_output(diff_json_bytes(result, a_file=args.a, b_file=args.b, only=only), None)
+    elif args.format is ReportFormat.MARKDOWN:
+        from manifest.cli.render_markdown import diff_markdown
+
+        _write_output(diff_markdown(result, a_file=args.a, b_file=args.b, only=only).encode(),
+                      None)
     else:
         from manifest.cli.render_diff import render_diff
 
@@ -273,7 +327,7 @@ def _register_verify(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--no-cache", action="store_true", help="re-read every data file")
     p.add_argument("--explain", action="store_true",
                    help="when the outputs differ, explain where (see 'manifest explain')")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_format_option(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_verify)
 
@@ -293,13 +347,27 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     explained = None
     if args.explain and report.verdict == "differs":
         explained = _explain_after_verify(args, report.first_divergent_step)
-    if args.json:
+    if args.format is ReportFormat.JSON:
         import json
 
         doc = report.to_json()
         if explained is not None:
             doc["explain"] = explained.to_json()
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    elif args.format is ReportFormat.MARKDOWN:
+        from manifest.cli.render_markdown import verify_markdown
+
+        sys.stdout.write(verify_markdown(report))
+        if explained is not None:
+            import io
+
+            from manifest.cli.render_explain import render_explain
+            from manifest.cli.render_markdown import text_markdown
+
+            text = io.StringIO()
+            render_explain(explained, text)
+            sys.stdout.write("\n" + text_markdown(f"Explain: {explained.verdict}",
+                                                   text.getvalue()))
     else:
         render_verify(report)
         if explained is not None:
@@ -334,8 +402,8 @@ def _register_gate(sub: argparse._SubParsersAction[_Parser]) -> None:
         "gate", help="the pre-merge reproducibility check (determinism, baseline, hygiene)",
         description="Capture the smoke training from [tool.manifest], re-run it once, compare "
         "it with the committed baseline, and check the project's hygiene; policy from "
-        "[tool.manifest.gate]. Human report on stderr; Markdown summary appended to "
-        "$GITHUB_STEP_SUMMARY when set.",
+        "[tool.manifest.gate]. The report goes to stdout (--format); the Markdown summary is "
+        "also appended to $GITHUB_STEP_SUMMARY when set.",
         epilog="Exit status: 0 pass, 1 a check failed, 2 bad config or input, 3 no verdict.")
     p.add_argument("files", nargs="*", metavar="MANIFEST",
                    help="with --no-rerun: manifests to validate (default: the baseline and "
@@ -346,9 +414,11 @@ def _register_gate(sub: argparse._SubParsersAction[_Parser]) -> None:
                    help="rewrite the baseline (atomically) with this run if it is deterministic")
     p.add_argument("--warn-hygiene", action="store_true",
                    help="report hygiene problems as warnings, not failures (pre-commit)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    add_format_option(p)
+    p.add_argument("--json-file", metavar="FILE",
+                   help="also write the JSON report to FILE (atomically), e.g. for a CI artifact")
     p.add_argument("-q", "--quiet", action="store_true",
-                   help="no report on stderr (the exit status and --json still say it)")
+                   help="no report and no progress (the exit status and --json-file still say it)")
     p.set_defaults(func=_cmd_gate)
 
 
@@ -362,10 +432,16 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     report = run_gate(Path.cwd(), GateOptions(
         no_rerun=args.no_rerun, update_baseline=args.update_baseline,
         files=tuple(args.files), warn_hygiene=args.warn_hygiene, quiet=args.quiet))
-    if not args.quiet:
-        render_gate(report, sys.stderr)
-    if args.json:
+    if args.json_file:
+        _write_output(gate_json_bytes(report), args.json_file)
+    if args.format is ReportFormat.JSON:
         _write_output(gate_json_bytes(report), None)
+    elif args.quiet:
+        pass
+    elif args.format is ReportFormat.MARKDOWN:
+        _write_output(gate_markdown(report).encode(), None)
+    else:
+        render_gate(report, sys.stdout)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         try:

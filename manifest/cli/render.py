@@ -6,7 +6,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from manifest.cli.text import make_console, markup, shell_join
-from manifest.models import Manifest
+from manifest.models import Manifest, Outputs
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -16,6 +16,51 @@ if TYPE_CHECKING:
 
 def _console(file: TextIO | None = None) -> Console:
     return make_console(file)
+
+
+def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
+    """(section, fact, value) rows of ``manifest show``, in every format."""
+    rows: list[tuple[str, str, str]] = []
+
+    def add(section: str, fact: str, value: str) -> None:
+        rows.append((section, fact, value))
+
+    code = manifest.code
+    add("code", "commit", code.commit or f"- ({code.unavailable.get('commit', '')})")
+    add("", "dirty", str(code.dirty))
+    if code.diff_digest:
+        add("", "diff", code.diff_digest)
+    for name, digest in code.lockfiles.items():
+        add("", f"lockfile {name}", digest)
+    for ds in manifest.data:
+        add("data", ds.name, f"{ds.root} ({ds.files} files, {ds.bytes} bytes)")
+    env = manifest.env
+    add("env", "python", f"{env.implementation} {env.python}")
+    add("", "torch", env.torch or "-")
+    add("", "torch CUDA build", env.torch_cuda or "-")
+    add("", "cuDNN / NCCL", f"{env.cudnn or '-'} / {env.nccl or '-'}")
+    add("", "packages", f"{len(env.packages)} ({env.packages_digest})")
+    for key, value in env.variables.items():
+        add("", key, value)
+    hw = manifest.hardware
+    gpus = ", ".join(g.name for g in hw.gpus) if hw.gpus else f"- ({hw.unavailable.get('gpus')})"
+    add("hardware", "GPUs", gpus)
+    add("", "CPU", hw.cpu_model or "-")
+    add("", "ISA", " ".join(hw.cpu_isa) or "-")
+    rnd, det = manifest.randomness, manifest.determinism
+    add("randomness", "seed", "-" if rnd.seed is None else str(rnd.seed))
+    add("determinism", "enforced", str(det.requested))
+    add("", "threads", "-" if det.num_threads is None else str(det.num_threads))
+    if manifest.command:
+        add("command", "argv", shell_join(list(manifest.command.argv)))
+    if manifest.outputs:
+        out = manifest.outputs
+        add("outputs", "status", f"{out.status} (exit {out.exit_code})")
+        for art in out.artifacts:
+            n = len(art.tensors) if art.tensors is not None else 0
+            add("", art.path, f"{art.format}, {n} tensors, {art.digest}")
+    add("observed", "captured", manifest.observed.started_at)
+    return rows
 
 
 def render_show(manifest: Manifest, file: TextIO | None = None) -> None:
@@ -29,46 +74,9 @@ def render_show(manifest: Manifest, file: TextIO | None = None) -> None:
     table.add_column("section")
     table.add_column("fact")
     table.add_column("value", overflow="fold")
-
-    def add_row(section: str, fact: object, value: object) -> None:
+    for section, fact, value in show_rows(manifest):
         # Every recorded string is text, never markup or terminal control.
         table.add_row(section, markup(fact), markup(value))
-
-    code = manifest.code
-    add_row("code", "commit", code.commit or f"- ({code.unavailable.get('commit', '')})")
-    add_row("", "dirty", str(code.dirty))
-    if code.diff_digest:
-        add_row("", "diff", code.diff_digest)
-    for name, digest in code.lockfiles.items():
-        add_row("", f"lockfile {name}", digest)
-    for ds in manifest.data:
-        add_row("data", ds.name, f"{ds.root} ({ds.files} files, {ds.bytes} bytes)")
-    env = manifest.env
-    add_row("env", "python", f"{env.implementation} {env.python}")
-    add_row("", "torch", env.torch or "-")
-    add_row("", "torch CUDA build", env.torch_cuda or "-")
-    add_row("", "cuDNN / NCCL", f"{env.cudnn or '-'} / {env.nccl or '-'}")
-    add_row("", "packages", f"{len(env.packages)} ({env.packages_digest})")
-    for key, value in env.variables.items():
-        add_row("", key, value)
-    hw = manifest.hardware
-    gpus = ", ".join(g.name for g in hw.gpus) if hw.gpus else f"- ({hw.unavailable.get('gpus')})"
-    add_row("hardware", "GPUs", gpus)
-    add_row("", "CPU", hw.cpu_model or "-")
-    add_row("", "ISA", " ".join(hw.cpu_isa) or "-")
-    rnd, det = manifest.randomness, manifest.determinism
-    add_row("randomness", "seed", "-" if rnd.seed is None else str(rnd.seed))
-    add_row("determinism", "enforced", str(det.requested))
-    add_row("", "threads", "-" if det.num_threads is None else str(det.num_threads))
-    if manifest.command:
-        add_row("command", "argv", shell_join(list(manifest.command.argv)))
-    if manifest.outputs:
-        out = manifest.outputs
-        add_row("outputs", "status", f"{out.status} (exit {out.exit_code})")
-        for art in out.artifacts:
-            n = len(art.tensors) if art.tensors is not None else 0
-            add_row("", art.path, f"{art.format}, {n} tensors, {art.digest}")
-    add_row("observed", "captured", manifest.observed.started_at)
     console.print(table)
 
 
@@ -133,11 +141,18 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
         console.print("step trails agree at every recorded step")
 
 
-def capture_notes(manifest: Manifest) -> list[str]:
+NO_DRIVER = "no NVIDIA driver"
+"""The GPU reason on a machine without an NVIDIA driver: the normal case on a CPU box."""
+
+
+def capture_notes(manifest: Manifest, *, verbose: bool = False) -> list[str]:
     """One sentence per fact a capture could not record or the user should know.
 
     The CLI prints these to stderr (``manifest: note: …``); the manifest
     itself carries the same reasons in each section's ``unavailable`` map.
+    A fact that is missing because the machine simply has none of it (no
+    NVIDIA driver on a CPU machine) is the normal case there: noted only
+    with ``verbose``.
     """
     notes: list[str] = []
     code = manifest.code
@@ -175,8 +190,19 @@ def capture_notes(manifest: Manifest) -> list[str]:
     missing: list[str] = []
     if manifest.env.torch is None:
         missing.append(f"torch ({manifest.env.unavailable.get('torch', 'not found')})")
-    if manifest.hardware.gpus is None:
+    gpu_reason = manifest.hardware.unavailable.get("gpus", "not found")
+    if manifest.hardware.gpus is None and (verbose or NO_DRIVER not in gpu_reason):
         missing.append(f"GPUs ({manifest.hardware.unavailable.get('gpus', 'not found')})")
     if missing:
         notes.append(f"recorded as null: {'; '.join(missing)}.")
     return notes
+
+
+def capture_failure(outputs: Outputs) -> str:
+    """The one sentence ``capture`` prints on stderr when it exits 3 (no complete run)."""
+    first = (outputs.error or "").strip().splitlines()
+    reason = first[-1].rstrip(".") if first else "no reason recorded"
+    if outputs.exit_code not in (None, 0):
+        return (f"the command failed with exit status {outputs.exit_code} ({reason}); "
+                "the manifest records the failure.")
+    return f"the run is incomplete: {reason}; the manifest records it."
