@@ -19,7 +19,7 @@ from tests.runs import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "manifest_v1.json"
 
-REPORTING = {"show", "hash", "diff", "verify", "gate"}
+REPORTING = {"show", "hash", "diff", "verify", "gate", "explain"}
 """Verbs that print a report (as opposed to a document such as a manifest or a schema)."""
 
 

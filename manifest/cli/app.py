@@ -471,7 +471,7 @@ def _register_explain(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--in-place", action="store_true",
                    help="run in the current tree instead of a scratch clone")
     p.add_argument("--keep", action="store_true", help="keep the scratch tree and op streams")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_format_option(p)
     p.set_defaults(func=_cmd_explain)
 
 
@@ -484,10 +484,18 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                              keep=args.keep, step=args.step)
     report = explain_run(_read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
                          options=options, announce=render_command)
-    if args.json:
+    if args.format is ReportFormat.JSON:
         import json
 
         sys.stdout.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+    elif args.format is ReportFormat.MARKDOWN:
+        import io
+
+        from manifest.cli.render_markdown import text_markdown
+
+        text = io.StringIO()
+        render_explain(report, text)
+        sys.stdout.write(text_markdown(f"Explain: {report.verdict}", text.getvalue()))
     else:
         render_explain(report)
     return report.exit_code

@@ -92,3 +92,9 @@ def hash_markdown(entry_json: str) -> str:
     entry = json.loads(entry_json)
     rows = [(str(k), str(v)) for k, v in entry.items() if v is not None]
     return "\n".join(table(("field", "value"), rows)) + "\n"
+
+
+def text_markdown(title: str, text: str) -> str:
+    """A heading and a plain-text report in a fence (for verbs whose report is prose)."""
+    fence = "````" if "```" in text else "```"
+    return f"## {title}\n\n{fence}text\n{text.rstrip()}\n{fence}\n"
