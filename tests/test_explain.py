@@ -135,3 +135,54 @@ def test_verify_explain_names_the_step_verify_found(noisy: tuple[Path, Path]) ->
     assert doc["first_divergent_step"] == 3
     assert doc["explain"]["first_step"] == 3
     assert doc["explain"]["findings"][0]["kind"] == "input-from-outside"
+
+
+# A model whose forward aggregates with index_add_ on CUDA: atomic adds in an
+# order the scheduler picks, unless the deterministic switch is on.
+INDEX_ADD = """
+import torch
+from torch import nn
+
+
+class Scatter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x, index):
+        h = self.proj(x)
+        out = torch.zeros(256, 64, device=x.device)
+        return out.index_add_(0, index, h)  # INDEX_ADD
+
+
+model = Scatter().cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(200_000, 64, device="cuda")
+index = torch.randint(0, 256, (200_000,), device="cuda")
+for _ in range(3):
+    loss = model(x, index).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.gpu
+def test_cuda_index_add_is_named_without_the_recipe_and_not_with_it(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"scatter.py": INDEX_ADD}, example=False)
+    loose, _ = capture(repo, "--no-deterministic", command=["python", "scatter.py"],
+                       outputs="scatter.py", name="loose.json")
+    code, report, stderr = explain(repo, loose)
+    assert code == 1, stderr
+    assert report["cause"] == "nondeterminism"
+    finding = report["findings"][0]
+    assert finding["op"].startswith("aten::index_add")
+    assert finding["module"] == "" and finding["module_type"] == "Scatter"
+    assert finding["where"] == f"scatter.py:{line_of(INDEX_ADD, '# INDEX_ADD')}"
+    assert finding["listed_nondeterministic"] is True
+    strict, _ = capture(repo, command=["python", "scatter.py"], outputs="scatter.py",
+                        name="strict.json")
+    code, report, stderr = explain(repo, strict)
+    assert code == 0, stderr
+    assert report["verdict"] == "agree"
