@@ -11,6 +11,7 @@ Recognised keys (all optional)::
     store = ".manifest"
 
     [tool.manifest.gate]               # see manifest.gate.checks
+    [tool.manifest.trust]              # see manifest.travel.policy
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ MAX_SEED = 2**53 - 1
 MAX_THREADS = 65536
 
 KNOWN_KEYS = frozenset({"command", "seed", "threads", "data", "outputs", "store", "gate",
-                        "deterministic"})
+                        "deterministic", "trust"})
 
 
 def find_pyproject(start: Path) -> Path | None:

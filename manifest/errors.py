@@ -8,11 +8,13 @@ stderr and exits with ``exit_code``; nothing else is ever shown.
     ├── UsageError                bad option or argument (exit 2)
     ├── InvalidManifestError      not JSON, NaN, duplicate keys, wrong types (exit 2)
     │   ├── UnsupportedSchemaError    unknown schema version (exit 2)
-    │   └── TamperedManifestError     run_id or digest does not match (exit 2)
+    │   ├── TamperedManifestError     run_id or digest does not match (exit 2)
+    │   └── SignatureError            a signature or pack that does not check out (exit 2)
     ├── OutputError               cannot write where asked (exit 2)
     ├── DataError                 dataset path missing/unreadable (exit 2)
     ├── ConfigError               bad [tool.manifest] in pyproject.toml (exit 2)
     ├── UntrustedManifestError    verify refuses to run code without --trust (exit 2)
+    │   └── UntrustedSignerError      a valid signature by a signer the policy does not list
     └── NoVerdictError            a verdict could not be reached (exit 3)
 """
 
@@ -57,6 +59,10 @@ class TamperedManifestError(InvalidManifestError):
     pass
 
 
+class SignatureError(InvalidManifestError):
+    pass
+
+
 class OutputError(ManifestError):
     pass
 
@@ -70,6 +76,10 @@ class ConfigError(ManifestError):
 
 
 class UntrustedManifestError(ManifestError):
+    pass
+
+
+class UntrustedSignerError(UntrustedManifestError):
     pass
 
 

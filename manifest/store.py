@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import blake3
@@ -150,3 +151,19 @@ class BlobWriter:
             self._fh.close()
         with contextlib.suppress(OSError):
             os.unlink(self._tmp)
+
+
+class OverlayStore(BlobStore):
+    """The local store, read with a fallback to blobs that arrived in a checked pack.
+
+    Writes still go to the local store; the pack's blobs are never copied there,
+    so a pack leaves nothing behind in the user's repository.
+    """
+
+    def __init__(self, root: Path, extra: Mapping[str, bytes]) -> None:
+        super().__init__(root)
+        self.extra = dict(extra)
+
+    def get(self, digest: str) -> bytes | None:
+        data = super().get(digest)
+        return self.extra.get(digest) if data is None else data

@@ -30,6 +30,7 @@ from manifest.errors import (
 
 if TYPE_CHECKING:
     from manifest.explain.pipeline import ExplainReport
+    from manifest.travel.sign import SignatureCheck
     from manifest.verify.trust import RunPlan, TrustDecision
 
 
@@ -64,10 +65,10 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     from manifest.canonical import dumps
 
     cwd = Path.cwd()
-    if args.output and args.output != "-":
-        parent = Path(args.output).parent
-        if not parent.is_dir():
-            raise OutputError(f"cannot write {args.output}: directory {parent} does not exist.")
+    for target in (args.output, args.pack):
+        if target and target != "-" and not Path(target).parent.is_dir():
+            raise OutputError(f"cannot write {target}: directory {Path(target).parent} "
+                              "does not exist.")
     command = list(args.command or [])
     if command and command[0] == "--":
         command = command[1:]
@@ -92,6 +93,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         manifest_file=Path(args.output) if args.output and args.output != "-" else None,
     )
     _write_output(dumps(manifest), args.output)
+    if args.pack:
+        _write_pack(dumps(manifest), args.pack, cwd)
     if not args.quiet:
         from manifest.cli.render import capture_notes
         from manifest.cli.text import printable
@@ -114,7 +117,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from manifest.canonical import load_manifest
     from manifest.cli.render import render_show
 
-    manifest = load_manifest(_read_manifest_file(args.file))
+    data = _read_manifest_file(args.file)
+    manifest = load_manifest(_unpacked(data))
+    check = _signature_check(args.file, data, args.signature, accept_untrusted=True)
     if args.format is ReportFormat.JSON:
         import json
 
@@ -129,6 +134,13 @@ def _cmd_show(args: argparse.Namespace) -> int:
                                     digest=manifest.digest).encode(), None)
     else:
         render_show(manifest)
+    if check is not None:
+        from manifest.verify.trust import escape_text
+
+        trusted = "trusted by your policy" if check.trusted else "not in your trust policy"
+        line = f"signed by {escape_text(check.signer)} ({check.method}; {trusted})\n"
+        # Beside a JSON or Markdown document the line goes to stderr, keeping stdout parseable.
+        (sys.stdout if args.format is ReportFormat.TABLE else sys.stderr).write(line)
     return 0
 
 
@@ -175,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--per-rank-seed", action="store_true",
                      help="seed each rank with base + RANK (default: every rank gets the base)")
     cap.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
+    cap.add_argument("--pack", metavar="FILE",
+                     help="also write a pack (manifest + its blobs) here, see 'manifest pack'")
     cap.add_argument("--no-cache", action="store_true", help="re-read every data file")
     add_verbosity_options(cap)
     cap.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
@@ -182,9 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser(
         "show", help="print a readable summary of a manifest",
-        description="Check a manifest's digest and print its facts: code, data, environment, "
-        "hardware, randomness, determinism, command, outputs and the compute record.")
-    show.add_argument("file", help="manifest file ('-' for stdin)")
+        description="Check a manifest's digest (and its signature, if any) and print its facts: "
+        "code, data, environment, hardware, randomness, determinism, command, outputs and the "
+        "compute record.")
+    show.add_argument("file", help="manifest file or pack ('-' for stdin)")
+    show.add_argument("--signature", metavar="FILE",
+                      help="signature to check (default: FILE.sig, or the pack's own)")
     add_format_option(show, what="the summary (json: the whole manifest, indented)")
     show.set_defaults(func=_cmd_show)
 
@@ -278,8 +295,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     import gc
 
     gc.disable()
-    a = load_for_diff(_read_manifest_file(args.a), name=args.a)
-    b = load_for_diff(_read_manifest_file(args.b), name=args.b)
+    a = load_for_diff(_unpacked(_read_manifest_file(args.a)), name=args.a)
+    b = load_for_diff(_unpacked(_read_manifest_file(args.b)), name=args.b)
     result = diff_manifests(a, b)
     only = None if args.only is None else Impact(args.only)
     if args.format is ReportFormat.JSON:
@@ -304,7 +321,10 @@ def _register_verify(sub: argparse._SubParsersAction[_Parser]) -> None:
         description="Check a manifest's integrity, environment drift and data; re-run its "
         "command in a scratch clone under the recorded seeds and flags; compare the outputs "
         "tensor by tensor. Exit 0 identical, 1 differs, 2 bad input, 3 no verdict.")
-    p.add_argument("file", help="manifest file ('-' for stdin)")
+    p.add_argument("file", help="manifest file or pack ('-' for stdin)")
+    p.add_argument("--signature", metavar="FILE",
+                   help="signature to check (default: FILE.sig, or the pack's own); a valid "
+                   "signature by a signer your trust policy lists stands in for --trust")
     p.add_argument("--strict", action="store_true",
                    help="refuse to re-run when the environment or data drifted in a way "
                    "that can change bits")
@@ -336,13 +356,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from manifest.cli.render import render_command, render_verify
     from manifest.verify.pipeline import VerifyOptions, verify_run
 
+    data = _read_manifest_file(args.file)
+    check = _signature_check(args.file, data, args.signature, accept_untrusted=args.trust)
+    if check is not None and not args.quiet:
+        note = "" if check.trusted else " (not in your trust policy; running under --trust)"
+        from manifest.verify.trust import escape_text
+
+        sys.stderr.write(f"manifest: signed by {escape_text(check.signer)}{note}\n")
     options = VerifyOptions(strict=args.strict, trust=args.trust, in_place=args.in_place,
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
                             no_cache=args.no_cache, quiet=args.quiet, network=args.network,
-                            sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox)
+                            sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
+                            signer=check.signer if check is not None and check.trusted else None)
     if args.no_sandbox and args.require_sandbox:
         raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
-    report = verify_run(_read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
+    report = verify_run(data, file=args.file, cwd=Path.cwd(),
                         options=options, announce=render_command, show_plan=_show_plan)
     explained = None
     if args.explain and report.verdict == "differs":
@@ -501,8 +529,151 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+
+# ------------------------------------------------- a run that travels (issue 12)
+# pack, sign, attest; show/diff/verify/gate read packs. Library: manifest.travel.
+
+
+def _unpacked(data: bytes) -> bytes:
+    """The manifest bytes of a manifest file or a (checked) pack."""
+    from manifest.travel.pack import manifest_bytes_of
+
+    return manifest_bytes_of(data)
+
+
+def _signature_check(file: str, data: bytes, explicit: str | None, *,
+                     accept_untrusted: bool) -> SignatureCheck | None:
+    from manifest.travel.sign import check_input_signature
+
+    return check_input_signature(file, data, cwd=Path.cwd(), explicit=explicit,
+                                 accept_untrusted=accept_untrusted)
+
+
+def _write_pack(manifest_bytes: bytes, output: str, cwd: Path,
+                signature: bytes | None = None) -> None:
+    from manifest.canonical import load_manifest
+    from manifest.travel.pack import pack_from_store
+    from manifest.verify.pipeline import repo_root_of, store_for
+
+    store = store_for(load_manifest(manifest_bytes), repo_root_of(cwd) or cwd)
+    _write_output(pack_from_store(manifest_bytes, store, signature), output)
+
+
+def _register_pack(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "pack", help="one file holding a manifest and every blob it references",
+        description="Write a pack (a ZIP: manifest.json, blobs/blake3-<hex>, and the "
+        "signature if FILE.sig exists) that verify, diff, show and gate read wherever they "
+        "read a manifest, on any clone or machine. Blobs are checked against their names.")
+    p.add_argument("file", help="manifest file")
+    p.add_argument("-o", "--out", dest="output", metavar="FILE", required=True,
+                   help="write the pack here (atomically; '-' for stdout)")
+    p.set_defaults(func=_cmd_pack)
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from manifest.canonical import dumps, load_manifest
+    from manifest.travel.sign import find_signature, signature_covers
+
+    data = _read_manifest_file(args.file)
+    canonical = dumps(load_manifest(_unpacked(data)))
+    found = find_signature(args.file, data, None)
+    if found is not None and not signature_covers(canonical, found[0]):
+        raise UsageError(f"the signature {found[1]} covers a different manifest; "
+                         "re-sign or remove it before packing.")
+    _write_pack(canonical, args.output, Path.cwd(), found[0] if found else None)
+    return 0
+
+
+def _signing_options(p: argparse.ArgumentParser) -> None:
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--key", metavar="PEM", help="sign offline with this ECDSA P-256 or "
+                     "Ed25519 private key (password from $MANIFEST_KEY_PASSWORD)")
+    how.add_argument("--sigstore", action="store_true",
+                     help="sign keyless with Sigstore (network; identity from "
+                     "$SIGSTORE_ID_TOKEN, the CI's ambient credential, or the browser)")
+    p.add_argument("--staging", action="store_true", help="use Sigstore's staging instance")
+
+
+def _register_sign(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "sign", help="sign a manifest (or a pack) with a key or Sigstore keyless",
+        description="Sign the manifest's canonical bytes: a Sigstore bundle around an in-toto "
+        "statement. For a manifest file the signature goes to FILE.sig (or -o); for a pack it "
+        "is stored inside the pack. verify and show check it against your trust policy.")
+    p.add_argument("file", help="manifest file or pack")
+    p.add_argument("-o", "--out", dest="output", metavar="FILE",
+                   help="where to write (default: FILE.sig; for a pack, the pack itself)")
+    _signing_options(p)
+    p.set_defaults(func=_cmd_sign)
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    from manifest.canonical import dumps, load_manifest
+    from manifest.travel.pack import build_pack, is_pack, read_pack
+    from manifest.travel.sign import manifest_statement, sibling_signature, sign_statement
+
+    data = _read_manifest_file(args.file)
+    manifest = load_manifest(_unpacked(data))
+    canonical = dumps(manifest)
+    bundle = sign_statement(manifest_statement(canonical, manifest.run_id, manifest.digest),
+                            key=Path(args.key) if args.key else None, keyless=args.sigstore,
+                            staging=args.staging)
+    if is_pack(data):
+        packed = read_pack(data)
+        _write_output(build_pack(packed.manifest, packed.blobs, bundle),
+                      args.output or args.file)
+    else:
+        _write_output(bundle, args.output or str(sibling_signature(Path(args.file))))
+    return 0
+
+
+def _register_attest(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "attest", help="a signed in-toto attestation of a run, and an OMS weight signature",
+        description="Write a signed in-toto Statement v1 (one Sigstore bundle per line): "
+        "subjects are the output artifacts by sha256, the predicate is the manifest "
+        "(predicate type https://manifest.dev/predicates/training-run/v1). With --oms, also "
+        "an OpenSSF model-signing signature of the weights that names the run_id.")
+    p.add_argument("file", help="manifest file or pack")
+    p.add_argument("-o", "--out", dest="output", metavar="FILE",
+                   help="write the attestation here (default: stdout)")
+    p.add_argument("--oms", metavar="SIG",
+                   help="also write an OMS signature of the weights here "
+                   "(check it with 'model_signing verify')")
+    p.add_argument("--model", metavar="PATH",
+                   help="the model file or directory the OMS signature covers "
+                   "(default: the run's one output)")
+    _signing_options(p)
+    p.set_defaults(func=_cmd_attest)
+
+
+def _cmd_attest(args: argparse.Namespace) -> int:
+    from manifest.canonical import load_manifest
+    from manifest.travel.attest import run_statement
+    from manifest.travel.sign import sign_statement
+    from manifest.verify.pipeline import repo_root_of
+
+    manifest = load_manifest(_unpacked(_read_manifest_file(args.file)))
+    cwd = Path.cwd()
+    root = repo_root_of(cwd) or cwd
+    key = Path(args.key) if args.key else None
+    statement = run_statement(manifest, root)
+    if args.oms:
+        from manifest.travel.oms import default_model_path, oms_statement
+
+        model = Path(args.model) if args.model else default_model_path(manifest, root)
+        oms = oms_statement(manifest, model, root, Path(args.oms))
+    bundle = sign_statement(statement, key=key, keyless=args.sigstore, staging=args.staging)
+    _write_output(bundle, args.output)
+    if args.oms:
+        _write_output(sign_statement(oms, key=key, keyless=args.sigstore,
+                                     staging=args.staging), args.oms)
+    return 0
+
+
 _EXTRA_VERBS = [_register_verify, _register_hash, _register_diff, _register_gate,
-                _register_explain]
+                _register_explain, _register_pack, _register_sign, _register_attest]
 
 
 def _silence_stdout() -> None:

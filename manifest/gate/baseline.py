@@ -46,7 +46,9 @@ def load_baseline(path: Path) -> Manifest | None:
         return None
     data = read_manifest_file(path, what="baseline manifest")
     try:
-        return load_manifest(data)
+        from manifest.travel.pack import manifest_bytes_of
+
+        return load_manifest(manifest_bytes_of(data))
     except InvalidManifestError as exc:
         raise type(exc)(f"the baseline {path} is not a valid manifest: {exc.message}",
                         hint=f"Restore it from git, or {UPDATE_HINT}.") from exc

@@ -257,6 +257,7 @@ def _committed_manifests(project: Project, options: GateOptions) -> list[Path]:
 def _gate_committed(project: Project, options: GateOptions, report: GateReport) -> None:
     """Validate committed manifests without training (``--no-rerun``)."""
     from manifest.canonical import load_manifest, read_manifest_file
+    from manifest.travel.pack import manifest_bytes_of
     from manifest.verify.pipeline import VerifyOptions, verify_run
 
     for name in ("determinism", "baseline"):
@@ -282,7 +283,7 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
             files = f" ({', '.join(change.files[:5])})" if change.files else ""
             problems.append(f"{shown}: {change.detail}{files}")
         drift.extend(f"{shown}: drift: {d.path}: {d.reason}" for d in verdict.bits_drift)
-        manifest = load_manifest(data)
+        manifest = load_manifest(manifest_bytes_of(data))
         manifests.append(manifest)
         hygiene.extend(f"{shown}: {p}" for p in hygiene_findings(project, manifest)
                        if not p.startswith("thread count"))

@@ -37,7 +37,7 @@ from manifest.canonical import load_manifest, seal, to_document
 from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UntrustedManifestError
 from manifest.gitrun import GitFailedError, GitMissingError, run_git
 from manifest.models import Manifest
-from manifest.store import STORE_DIRNAME, BlobStore
+from manifest.store import STORE_DIRNAME, BlobStore, OverlayStore
 from manifest.verify.trust import RunPlan, check_trust
 from manifest.weights.compare import ArtifactDelta, compare_artifacts
 
@@ -343,24 +343,30 @@ def first_divergent_step(recorded: Manifest, new: Manifest) -> tuple[bool, int |
 
 def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
                announce: Any = None, show_plan: Any = None) -> VerifyReport:
-    """Verify a manifest (bytes of the file); never raises for a mismatch.
+    """Verify a manifest or a pack (bytes of the file); never raises for a mismatch.
 
     ``show_plan(plan, decision)`` is called with what would run before the
     trust decision is enforced (unless the manifest was sealed here);
     ``announce(argv)`` only once the command is allowed to run.
     """
-    recorded = load_manifest(data)
+    from manifest.travel.pack import is_pack, read_pack
+
+    packed = read_pack(data) if is_pack(data) else None
+    recorded = load_manifest(packed.manifest if packed else data)
     argv = list(recorded.command.argv) if recorded.command else []
     report = VerifyReport(file=file, run_id=recorded.run_id, command=argv)
     repo = repo_root_of(cwd)
     root = repo or cwd
     store = store_for(recorded, root)
+    # A pack's blobs, each checked against its name, are read from memory and
+    # never written to the store; the local store is still the only place written.
+    blobs = OverlayStore(store.root, packed.blobs) if packed else store
 
     from manifest.capture.snapshot import probe_machine
 
     machine = probe_machine()  # probed once: for the drift report and the re-run's record
     report.drift = environment_drift(recorded, machine)
-    report.data = check_data(recorded, root, store, no_cache=options.no_cache,
+    report.data = check_data(recorded, root, blobs, no_cache=options.no_cache,
                              quiet=options.quiet)
     if options.threads is not None and options.threads != recorded.determinism.num_threads:
         report.drift.append(Drift(
@@ -426,7 +432,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             binds = [(Path(os.path.realpath(ds.path)), Path(ds.path)) for ds in recorded.data
                      if os.path.isabs(ds.path) and os.path.exists(ds.path)]
         else:
-            run_root = materialise(recorded, root, store, scratch)
+            run_root = materialise(recorded, root, blobs, scratch)
             binds = dataset_binds(recorded, root, run_root)
             link_data(binds, run_root, confined=sandbox_reason is None)
         from manifest.verify.paths import check_cwd, check_outputs

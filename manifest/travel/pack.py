@@ -1,0 +1,200 @@
+"""``manifest pack``: one file holding a manifest and every blob it references.
+
+A manifest alone cannot leave the machine that made it: a dirty run's patch
+and each dataset's listing live in the local store (``.manifest/blobs``), so
+on a fresh clone ``verify`` has no tree to rebuild. A pack carries them.
+
+Format (``manifest-pack/v1``): a ZIP archive (stdlib ``zipfile``, readable by
+any unzip tool) whose entries are exactly
+
+* ``manifest.json``: the manifest's canonical bytes;
+* ``blobs/blake3-<hex>``: one per blob the manifest names (``code.diff_digest``,
+  each ``data[].listing``), each the bytes whose blake3 is ``<hex>``;
+* ``signature.sigstore.json`` (optional): a signature over the manifest
+  (``manifest sign``, see :mod:`manifest.travel.sign`).
+
+Entries are sorted, deflated and dated 1980-01-01, so one run packs to the same
+bytes on any machine. Reading is an allow-list: any other name, a symlink, a
+duplicated name, an entry whose uncompressed size is over 100× its compressed
+size (above 1 MiB) or over :data:`MAX_ENTRY_BYTES`, a blob whose content does
+not match its name, a blob the manifest does not name or a named blob that is
+missing is refused with one sentence (exit 2). Nothing is ever extracted to
+disk: entries are read into memory under those limits, and verify reads blobs
+through :class:`~manifest.store.BlobStore` overlaid with the pack's.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import stat
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import blake3
+
+from manifest.errors import InvalidManifestError
+from manifest.models import Manifest
+from manifest.store import BlobStore
+
+PACK_MAGIC = b"PK\x03\x04"
+MANIFEST_ENTRY = "manifest.json"
+SIGNATURE_ENTRY = "signature.sigstore.json"
+_BLOB_ENTRY = re.compile(r"blobs/blake3-([0-9a-f]{64})")
+MAX_ENTRY_BYTES = 1 << 30
+"""A blob larger than 1 GiB is not a patch or a listing this tool wrote."""
+MAX_TOTAL_BYTES = 2 << 30
+MAX_RATIO = 100
+"""Deflate reaches about 1000× on runs of zeros; real listings and patches stay
+below 10×. Entries under :data:`_RATIO_FLOOR` are exempt (a small patch of
+repeated lines may legitimately compress well)."""
+_RATIO_FLOOR = 1 << 20
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+class PackError(InvalidManifestError):
+    """A pack that is not exactly what ``manifest pack`` writes (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Pack:
+    """The checked content of a pack: manifest bytes, blobs by name, signature."""
+
+    manifest: bytes
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    signature: bytes | None = None
+
+
+def is_pack(data: bytes) -> bool:
+    return data[:4] == PACK_MAGIC
+
+
+def referenced_blobs(manifest: Manifest) -> list[str]:
+    """Every blob name a manifest refers to (patch, dataset listings), in order, unique."""
+    names = [manifest.code.diff_digest] + [ds.listing for ds in manifest.data]
+    return list(dict.fromkeys(n for n in names if n is not None))
+
+
+def _entry(name: str, data: bytes) -> tuple[zipfile.ZipInfo, bytes]:
+    info = zipfile.ZipInfo(name, date_time=_EPOCH)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = (stat.S_IFREG | 0o444) << 16
+    info.create_system = 3  # unix, so the mode bits above are read as such
+    return info, data
+
+
+def build_pack(manifest_bytes: bytes, blobs: Mapping[str, bytes],
+               signature: bytes | None = None) -> bytes:
+    """The bytes of a pack; ``blobs`` must be exactly the manifest's, content-checked here."""
+    from manifest.canonical import load_manifest
+
+    manifest = load_manifest(manifest_bytes)
+    entries = [_entry(MANIFEST_ENTRY, manifest_bytes)]
+    for name in sorted(referenced_blobs(manifest)):
+        data = blobs.get(name)
+        if data is None:
+            raise PackError(f"blob {name} that the manifest references is not available.")
+        if "blake3:" + blake3.blake3(data).hexdigest() != name:
+            raise PackError(f"blob {name} does not match its content address.")
+        entries.append(_entry("blobs/" + name.replace(":", "-", 1), data))
+    if signature is not None:
+        entries.append(_entry(SIGNATURE_ENTRY, signature))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        for info, data in entries:
+            zf.writestr(info, data, compresslevel=6)
+    return out.getvalue()
+
+
+def pack_from_store(manifest_bytes: bytes, store: BlobStore,
+                    signature: bytes | None = None) -> bytes:
+    """Pack a manifest with its blobs read (and checked) from ``store``."""
+    from manifest.canonical import load_manifest
+
+    blobs: dict[str, bytes] = {}
+    for name in referenced_blobs(load_manifest(manifest_bytes)):
+        data = store.get(name)
+        if data is None:
+            raise PackError(
+                f"blob {name} that the manifest references is missing from the store "
+                f"{store.root} (or corrupted).",
+                hint="Pack on the machine (and in the repository) that captured the run.")
+        blobs[name] = data
+    return build_pack(manifest_bytes, blobs, signature)
+
+
+def _check_entries(infos: Iterable[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
+    seen: set[str] = set()
+    total = 0
+    checked = []
+    for info in infos:
+        name = info.filename
+        if name in seen:
+            raise PackError(f"pack has the entry {name!r} twice.")
+        seen.add(name)
+        if name not in (MANIFEST_ENTRY, SIGNATURE_ENTRY) and not _BLOB_ENTRY.fullmatch(name):
+            raise PackError(f"pack has an unexpected entry {name!r} (a pack holds manifest.json, "
+                            "blobs/blake3-<hex> and signature.sigstore.json only).")
+        mode = info.external_attr >> 16
+        if stat.S_ISLNK(mode) or (mode and not stat.S_ISREG(mode)):
+            raise PackError(f"pack entry {name!r} is not a regular file (a symlink or device).")
+        if info.file_size > MAX_ENTRY_BYTES:
+            raise PackError(f"pack entry {name!r} declares {info.file_size} bytes, over the "
+                            f"{MAX_ENTRY_BYTES >> 20} MiB limit.")
+        if (info.file_size > _RATIO_FLOOR
+                and info.file_size > MAX_RATIO * max(info.compress_size, 1)):
+            raise PackError(f"pack entry {name!r} expands {info.file_size} bytes from "
+                            f"{info.compress_size}: over the {MAX_RATIO}:1 ratio limit "
+                            "(a zip bomb?).")
+        total += info.file_size
+        if total > MAX_TOTAL_BYTES:
+            raise PackError(f"pack expands to more than {MAX_TOTAL_BYTES >> 20} MiB.")
+        checked.append(info)
+    return checked
+
+
+def read_pack(data: bytes, *, what: str = "pack") -> Pack:
+    """Open and check a pack held in memory; raise :class:`PackError` for any fault."""
+    from manifest.canonical import load_manifest
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            infos = _check_entries(zf.infolist())
+            contents: dict[str, bytes] = {}
+            for info in infos:
+                with zf.open(info) as fh:
+                    # ZipExtFile stops at the declared size and checks the CRC at the end.
+                    body = fh.read(info.file_size + 1)
+                if len(body) != info.file_size:
+                    raise PackError(f"{what} entry {info.filename!r} is not the size it declares.")
+                contents[info.filename] = body
+    except zipfile.BadZipFile as exc:
+        raise PackError(f"{what} is truncated or corrupt ({exc}).") from exc
+    except (EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+        raise PackError(f"{what} cannot be read: {exc}.") from exc
+    manifest_bytes = contents.pop(MANIFEST_ENTRY, None)
+    if manifest_bytes is None:
+        raise PackError(f"{what} has no {MANIFEST_ENTRY}.")
+    signature = contents.pop(SIGNATURE_ENTRY, None)
+    blobs: dict[str, bytes] = {}
+    for name, body in contents.items():
+        digest = "blake3:" + name.rsplit("-", 1)[1]
+        if "blake3:" + blake3.blake3(body).hexdigest() != digest:
+            raise PackError(f"{what} entry {name} does not match its content address: "
+                            "the blob was altered.")
+        blobs[digest] = body
+    manifest = load_manifest(manifest_bytes)
+    wanted = referenced_blobs(manifest)
+    missing = [n for n in wanted if n not in blobs]
+    if missing:
+        raise PackError(f"{what} lacks the blob {missing[0]} that its manifest references.")
+    extra = sorted(set(blobs) - set(wanted))
+    if extra:
+        raise PackError(f"{what} holds the blob {extra[0]} that its manifest does not reference.")
+    return Pack(manifest_bytes, blobs, signature)
+
+
+def manifest_bytes_of(data: bytes) -> bytes:
+    """The manifest bytes of a manifest file or of a (checked) pack."""
+    return read_pack(data).manifest if is_pack(data) else data

@@ -1,0 +1,172 @@
+"""The trust policy: which signers may vouch for a manifest's command.
+
+Two places, merged (either may be absent)::
+
+    # pyproject.toml of the repository being verified
+    [tool.manifest.trust]
+    keys = ["keys/alice.pub", { name = "ci", path = "keys/ci.pub" }]
+    identities = [
+      { subject = "alice@example.com", issuer = "https://github.com/login/oauth" },
+    ]
+
+    # $XDG_CONFIG_HOME/manifest/trust.toml (default ~/.config/manifest/trust.toml)
+    keys = ["~/.keys/team.pub"]
+    identities = [{ subject = "...", issuer = "..." }]
+
+``keys`` are PEM public keys (ECDSA P-256/P-384 or Ed25519), paths relative
+to the file that names them; ``identities`` are Sigstore keyless signers, a
+certificate subject (e-mail or workflow URI) and the OIDC issuer, matched
+exactly. The repository's own table is as trusted as the repository's code
+(the code verify would run comes from it anyway); the user file is the place
+for keys that must not be taken from a clone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from manifest.errors import ConfigError
+
+USER_POLICY = Path("manifest") / "trust.toml"
+KNOWN_KEYS = frozenset({"keys", "identities"})
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    name: str
+    pem: bytes
+    """SubjectPublicKeyInfo PEM, as ``cryptography`` writes it (the hint is its sha256)."""
+
+    @property
+    def hint(self) -> str:
+        return hashlib.sha256(self.pem).hexdigest()
+
+
+@dataclass(frozen=True)
+class TrustedIdentity:
+    subject: str
+    issuer: str
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    keys: tuple[TrustedKey, ...] = ()
+    identities: tuple[TrustedIdentity, ...] = ()
+    sources: tuple[str, ...] = field(default=())
+
+    def key_for(self, hint: str) -> TrustedKey | None:
+        return next((k for k in self.keys if k.hint == hint), None)
+
+    def merged(self, other: TrustPolicy) -> TrustPolicy:
+        return TrustPolicy(self.keys + other.keys, self.identities + other.identities,
+                           self.sources + other.sources)
+
+
+def key_name(hint: str) -> str:
+    return f"key sha256:{hint[:16]}"
+
+
+def normalise_public_pem(data: bytes, origin: str) -> bytes:
+    """Re-encode a PEM public key (or the public half of a certificate) canonically."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    try:
+        if b"BEGIN CERTIFICATE" in data:
+            key: Any = x509.load_pem_x509_certificate(data).public_key()
+        else:
+            key = serialization.load_pem_public_key(data)
+    except ValueError as exc:
+        raise ConfigError(f"{origin} is not a PEM public key ({exc}).") from exc
+    if not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
+        raise ConfigError(f"{origin} is a {type(key).__name__}; trusted keys are ECDSA or Ed25519.")
+    pem: bytes = key.public_bytes(serialization.Encoding.PEM,
+                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+    return pem
+
+
+def _parse_table(table: Any, origin: Path, where: str) -> TrustPolicy:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} in {origin} must be a table.")
+    unknown = sorted(set(table) - KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(f"{where} in {origin} has unknown key(s): {', '.join(unknown)} "
+                          "(known: keys, identities).")
+    keys = []
+    raw_keys = table.get("keys", [])
+    if not isinstance(raw_keys, list):
+        raise ConfigError(f"{where} in {origin}: keys must be a list.")
+    for entry in raw_keys:
+        if isinstance(entry, str):
+            name, rel = "", entry
+        elif (isinstance(entry, dict) and set(entry) <= {"name", "path"}
+              and isinstance(entry.get("path"), str) and isinstance(entry.get("name", ""), str)):
+            name, rel = entry.get("name", ""), entry["path"]
+        else:
+            raise ConfigError(f"{where} in {origin}: each key is a path or "
+                              "{ name = \"…\", path = \"…\" }.")
+        path = Path(os.path.expanduser(rel))
+        path = path if path.is_absolute() else origin.parent / path
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{where} in {origin}: cannot read the key {rel} "
+                              f"({exc.strerror or exc}).") from exc
+        pem = normalise_public_pem(data, f"the key {rel} named in {origin}")
+        hint = hashlib.sha256(pem).hexdigest()
+        keys.append(TrustedKey(name or key_name(hint), pem))
+    identities = []
+    raw_ids = table.get("identities", [])
+    if not isinstance(raw_ids, list):
+        raise ConfigError(f"{where} in {origin}: identities must be a list.")
+    for entry in raw_ids:
+        if (not isinstance(entry, dict) or set(entry) != {"subject", "issuer"}
+                or not all(isinstance(v, str) and v for v in entry.values())):
+            raise ConfigError(f"{where} in {origin}: each identity is "
+                              "{ subject = \"…\", issuer = \"…\" }.")
+        identities.append(TrustedIdentity(entry["subject"], entry["issuer"]))
+    return TrustPolicy(tuple(keys), tuple(identities), (str(origin),))
+
+
+def _read_toml(path: Path) -> dict[str, Any] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the trust policy {path}: {exc}.") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the trust policy {path} is not valid TOML: {exc}.") from exc
+
+
+def user_policy_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / USER_POLICY
+
+
+def load_policy(start: Path) -> TrustPolicy:
+    """The merged policy: ``[tool.manifest.trust]`` above ``start`` and the user file."""
+    from manifest.config import find_pyproject
+
+    policy = TrustPolicy()
+    project = find_pyproject(start)
+    if project is not None:
+        doc = _read_toml(project) or {}
+        tool = doc.get("tool", {})
+        table = tool.get("manifest", {}).get("trust") if isinstance(tool, dict) and isinstance(
+            tool.get("manifest"), dict) else None
+        if table is not None:
+            policy = policy.merged(_parse_table(table, project, "[tool.manifest.trust]"))
+    user = user_policy_path()
+    user_doc = _read_toml(user)
+    if user_doc is not None:
+        policy = policy.merged(_parse_table(user_doc, user, "the trust policy"))
+    return policy
