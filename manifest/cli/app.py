@@ -659,16 +659,20 @@ def _cmd_attest(args: argparse.Namespace) -> int:
     root = repo_root_of(cwd) or cwd
     key = Path(args.key) if args.key else None
     statement = run_statement(manifest, root)
+    oms: bytes | None = None
     if args.oms:
-        from manifest.travel.oms import default_model_path, oms_statement
+        from manifest.travel.oms import check_oms_key, default_model_path, oms_statement
 
+        if key is not None:
+            check_oms_key(key)
         model = Path(args.model) if args.model else default_model_path(manifest, root)
         oms = oms_statement(manifest, model, root, Path(args.oms))
     bundle = sign_statement(statement, key=key, keyless=args.sigstore, staging=args.staging)
+    oms_bundle = None if oms is None else sign_statement(
+        oms, key=key, keyless=args.sigstore, staging=args.staging)
     _write_output(bundle, args.output)
-    if args.oms:
-        _write_output(sign_statement(oms, key=key, keyless=args.sigstore,
-                                     staging=args.staging), args.oms)
+    if oms_bundle is not None:
+        _write_output(oms_bundle, args.oms)
     return 0
 
 

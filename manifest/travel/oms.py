@@ -89,3 +89,14 @@ def oms_statement(manifest: Manifest, model_path: Path, root: Path,
     }
     subject = {"name": hashed.model_name, "digest": {"sha256": root_hash.hexdigest()}}
     return statement_bytes([subject], OMS_PREDICATE, predicate)
+
+
+def check_oms_key(key_path: Path) -> None:
+    """model_signing's key method reads ECDSA keys only (P-256, P-384, P-521)."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from manifest.travel.sign import load_private_key
+
+    if not isinstance(load_private_key(key_path), ec.EllipticCurvePrivateKey):
+        raise UsageError(f"the key {key_path} is not ECDSA: OMS signatures checked with "
+                         "'model_signing verify key' need an ECDSA P-256 key.")

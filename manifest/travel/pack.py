@@ -137,7 +137,7 @@ def _check_entries(infos: Iterable[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
             raise PackError(f"pack has an unexpected entry {name!r} (a pack holds manifest.json, "
                             "blobs/blake3-<hex> and signature.sigstore.json only).")
         mode = info.external_attr >> 16
-        if stat.S_ISLNK(mode) or (mode and not stat.S_ISREG(mode)):
+        if stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # 0: written without unix mode bits
             raise PackError(f"pack entry {name!r} is not a regular file (a symlink or device).")
         if info.file_size > MAX_ENTRY_BYTES:
             raise PackError(f"pack entry {name!r} declares {info.file_size} bytes, over the "
