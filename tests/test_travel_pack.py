@@ -21,7 +21,7 @@ import pytest
 
 from manifest.travel.pack import MANIFEST_ENTRY, PackError, read_pack
 from tests.runs import manifest_cli
-from tests.travel import capture_run, clone, dirty_repo, entries_of, rezip
+from tests.travel import capture_run, clone, dirty_repo, entries_of, other_machine, rezip
 
 Entries = list[tuple[zipfile.ZipInfo | str, bytes]]
 
@@ -175,14 +175,15 @@ def test_pack_of_a_dirty_run_verifies_identical_on_a_fresh_clone(tmp_path: Path)
     shutil.copy(origin / "run.mfpack", elsewhere / "run.mfpack")
     # Without the pack's blobs a plain manifest cannot be rebuilt there.
     shutil.copy(origin / "run.json", elsewhere / "plain.json")
-    plain = manifest_cli("verify", "plain.json", "--trust", cwd=elsewhere)
+    far = other_machine(tmp_path / "far")
+    plain = manifest_cli("verify", "plain.json", "--trust", cwd=elsewhere, env=far)
     assert plain.returncode == 3
     assert "missing from the store" in plain.stderr.decode()
     # The pack still needs consent: its patch came from elsewhere.
-    refused = manifest_cli("verify", "run.mfpack", cwd=elsewhere)
+    refused = manifest_cli("verify", "run.mfpack", cwd=elsewhere, env=far)
     assert refused.returncode == 2
     assert "--trust" in refused.stderr.decode()
-    proc = manifest_cli("verify", "run.mfpack", "--trust", "--json", cwd=elsewhere)
+    proc = manifest_cli("verify", "run.mfpack", "--trust", "--json", cwd=elsewhere, env=far)
     assert proc.returncode == 0, proc.stderr.decode()
     report = json.loads(proc.stdout)
     assert report["verdict"] == "identical"

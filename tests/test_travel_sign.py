@@ -22,7 +22,9 @@ from tests.travel import capture_run, clone, dirty_repo, write_keys
 
 
 def cli(cwd: Path, *args: str, home: Path) -> tuple[int, str, str]:
-    proc = manifest_cli(*args, cwd=cwd, env={"XDG_CONFIG_HOME": str(home)})
+    # ``home`` is the verifying machine: its own trust policy, no record of sealed digests.
+    proc = manifest_cli(*args, cwd=cwd, env={"XDG_CONFIG_HOME": str(home),
+                                             "XDG_DATA_HOME": str(home / "data")})
     stderr = proc.stderr.decode()
     assert "Traceback" not in stderr, stderr
     return proc.returncode, proc.stdout.decode(), stderr

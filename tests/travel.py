@@ -42,10 +42,21 @@ def dirty_repo(path: Path) -> Path:
     return repo
 
 
+def other_machine(folder: Path) -> dict[str, str]:
+    """The environment of another user or machine: its own record of sealed digests
+    (``XDG_DATA_HOME``) and its own user trust policy (``XDG_CONFIG_HOME``)."""
+    return {"XDG_DATA_HOME": str(folder / "data"), "XDG_CONFIG_HOME": str(folder / "config")}
+
+
 def capture_run(repo: Path, *extra: str, name: str = "run.json") -> Path:
-    """Capture the writer script with the corpus dataset; the manifest goes to ``name``."""
+    """Capture the writer script with the corpus dataset; the manifest goes to ``name``.
+
+    The capturing machine's record of sealed digests lives beside the repository,
+    so the machines the tests verify on have never sealed it.
+    """
     proc = manifest_cli("capture", "-q", "--data", "corpus", "--output", "out/*.bin", *extra,
-                        "--", "python", "writer.py", cwd=repo)
+                        "--", "python", "writer.py", cwd=repo,
+                        env=other_machine(repo.parent / "capturing-machine"))
     assert proc.returncode == 0, proc.stderr.decode()
     (repo / name).write_bytes(proc.stdout)
     return repo / name
