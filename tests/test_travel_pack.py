@@ -20,7 +20,7 @@ import blake3
 import pytest
 
 from manifest.travel.pack import MANIFEST_ENTRY, PackError, read_pack
-from tests.runs import manifest_cli
+from tests.runs import make_repo, manifest_cli
 from tests.travel import capture_run, clone, dirty_repo, entries_of, other_machine, rezip
 
 Entries = list[tuple[zipfile.ZipInfo | str, bytes]]
@@ -168,18 +168,26 @@ def test_pack_refuses_a_store_without_the_blobs(packed: tuple[Path, bytes],
 
 @pytest.mark.slow
 def test_pack_of_a_dirty_run_verifies_identical_on_a_fresh_clone(tmp_path: Path) -> None:
-    """The issue's scenario: no file but the pack travels to a clone on another path."""
-    origin = dirty_repo(tmp_path / "origin")
-    capture_run(origin, "--pack", "run.mfpack")
+    """The issue's scenario on the bundled example (real CPU training, dirty tree): no
+    file but the pack travels to a clone on another path, verified by another machine."""
+    origin = make_repo(tmp_path / "origin", {"corpus/a.txt": "alpha\n"})
+    (origin / "train.py").write_text((origin / "train.py").read_text() + "# uncommitted\n")
+    (origin / "notes.txt").write_text("untracked\n")
+    proc = manifest_cli("capture", "-q", "--seed", "3", "--data", "corpus", "--output",
+                        "out/*.safetensors", "--pack", "run.mfpack", "--", "python", "train.py",
+                        "--steps", "8", cwd=origin, env=other_machine(tmp_path / "near"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    (origin / "run.json").write_bytes(proc.stdout)
+    assert json.loads(proc.stdout)["code"]["dirty"] is True
     elsewhere = clone(origin, tmp_path / "far" / "away" / "clone")
     shutil.copy(origin / "run.mfpack", elsewhere / "run.mfpack")
-    # Without the pack's blobs a plain manifest cannot be rebuilt there.
-    shutil.copy(origin / "run.json", elsewhere / "plain.json")
     far = other_machine(tmp_path / "far")
+    # Positive control: the bare manifest cannot be rebuilt there (its patch is missing).
+    shutil.copy(origin / "run.json", elsewhere / "plain.json")
     plain = manifest_cli("verify", "plain.json", "--trust", cwd=elsewhere, env=far)
     assert plain.returncode == 3
     assert "missing from the store" in plain.stderr.decode()
-    # The pack still needs consent: its patch came from elsewhere.
+    # The pack still needs consent there: it was not sealed on that machine.
     refused = manifest_cli("verify", "run.mfpack", cwd=elsewhere, env=far)
     assert refused.returncode == 2
     assert "--trust" in refused.stderr.decode()
@@ -188,6 +196,29 @@ def test_pack_of_a_dirty_run_verifies_identical_on_a_fresh_clone(tmp_path: Path)
     report = json.loads(proc.stdout)
     assert report["verdict"] == "identical"
     assert report["data"] == [] and report["drift"] == []
+    assert [a["identical"] for a in report["artifacts"]] == [True]
     # The pack's blobs were read, not copied into the clone's store.
     patch = json.loads((origin / "run.json").read_bytes())["code"]["diff_digest"]
     assert not (elsewhere / ".manifest" / "blobs" / patch.replace(":", "-")).exists()
+
+
+def test_gate_reads_a_pack_like_its_manifest(packed: tuple[Path, bytes]) -> None:
+    repo, good = packed
+    (repo / "pyproject.toml").write_text('[tool.manifest]\nthreads = 1\n'
+                                         'command = ["python", "writer.py"]\n')
+    try:
+        lines = {}
+        for name in ("run.json", "run.mfpack"):
+            proc = manifest_cli("gate", "--no-rerun", name, cwd=repo)
+            text = proc.stdout.decode() + proc.stderr.decode()
+            lines[name] = [ln for ln in text.splitlines() if " manifests " in ln]
+            assert proc.returncode in (0, 1), text  # hygiene may fail: no lockfile here
+        assert lines["run.json"] == lines["run.mfpack"]
+        assert "1 manifest(s) intact" in lines["run.mfpack"][0]
+        (repo / "bad.mfpack").write_bytes(rezip(_altered_blob(entries_of(good))))
+        proc = manifest_cli("gate", "--no-rerun", "bad.mfpack", cwd=repo)
+        assert proc.returncode == 2
+        assert "does not match its content address" in proc.stderr.decode()
+    finally:
+        (repo / "pyproject.toml").unlink()
+        (repo / "bad.mfpack").unlink(missing_ok=True)

@@ -613,6 +613,8 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     from manifest.travel.pack import build_pack, is_pack, read_pack
     from manifest.travel.sign import manifest_statement, sibling_signature, sign_statement
 
+    if args.file == "-" and not args.output:
+        raise UsageError("signing stdin needs -o FILE for the signature.")
     data = _read_manifest_file(args.file)
     manifest = load_manifest(_unpacked(data))
     canonical = dumps(manifest)
