@@ -11,6 +11,7 @@ stderr and exits with ``exit_code``; nothing else is ever shown.
     │   ├── TamperedManifestError     run_id or digest does not match (exit 2)
     │   └── SignatureError            a signature or pack that does not check out (exit 2)
     ├── OutputError               cannot write where asked (exit 2)
+    ├── MalformedArtifactError    an output claims a weight format but is malformed (exit 2)
     ├── DataError                 dataset path missing/unreadable (exit 2)
     ├── ConfigError               bad [tool.manifest] in pyproject.toml (exit 2)
     ├── UntrustedManifestError    verify refuses to run code without --trust (exit 2)
@@ -64,6 +65,10 @@ class SignatureError(InvalidManifestError):
 
 
 class OutputError(ManifestError):
+    pass
+
+
+class MalformedArtifactError(ManifestError):
     pass
 
 

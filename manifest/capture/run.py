@@ -186,7 +186,8 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
     return rnd, det, out
 
 
-def digest_outputs(globs: list[str], cwd: Path) -> tuple[list[Artifact], list[str]]:
+def digest_outputs(globs: list[str], cwd: Path, *,
+                   malformed_ok: bool = False) -> tuple[list[Artifact], list[str]]:
     """Artifacts matching the declared globs, and the globs that matched nothing."""
     from manifest.weights.tables import digest_artifact
 
@@ -199,7 +200,7 @@ def digest_outputs(globs: list[str], cwd: Path) -> tuple[list[Artifact], list[st
             missing.append(pattern)
         for rel in files:
             if rel not in artifacts:
-                artifacts[rel] = digest_artifact(cwd / rel, rel)
+                artifacts[rel] = digest_artifact(cwd / rel, rel, malformed_ok=malformed_ok)
     return [artifacts[k] for k in sorted(artifacts)], missing
 
 
@@ -219,9 +220,12 @@ def build_run_manifest(
     result: LaunchResult,
     datasets: list[dict[str, Any]],
     output_globs: list[str],
+    malformed_ok: bool = False,
 ) -> Manifest:
+    """The sealed manifest of a finished run. ``malformed_ok``: a malformed weight file
+    is recorded by file digest (verify's re-run) instead of refused (capture)."""
     rnd, det, outcomes = merge_records(result.records)
-    artifacts, missing = digest_outputs(output_globs, cwd)
+    artifacts, missing = digest_outputs(output_globs, cwd, malformed_ok=malformed_ok)
     status = "ok"
     error = None
     if result.exit_code != 0:

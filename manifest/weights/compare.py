@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from manifest.models import Artifact
-from manifest.weights.tables import MappedFile, RawTensor, detect_format, iter_tensors
+from manifest.weights.tables import (
+    MappedFile,
+    RawTensor,
+    WeightFileError,
+    detect_format,
+    iter_tensors,
+)
 
 _INT_VIEWS = {"float64": ("<i8", 63), "float32": ("<i4", 31), "float16": ("<i2", 15),
               "bfloat16": ("<i2", 15)}
@@ -116,7 +122,11 @@ def _tensors(path: Path) -> tuple[MappedFile, dict[str, RawTensor]] | None:
     if fmt == "file":
         mapped.close()
         return None
-    return mapped, {t.name: t for t in iter_tensors(mapped.view, fmt, path)}
+    try:
+        return mapped, {t.name: t for t in iter_tensors(mapped.view, fmt, path)}
+    except BaseException:
+        mapped.close()
+        raise
 
 
 def compare_artifacts(
@@ -169,12 +179,16 @@ def _numbers(
         old = _tensors(recorded_file)
         if old is None:
             return None
-        new = _tensors(new_file)
+        try:
+            new = _tensors(new_file)
+        except BaseException:
+            old[0].close()
+            raise
         if new is None:
             old[0].close()
             return None
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError, WeightFileError):
+        return None  # the original output is unreadable now: name differences by digest
     try:
         assert recorded.tensors is not None
         out = []

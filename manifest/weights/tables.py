@@ -24,6 +24,21 @@ Formats:
 
 Outputs are read after the process that wrote them has exited, so mmap is
 safe from concurrent truncation here (data hashing handles live trees).
+
+Hostile files. A weight file is input a user can be handed, so nothing in it
+is trusted before it is checked against the file itself: every safetensors
+byte range and every archive view (offset, size, stride) is bound-checked
+against its storage *before* memory is touched (``numpy.as_strided`` over an
+unchecked stride read far outside the map and segfaulted capture); every
+byte we allocate beyond the map (a non-contiguous view gathered into C
+order, a compressed zip entry, ``data.pkl``) is charged to a budget of
+:data:`BUDGET_FACTOR` × the file size plus 1 MiB (a 1 MB archive cost 2.1 GB
+of RSS, a stride-0 view asked for 149 GiB); ``data.pkl``'s opcodes are
+checked against its length before the unpickler allocates what they claim.
+A file that claims a format and breaks one of these rules raises
+:class:`MalformedWeightsError`; a file that merely is not the format
+(garbage JSON header, no ``data.pkl``, a truncated zip) is recorded by file
+digest only.
 """
 
 from __future__ import annotations
@@ -70,10 +85,49 @@ STORAGE_DTYPES = {
 }
 
 _BIG = 1 << 22
+BUDGET_FACTOR = 4
+"""Bytes allocated beyond the memory map, as a multiple of the file size (plus 1 MiB)."""
+MAX_DIM = 2**53 - 1
+MAX_DEPTH = 200
+"""Containers nested deeper than this in ``data.pkl`` are refused (a state dict is 2-10)."""
 
 
 class WeightFileError(Exception):
     """A weight file that cannot be parsed (recorded as a plain file)."""
+
+
+class MalformedWeightsError(WeightFileError):
+    """A file that claims a weight format but whose offsets, sizes or structure are
+    impossible or hostile: refused at capture, a difference at verify."""
+
+
+class _Budget:
+    """Bytes we may still allocate for one file beyond its memory map."""
+
+    def __init__(self, file_size: int) -> None:
+        self.left = BUDGET_FACTOR * file_size + (1 << 20)
+
+    def charge(self, n: int, what: str) -> None:
+        if n > self.left:
+            raise MalformedWeightsError(
+                f"{what} would need {n:,} bytes, more than {BUDGET_FACTOR}x the file size")
+        self.left -= n
+
+
+def _dims(values: Any, what: str) -> tuple[int, ...]:
+    """A shape or stride: a sequence of plain non-negative ints no larger than 2**53-1."""
+    if not isinstance(values, (tuple, list)):
+        raise MalformedWeightsError(f"{what} is not a sequence of integers")
+    out = tuple(values)
+    if not all(type(v) is int and 0 <= v <= MAX_DIM for v in out):
+        raise MalformedWeightsError(f"{what} {_short(out)} holds a value that is not an "
+                                    "integer from 0 to 2**53-1")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else "<huge>"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -106,7 +160,7 @@ def iter_safetensors(buf: memoryview) -> Iterator[RawTensor]:
         raise WeightFileError("safetensors header length exceeds the file")
     try:
         header = json.loads(bytes(buf[8 : 8 + n]))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise WeightFileError(f"safetensors header is not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise WeightFileError("safetensors header is not an object")
@@ -115,12 +169,19 @@ def iter_safetensors(buf: memoryview) -> Iterator[RawTensor]:
         entry = header[name]
         try:
             dtype = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"].lower())
-            shape = [int(d) for d in entry["shape"]]
-            begin, end = (int(x) for x in entry["data_offsets"])
+            shape = list(_dims(entry["shape"], f"safetensors shape of {name!r}"))
+            begin, end = _dims(entry["data_offsets"], f"safetensors offsets of {name!r}")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise WeightFileError(f"safetensors entry {name!r} is malformed") from exc
+            raise MalformedWeightsError(f"safetensors entry {_short(name)} is malformed") from exc
         if not 0 <= begin <= end <= len(buf) - base:
-            raise WeightFileError(f"safetensors entry {name!r} points outside the file")
+            raise MalformedWeightsError(
+                f"safetensors entry {_short(name)} points outside the file "
+                f"(bytes {begin}..{end} of {len(buf) - base})")
+        item = ITEMSIZE.get(dtype)
+        if item is not None and prod(shape) * item != end - begin:
+            raise MalformedWeightsError(
+                f"safetensors entry {_short(name)} has shape {_short(shape)} of {dtype} "
+                f"but {end - begin} bytes")
         yield RawTensor(name, dtype, shape, buf[base + begin : base + end])
 
 
@@ -183,7 +244,15 @@ def _stub_class(module: str, name: str) -> type[_Stub]:
 def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> Any:
     if not isinstance(storage, _StorageRef):
         return _Stub(storage)
-    return _TensorRef(storage, int(offset), tuple(size), tuple(stride))
+    if type(offset) is not int or not 0 <= offset <= MAX_DIM:
+        raise MalformedWeightsError(f"tensor storage offset {_short(offset)} is not an integer "
+                                    "from 0 to 2**53-1")
+    size_t = _dims(size, "tensor size")
+    stride_t = _dims(stride, "tensor stride")
+    if len(size_t) != len(stride_t):
+        raise MalformedWeightsError(f"tensor size {_short(size_t)} and stride "
+                                    f"{_short(stride_t)} differ in length")
+    return _TensorRef(storage, offset, size_t, stride_t)
 
 
 def _rebuild_parameter(data: Any, *rest: Any) -> Any:
@@ -244,7 +313,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return _StorageRef(str(key), dtype)
 
 
-def _walk(obj: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, _TensorRef]]:
+def _walk(obj: Any, prefix: str, seen: set[int],
+          depth: int = 0) -> Iterator[tuple[str, _TensorRef]]:
     if isinstance(obj, _TensorRef):
         yield prefix, obj
         return
@@ -252,16 +322,22 @@ def _walk(obj: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, _TensorR
         if id(obj) in seen:
             return
         seen.add(id(obj))
+        if depth > MAX_DEPTH:
+            raise MalformedWeightsError(f"data.pkl nests containers more than {MAX_DEPTH} deep")
 
     def join(key: Any) -> str:
-        return f"{prefix}.{key}" if prefix else str(key)
+        try:
+            text = str(key)
+        except ValueError:  # an int key of more than 4300 digits
+            text = "<int>"
+        return f"{prefix}.{text}" if prefix else text
 
     if isinstance(obj, dict):
         for key, value in obj.items():
-            yield from _walk(value, join(key), seen)
+            yield from _walk(value, join(key), seen, depth + 1)
     elif isinstance(obj, (list, tuple)):
         for i, value in enumerate(obj):
-            yield from _walk(value, join(i), seen)
+            yield from _walk(value, join(i), seen, depth + 1)
     elif isinstance(obj, _Stub):
         state = obj._state
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):
@@ -272,29 +348,32 @@ def _walk(obj: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, _TensorR
                 members = state.get(group) or {}
                 if isinstance(members, dict):
                     for key, value in members.items():
-                        yield from _walk(value, join(key), seen)
+                        yield from _walk(value, join(key), seen, depth + 1)
             modules = state.get("_modules") or {}
             if isinstance(modules, dict):
                 for key, value in modules.items():
-                    yield from _walk(value, join(key), seen)
+                    yield from _walk(value, join(key), seen, depth + 1)
             return
         if state is not None:
-            yield from _walk(state, prefix, seen)
+            yield from _walk(state, prefix, seen, depth + 1)
         for i, value in enumerate(obj._args):
-            yield from _walk(value, join(f"<arg{i}>") if obj._args[1:] else prefix, seen)
+            yield from _walk(value, join(f"<arg{i}>") if obj._args[1:] else prefix, seen, depth + 1)
         for i, value in enumerate(obj._items):
-            yield from _walk(value, join(i), seen)
+            yield from _walk(value, join(i), seen, depth + 1)
         for key, value in obj._mapping.items():
-            yield from _walk(value, join(key), seen)
+            yield from _walk(value, join(key), seen, depth + 1)
 
 
 def _stored_entry(buf: memoryview, info: zipfile.ZipInfo) -> memoryview:
     """The bytes of an uncompressed zip entry, sliced from the mapped file."""
     off = info.header_offset
-    if bytes(buf[off : off + 4]) != b"PK\x03\x04":
-        raise WeightFileError(f"bad local header for {info.filename}")
+    if not 0 <= off <= len(buf) - 30 or bytes(buf[off : off + 4]) != b"PK\x03\x04":
+        raise MalformedWeightsError(f"bad local header for {_short(info.filename)}")
     name_len, extra_len = struct.unpack("<HH", buf[off + 26 : off + 30])
     start = off + 30 + name_len + extra_len
+    if start + info.file_size > len(buf):
+        raise MalformedWeightsError(f"zip entry {_short(info.filename)} runs past the end of "
+                                    "the file")
     return buf[start : start + info.file_size]
 
 
@@ -307,17 +386,25 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _tensor_bytes(ref: _TensorRef, storage: memoryview) -> memoryview | bytes:
+def _tensor_bytes(ref: _TensorRef, storage: memoryview, budget: _Budget) -> memoryview | bytes:
+    """A view's bytes in C order; every index is checked against the storage first."""
     item = ITEMSIZE.get(ref.storage.dtype)
     if item is None:
         raise WeightFileError(f"unknown dtype {ref.storage.dtype}")
     numel = prod(ref.size)
     if numel == 0:
         return b""
+    available = len(storage) // item
+    last = ref.offset + sum((n - 1) * st for n, st in zip(ref.size, ref.stride, strict=True))
+    if last >= available:
+        raise MalformedWeightsError(
+            f"a view (offset {ref.offset}, size {_short(ref.size)}, stride {_short(ref.stride)}) "
+            f"reaches element {_short(last)} of a storage of {available}")
     if ref.stride == _contiguous_strides(ref.size) or len(ref.size) == 0:
         begin = ref.offset * item
         return storage[begin : begin + numel * item]
-    # A non-contiguous view: gather it into C order.
+    # A non-contiguous view: gather it into C order (bounded above; charged here).
+    budget.charge(numel * item, f"the view of size {_short(ref.size)}")
     import numpy as np
 
     raw = np.frombuffer(storage, dtype=np.dtype(f"V{item}"))
@@ -333,7 +420,11 @@ def iter_torch_archive(buf: memoryview, path: Path) -> Iterator[RawTensor]:
     except (zipfile.BadZipFile, OSError) as exc:
         raise WeightFileError(f"not a zip archive: {exc}") from exc
     with zf:
-        yield from _archive_tensors(zf, buf)
+        try:
+            yield from _archive_tensors(zf, buf)
+        except (RecursionError, OverflowError, MemoryError) as exc:
+            raise MalformedWeightsError(f"data.pkl is built to exhaust the reader "
+                                        f"({type(exc).__name__})") from exc
 
 
 def _archive_tensors(zf: zipfile.ZipFile, buf: memoryview) -> Iterator[RawTensor]:
@@ -341,15 +432,32 @@ def _archive_tensors(zf: zipfile.ZipFile, buf: memoryview) -> Iterator[RawTensor
     if len(pkl) != 1:
         raise WeightFileError("archive has no single data.pkl (not a torch.save file)")
     prefix = pkl[0].filename[: -len("data.pkl")]
-    byteorder = prefix + "byteorder"
-    if byteorder in zf.namelist() and zf.read(byteorder).strip() not in (b"little", b""):
+    budget = _Budget(len(buf))
+    infos = {i.filename: i for i in zf.infolist()}
+
+    def read_entry(info: zipfile.ZipInfo) -> memoryview:
+        if info.compress_type == zipfile.ZIP_STORED:
+            return _stored_entry(buf, info)
+        budget.charge(info.file_size, f"compressed entry {_short(info.filename)}")
+        try:
+            return memoryview(zf.read(info))
+        except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError) as exc:
+            raise MalformedWeightsError(f"zip entry {_short(info.filename)} cannot be "
+                                        f"read: {exc}") from exc
+
+    byteorder = infos.get(prefix + "byteorder")
+    if byteorder is not None and (byteorder.file_size > 16 or bytes(
+            read_entry(byteorder)).strip() not in (b"little", b"")):
         raise WeightFileError("big-endian torch archives are not supported")
+    data = bytes(read_entry(pkl[0]))
+    _check_pickle(data)
     try:
-        root = _RestrictedUnpickler(io.BytesIO(zf.read(pkl[0]))).load()
+        root = _RestrictedUnpickler(io.BytesIO(data)).load()
+    except MalformedWeightsError:
+        raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
             IndexError, KeyError) as exc:
         raise WeightFileError(f"data.pkl could not be read safely: {exc}") from exc
-    infos = {i.filename: i for i in zf.infolist()}
     storages: dict[str, memoryview] = {}
     names_seen: set[str] = set()
     for name, ref in _walk(root, "", set()):
@@ -360,12 +468,23 @@ def _archive_tensors(zf: zipfile.ZipFile, buf: memoryview) -> Iterator[RawTensor
         if key not in storages:
             info = infos.get(f"{prefix}data/{key}")
             if info is None:
-                raise WeightFileError(f"storage {key} missing from the archive")
-            if info.compress_type == zipfile.ZIP_STORED:
-                storages[key] = _stored_entry(buf, info)
-            else:
-                storages[key] = memoryview(zf.read(info))
-        yield RawTensor(name, ref.storage.dtype, list(ref.size), _tensor_bytes(ref, storages[key]))
+                raise MalformedWeightsError(f"storage {_short(key)} missing from the archive")
+            storages[key] = read_entry(info)
+        yield RawTensor(name, ref.storage.dtype, list(ref.size),
+                        _tensor_bytes(ref, storages[key], budget))
+
+
+def _check_pickle(data: bytes) -> None:
+    """Walk ``data.pkl``'s opcodes before unpickling: a counted string or bytes opcode
+    that claims more than the pickle holds would make the C unpickler allocate that
+    much up front (8 bytes can claim 2**63)."""
+    import pickletools
+
+    try:
+        for _op, _arg, _pos in pickletools.genops(data):
+            pass
+    except (ValueError, EOFError, IndexError, TypeError, UnicodeDecodeError) as exc:
+        raise WeightFileError(f"data.pkl is not a well-formed pickle: {exc}") from exc
 
 
 # ----------------------------------------------------------------- dispatch
@@ -382,11 +501,28 @@ def detect_format(buf: memoryview) -> str:
 
 
 def iter_tensors(buf: memoryview, fmt: str, path: Path) -> Iterator[RawTensor]:
+    """The tensors of a weight file; any failure is a :class:`WeightFileError`."""
     if fmt == "safetensors":
-        return iter_safetensors(buf)
-    if fmt == "torch":
-        return iter_torch_archive(buf, path)
-    return iter(())
+        inner = iter_safetensors(buf)
+    elif fmt == "torch":
+        inner = iter_torch_archive(buf, path)
+    else:
+        return iter(())
+    return _guarded(inner)
+
+
+def _guarded(inner: Iterator[RawTensor]) -> Iterator[RawTensor]:
+    # A reader bug on a crafted file must still end as a sentence, never an internal
+    # error: what the parsers above did not foresee counts as malformed.
+    try:
+        yield from inner
+    except WeightFileError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, struct.error,
+            OverflowError, RecursionError, MemoryError, zipfile.BadZipFile,
+            NotImplementedError, EOFError) as exc:
+        raise MalformedWeightsError(f"unexpected structure ({type(exc).__name__}: "
+                                    f"{_short(str(exc))})") from exc
 
 
 class MappedFile:
@@ -416,8 +552,16 @@ class MappedFile:
         self.close()
 
 
-def digest_artifact(path: Path, display: str) -> Artifact:
-    """File digest plus, for weight files, the per-tensor table."""
+def digest_artifact(path: Path, display: str, *, malformed_ok: bool = False) -> Artifact:
+    """File digest plus, for weight files, the per-tensor table.
+
+    A file that claims a weight format but is malformed or hostile raises
+    :class:`~manifest.errors.MalformedArtifactError`; with ``malformed_ok``
+    (verify's re-run, where such a file is simply a difference) it is
+    recorded by file digest only.
+    """
+    from manifest.errors import MalformedArtifactError
+
     with MappedFile(path) as mapped:
         buf = mapped.view
         file_digest = hash_bytes(buf)
@@ -432,6 +576,13 @@ def digest_artifact(path: Path, display: str) -> Artifact:
                     )
                     if isinstance(raw.data, memoryview):
                         raw.data.release()
+            except MalformedWeightsError as exc:
+                if not malformed_ok:
+                    raise MalformedArtifactError(
+                        f"{display} looks like a {fmt} weight file but is malformed: {exc}.",
+                        hint="Refusing to record a tensor table from it; check the file (it "
+                        "may be crafted) or leave it out of --output.") from exc
+                fmt, tensors = "file", None
             except WeightFileError:
                 fmt, tensors = "file", None
         size = len(buf)
