@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import stat
 import subprocess
 import tempfile
@@ -814,3 +815,50 @@ def test_refused_tree_leaves_no_partial_blob(tmp_path: Path, mode: str,
     with pytest.raises(DataError, match=r"top\.txt was removed while the dataset"):
         digest_path(tree, cache=None, store=store)
     assert list(store.blobs.iterdir()) == []
+
+
+# ------------------------------------------------------------ subtree records
+
+
+def _cached_subtrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                     ) -> tuple[Path, datacache.DigestCache, DatasetDigest]:
+    monkeypatch.setattr(datacache, "RACY_WINDOW_NS", 0)
+    _tree_mode(monkeypatch)
+    tree = _mixed_tree(tmp_path / "t")
+    cache = datacache.DigestCache(tmp_path / "store" / datacache.CACHE_FILENAME)
+    return tree, cache, digest_path(tree, cache=cache)
+
+
+def test_warm_subtree_takes_its_lines_from_its_record(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    tree, cache, cold = _cached_subtrees(tmp_path, monkeypatch)
+    st = os.stat(tree / "d2")
+    record = cache.tree_lookup(st.st_dev, st.st_ino)
+    assert record is not None and record.files == 6
+    assert record.text in cold.listing
+    assert digest_path(tree, cache=cache) == cold
+    # Positive control: the warm run used the record (a planted text shows up).
+    with sqlite3.connect(cache.path) as conn:
+        conn.execute("UPDATE trees SET text = ? WHERE ino = ?",
+                     (record.text.replace(b"\tf0\n", b"\tf0-planted\n")
+                      .replace(b"d2/f0", b"d2/f0-planted"), st.st_ino))
+    assert b"d2/f0-planted" in digest_path(tree, cache=cache).listing
+    assert digest_path(tree, cache=cache, no_cache=True) == cold
+
+
+def test_subtree_record_misses_on_any_change(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    tree, cache, cold = _cached_subtrees(tmp_path, monkeypatch)
+    target = tree / "d4" / "f2"
+    st0 = os.stat(target)
+    target.write_bytes(b"B" * st0.st_size)  # same size, mtime forged back: ctime moves
+    os.utime(target, ns=(st0.st_atime_ns, st0.st_mtime_ns))
+    rewritten = digest_path(tree, cache=cache)
+    assert rewritten.root != cold.root
+    assert rewritten == digest(tree)
+    os.rename(tree / "d1" / "f3", tree / "d1" / "f3-renamed")  # same inode, new name
+    renamed = digest_path(tree, cache=cache)
+    assert b"d1/f3-renamed" in renamed.listing
+    assert renamed == digest(tree)
+    (tree / "d0" / "sub" / "new").write_bytes(b"new")  # a file added deeper down
+    assert digest_path(tree, cache=cache) == digest(tree)

@@ -36,7 +36,7 @@ import selectors
 import signal
 from collections.abc import Callable, Sequence
 
-from manifest.data.cache import ROW_SIZE, DigestCache, StatKey
+from manifest.data.cache import ROW_SIZE, DigestCache, StatKey, TreeRecord
 from manifest.data.reading import (
     PLACEHOLDER,
     Chunk,
@@ -153,9 +153,13 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
 
     body = _InOrder(entries, texts, pending, done_trees, settle, emit)
 
+    records: list[TreeRecord] = []
+
     def take_tree(index: int, tree: SubTree) -> None:
         nonlocal files, total
         done_trees[index] = tree
+        if tree.record is not None:
+            records.append(tree.record)
         files += tree.files
         total += tree.total_bytes
         note(tree.files, tree.hashed_bytes)
@@ -209,6 +213,9 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
         def between(final: bool = False) -> None:
             nonlocal gathered
             body.advance(final=False)
+            if cache is not None and records:
+                cache.store_trees(records)
+                records.clear()
             if cache is not None and rows and (final or gathered >= _FLUSH_BYTES):
                 cache.store_packed(b"".join(rows))
                 rows.clear()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import io
+import marshal
 import mmap
 import os
 import stat
@@ -244,17 +245,19 @@ def retry_changed(path: bytes, res: FileResult) -> FileResult:
 class Chunk:
     """A rendered chunk: text with a placeholder for each file in ``pending``."""
 
-    __slots__ = ("files", "fresh", "hashed_bytes", "pending", "text", "total_bytes")
+    __slots__ = ("files", "fresh", "hashed_bytes", "keys", "pending", "text", "total_bytes")
 
     def __init__(self, text: bytes, files: int, hashed_bytes: int, total_bytes: int,
                  pending: list[tuple[int, FileResult]],
                  fresh: list[tuple[StatKey, bytes]]) -> None:
         self.text, self.files, self.hashed_bytes = text, files, hashed_bytes
         self.total_bytes, self.pending, self.fresh = total_bytes, pending, fresh
+        self.keys: list[StatKey] | None = None
+        """The key of every file, in order, when every file has its line (else None)."""
 
 
 def run_chunk(entries: Entries, start: int, end: int, cache: DigestCache | None,
-               render: RenderFile, *, defer_big: bool, keep: bool = True) -> Chunk:
+              render: RenderFile, *, defer_big: bool, keep: bool = True) -> Chunk:
     """Hash and render ``entries[start:end]``: cold (no cache) or warm (cache first).
 
     ``keep``: whether fresh digests are wanted (for a cache to store them).
@@ -265,7 +268,7 @@ def run_chunk(entries: Entries, start: int, end: int, cache: DigestCache | None,
 
 
 def read_chunk(entries: Entries, start: int, end: int, render: RenderFile, *,
-                defer_big: bool, keep: bool = True) -> Chunk:
+               defer_big: bool, keep: bool = True) -> Chunk:
     """The cold path: open, fstat, read, fstat, close, the fewest syscalls a checked read
     needs (the fstat before reading replaces the lstat that the warm path needs).
 
@@ -356,11 +359,13 @@ def read_chunk(entries: Entries, start: int, end: int, render: RenderFile, *,
             close(dfd)
     chunk.files, chunk.hashed_bytes, chunk.total_bytes = files, nbytes, nbytes
     chunk.text = "".join(out).encode("utf-8")
+    if keep and not pending and len(fresh) == files:
+        chunk.keys = [key for key, _ in fresh]
     return chunk
 
 
 def lookup_chunk(entries: Entries, start: int, end: int, cache: DigestCache,
-                  render: RenderFile, *, defer_big: bool) -> Chunk:
+                 render: RenderFile, *, defer_big: bool) -> Chunk:
     """The warm path: lstat everything, consult the cache, open only what it lacks."""
     lines, names, folder = entries.lines, entries.names, entries.folder
     keys: dict[int, StatKey] = {}
@@ -420,6 +425,8 @@ def _finish_chunk(entries: Entries, start: int, end: int, cache: DigestCache | N
                 res = hash_buffered(names[i], key, dirfd.get(folder[i]))
                 if res.status == Status.CHANGED:
                     res = retry_changed(entries.path(i), res)
+                if res.key is not None:
+                    keys[i] = res.key  # the version that was read, if it moved
                 if res.status == Status.OK and res.key is not None and res.digest is not None:
                     chunk.fresh.append((res.key, res.digest))
                     chunk.hashed_bytes += res.key.size
@@ -433,5 +440,43 @@ def _finish_chunk(entries: Entries, start: int, end: int, cache: DigestCache | N
     chunk.files += files
     chunk.total_bytes += total
     chunk.text = "".join(out).encode("utf-8")
+    if not chunk.pending and len(keys) == chunk.files:
+        chunk.keys = list(keys.values())
     return chunk
+
+
+Keys = list[tuple[int, int, int, int, int]]
+"""Stat keys as plain tuples: (device, inode, size, mtime_ns, ctime_ns)."""
+
+
+def stat_keys(entries: Entries) -> Keys | None:
+    """The key of every file of ``entries``, in order, by ``lstat`` alone (no file is
+    opened); None if one is gone or no longer a regular file."""
+    lines, names, folder = entries.lines, entries.names, entries.folder
+    keys: Keys = []
+    append = keys.append
+    dirfd = _DirFd(entries.dirs)
+    get, lstat, s_ifmt, s_ifreg = dirfd.get, os.stat, 0o170000, stat.S_IFREG
+    try:
+        for i in range(len(lines)):
+            if lines[i] is None:
+                st = lstat(names[i], dir_fd=get(folder[i]), follow_symlinks=False)
+                if st.st_mode & s_ifmt != s_ifreg:
+                    return None
+                append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    except OSError:
+        return None
+    finally:
+        dirfd.close()
+    return keys
+
+
+def tree_fingerprint(entries: Entries, keys: Keys) -> bytes:
+    """What a subtree's listing lines are rendered from: its entries and file keys.
+
+    marshal version 2 writes no back-references, so the bytes depend on the
+    values alone, never on how many references an object had.
+    """
+    data = marshal.dumps(("manifest-tree/v1", entries.rel, entries.lines, keys), 2)
+    return blake3.blake3(data).digest()
 

@@ -14,6 +14,7 @@ inherited through ``fork`` has no threads behind it and would hang.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import marshal
 import os
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import blake3
 
-from manifest.data.cache import DigestCache, StatKey, pack_rows
+from manifest.data.cache import DigestCache, StatKey, TreeRecord, pack_rows
 from manifest.data.reading import (
     PLACEHOLDER,
     FileResult,
@@ -33,6 +34,8 @@ from manifest.data.reading import (
     hash_mapped,
     lstat_file,
     run_chunk,
+    stat_keys,
+    tree_fingerprint,
 )
 from manifest.data.walk import Entries, WalkFn
 
@@ -40,8 +43,8 @@ from manifest.data.walk import Entries, WalkFn
 class SubTree:
     """A subtree walked, hashed and rendered: text with a placeholder per ``pending``."""
 
-    __slots__ = ("dir_ids", "files", "fresh", "hashed_bytes", "pending", "problems", "text",
-                 "total_bytes")
+    __slots__ = ("dir_ids", "files", "fresh", "hashed_bytes", "pending", "problems", "record",
+                 "text", "total_bytes")
 
     def __init__(self, text: bytes, files: int, hashed_bytes: int, total_bytes: int,
                  pending: list[tuple[bytes, bytes, FileResult]],
@@ -50,35 +53,63 @@ class SubTree:
         self.text, self.files, self.hashed_bytes = text, files, hashed_bytes
         self.total_bytes, self.pending, self.problems = total_bytes, pending, problems
         self.dir_ids, self.fresh = dir_ids, fresh
+        self.record: TreeRecord | None = None
+        """This subtree's lines for the cache, when all of them are final and none racy."""
 
     def pack(self) -> bytes:
         pending = [(path, rel, int(r.status), tuple(r.key) if r.key else None, r.digest, r.errno)
                    for path, rel, r in self.pending]
-        return marshal.dumps((self.text, pending, self.problems, self.dir_ids))
+        r = self.record
+        record = (r.dev, r.ino, r.fingerprint, r.files, r.total_bytes, r.text) if r else None
+        return marshal.dumps((self.text, pending, self.problems, self.dir_ids, record))
 
     @classmethod
     def unpack(cls, data: bytes, files: int, hashed_bytes: int, total_bytes: int) -> SubTree:
         # From our own worker through a pipe only it and the parent hold.
-        text, pending, problems, dir_ids = marshal.loads(data)  # noqa: S302
-        return cls(text, files, hashed_bytes, total_bytes,
+        text, pending, problems, dir_ids, record = marshal.loads(data)  # noqa: S302
+        tree = cls(text, files, hashed_bytes, total_bytes,
                    [(path, rel, FileResult(Status(st), StatKey(*key) if key else None, digest,
                                            err))
                     for path, rel, st, key, digest, err in pending],
                    [tuple(p) for p in problems], [tuple(d) for d in dir_ids], [])
+        tree.record = TreeRecord(*record) if record is not None else None
+        return tree
 
 
 def run_tree(walk: WalkFn, path: bytes, rel: bytes, cache: DigestCache | None,
-              render: RenderFile, *, keep: bool,
-              mapped: Callable[[bytes, StatKey], FileResult] | None) -> SubTree:
+             render: RenderFile, *, keep: bool,
+             mapped: Callable[[bytes, StatKey], FileResult] | None,
+             started_ns: int = 0) -> SubTree:
     """Walk one subtree, hash its files and render its lines (in a worker, or in the
     parent for a subtree whose worker died: then ``mapped`` is None and big files are
     read with buffered reads).
+
+    With ``cache``, a subtree whose record (``TreeRecord``) still matches its
+    walk and the keys of its files takes its lines from the record; with
+    ``keep``, a subtree read in full leaves a record, unless a file in it is
+    racily clean (see ``manifest.data.cache``) as of ``started_ns``.
     """
     entries, problems, dir_ids = walk(path, rel)
+    top: os.stat_result | None = None
+    with contextlib.suppress(OSError):
+        top = os.stat(path, follow_symlinks=False)
+    if cache is not None and top is not None:
+        # A warm subtree: one lstat per file and one row, instead of a row per file.
+        known = cache.tree_lookup(top.st_dev, top.st_ino)
+        if known is not None:
+            keys = stat_keys(entries)
+            if keys is not None and tree_fingerprint(entries, keys) == known.fingerprint:
+                return SubTree(known.text, known.files, 0, known.total_bytes, [], problems,
+                               dir_ids, [])
     chunk = run_chunk(entries, 0, len(entries.rel), cache, render,
-                       defer_big=mapped is not None, keep=keep)
+                      defer_big=mapped is not None, keep=keep)
     tree = SubTree(chunk.text, chunk.files, chunk.hashed_bytes, chunk.total_bytes, [],
-                 problems, dir_ids, chunk.fresh)
+                   problems, dir_ids, chunk.fresh)
+    if (keep and top is not None and chunk.keys is not None and not problems
+            and not any(k.is_racy(started_ns) for k in chunk.keys)):
+        keys = [(k.dev, k.ino, k.size, k.mtime_ns, k.ctime_ns) for k in chunk.keys]
+        tree.record = TreeRecord(top.st_dev, top.st_ino, tree_fingerprint(entries, keys),
+                                 chunk.files, chunk.total_bytes, chunk.text)
     if chunk.pending:
         pieces = chunk.text.split(PLACEHOLDER.encode())
         out = [pieces[0]]
@@ -176,7 +207,8 @@ def worker_main(task_fd: int, result_fd: int, entries: Entries, cache: DigestCac
                 return hash_mapped(path, key, hasher, report)
 
             tree_path, tree_rel = trees[start]
-            tree = run_tree(walk, tree_path, tree_rel, look, render, keep=keep, mapped=mapped)
+            tree = run_tree(walk, tree_path, tree_rel, look, render, keep=keep, mapped=mapped,
+                            started_ns=started_ns)
             payload = tree.pack()
             rows = pack_rows(tree.fresh, started_ns=started_ns) if keep else b""
             write_all(result_fd, b"".join([
