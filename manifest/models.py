@@ -256,6 +256,42 @@ class Outputs(Model):
 # ----------------------------------------------------------------- observed
 
 
+class RankCompute(Model):
+    """One rank's wall time, from its process start to its exit record."""
+
+    rank: Count
+    wall_s: Annotated[float, Field(ge=0)]
+
+
+class GpuEnergy(Model):
+    """Energy one GPU used during the run: the delta of NVML's total-energy counter."""
+
+    index: Count
+    energy_j: Annotated[float, Field(ge=0)]
+
+
+class Compute(Model):
+    """What the run cost: the compute record that GPAI documentation (EU AI Act, Annex XI)
+    and NIST's AI RMF ask for. In ``observed``: it never names the run.
+
+    ``gpu_hours`` is the GPUs visible to the run times the command's wall time.
+    ``energy_j`` is the sum of ``gpus[*].energy_j``, present only where the driver
+    exposes the total-energy counter (Volta and later); ``unavailable`` says why not.
+    """
+
+    wall_s: Annotated[float, Field(ge=0)]
+    ranks: list[RankCompute] = Field(default_factory=list)
+    gpu_count: Count
+    gpu_hours: Annotated[float, Field(ge=0)]
+    energy_j: Annotated[float, Field(ge=0)] | None = None
+    gpus: list[GpuEnergy] = Field(default_factory=list)
+    unavailable: dict[str, str] = Field(default_factory=dict)
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
 class Observed(Model):
     """Facts that cannot change the bits: never part of ``run_id``."""
 
@@ -270,6 +306,9 @@ class Observed(Model):
     logical_cpus: Count | None
     gpu_uuid_hashes: list[Digest] = Field(default_factory=list)
     pids: list[Count] = Field(default_factory=list)
+    # Added after v1's first release: left out of the document when absent, so a
+    # manifest recorded before it keeps its canonical bytes, run_id and digest.
+    compute: Compute | None = Field(default=None, exclude_if=_absent)
 
 
 # ----------------------------------------------------------------- manifest

@@ -179,6 +179,10 @@ class FakeGpu:
     mig: tuple[int, int] | None = (0, 0)
     ecc: tuple[int, int] | None = (1, 1)
     uuid: str = "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"
+    # NVML's total-energy counter (mJ since the driver loaded); each read advances
+    # it by energy_step_mj, as a busy GPU's would. None: the board does not expose it.
+    energy_mj: int | None = 7_000_000
+    energy_step_mj: int = 250_000
 
 
 @dataclass
@@ -271,6 +275,14 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
         self._check("nvmlDeviceGetUUID")
         return handle.uuid
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeGpu) -> int:
+        self._check("nvmlDeviceGetTotalEnergyConsumption")
+        if handle.energy_mj is None:
+            raise FakeNvmlError("Not Supported")
+        value = handle.energy_mj
+        handle.energy_mj += handle.energy_step_mj
+        return value
 
 
 @pytest.fixture

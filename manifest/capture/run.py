@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,7 @@ def build_run_manifest(
     datasets: list[dict[str, Any]],
     output_globs: list[str],
     malformed_ok: bool = False,
+    compute: dict[str, Any] | None = None,
 ) -> Manifest:
     """The sealed manifest of a finished run. ``malformed_ok``: a malformed weight file
     is recorded by file digest (verify's re-run) instead of refused (capture)."""
@@ -271,6 +273,8 @@ def build_run_manifest(
     }
     pids = [int(r["pid"]) for r in result.records if r.get("pid")]
     doc["observed"] = observed_for(snap, pids=pids)
+    if compute is not None:
+        doc["observed"]["compute"] = compute
     return seal(doc)
 
 
@@ -298,6 +302,7 @@ def capture_from_cli(
     quiet: bool,
     per_rank_seed: bool = False,
     manifest_file: Path | None = None,
+    nvml: Any | None = None,
 ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status."""
     table, origin = load_config(cwd)
@@ -317,7 +322,7 @@ def capture_from_cli(
     data = data if data is not None else string_list(table, "data", origin) or []
     outputs = outputs if outputs is not None else string_list(table, "outputs", origin) or []
     store_dir = store_dir or table.get("store")
-    snap = take_snapshot(cwd, store_dir=store_dir, manifest_file=manifest_file)
+    snap = take_snapshot(cwd, store_dir=store_dir, manifest_file=manifest_file, nvml=nvml)
     datasets: list[dict[str, Any]] = []
     if data:
         from manifest.data.datasets import digest_datasets
@@ -334,9 +339,16 @@ def capture_from_cli(
         threads=threads or _config_int(table, "threads", origin) or default_threads(),
         deterministic=deterministic and table.get("deterministic", True) is not False,
     )
+    from manifest.probes.compute import compute_record, read_energy
+
+    energy_before = read_energy(nvml)
+    started = time.monotonic()
     result = run_under_launcher(command, cwd, settings)
+    wall_s = time.monotonic() - started
+    compute = compute_record(wall_s=wall_s, records=result.records, before=energy_before,
+                             after=read_energy(nvml), env=result.env)
     manifest = build_run_manifest(snap, cwd=cwd, argv=command, settings=settings, result=result,
-                                  datasets=datasets, output_globs=outputs)
+                                  datasets=datasets, output_globs=outputs, compute=compute)
     assert manifest.outputs is not None
     # Verify runs a command without --trust only if this tool sealed it here.
     from manifest.verify.trust import record_sealed

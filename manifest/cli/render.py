@@ -60,6 +60,18 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
             n = len(art.tensors) if art.tensors is not None else 0
             add("", art.path, f"{art.format}, {n} tensors, {art.digest}")
     add("observed", "captured", manifest.observed.started_at)
+    compute = manifest.observed.compute
+    if compute is not None:
+        add("compute", "wall time", f"{compute.wall_s:.3f} s")
+        for rank in compute.ranks:
+            add("", f"rank {rank.rank}", f"{rank.wall_s:.3f} s")
+        add("", "GPU-hours", f"{compute.gpu_hours:.6g} ({compute.gpu_count} GPU(s))")
+        if compute.energy_j is not None:
+            add("", "energy", f"{compute.energy_j:.6g} J ({compute.energy_j / 3.6e6:.3g} kWh)")
+        for gpu in compute.gpus:
+            add("", f"GPU {gpu.index} energy", f"{gpu.energy_j:.6g} J")
+        for key, reason in compute.unavailable.items():
+            add("", f"{key} not recorded", reason)
     return rows
 
 

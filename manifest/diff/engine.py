@@ -96,6 +96,8 @@ KEYED_LISTS: Mapping[str, str] = {
     "outputs.artifacts": "path",
     "outputs.processes": "rank",
     "outputs.processes[*].trail": "step",
+    "observed.compute.ranks": "rank",
+    "observed.compute.gpus": "index",
 }
 """List pattern -> the field that names an element. The key field itself is never a difference."""
 

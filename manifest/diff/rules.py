@@ -277,6 +277,18 @@ RULES: Mapping[str, Rule] = {
     "observed.gpu_uuid_hashes": Rule(N, "GPU boards", "other boards of the same recorded SKU",
                                      show_values=False),
     "observed.pids": Rule(N, "process ids", "bookkeeping"),
+    "observed.compute": Rule(N, "compute record", "what the run cost, not what it computed"),
+    "observed.compute.wall_s": Rule(N, "wall time (s)", "wall-clock time"),
+    "observed.compute.ranks[*]": Rule(N, "rank {key} timed", "wall-clock time"),
+    "observed.compute.ranks[*].wall_s": Rule(N, "rank {key} wall time (s)", "wall-clock time"),
+    "observed.compute.gpu_count": Rule(N, "GPUs billed", "GPU model and count are compared "
+                                       "under hardware"),
+    "observed.compute.gpu_hours": Rule(N, "GPU-hours", "what the run cost"),
+    "observed.compute.energy_j": Rule(N, "energy (J)", "what the run cost"),
+    "observed.compute.gpus[*]": Rule(N, "GPU {key} energy", "what the run cost"),
+    "observed.compute.gpus[*].energy_j": Rule(N, "GPU {key} energy (J)", "what the run cost"),
+    "observed.compute.unavailable[*]": Rule(N, "compute not recorded: {key}",
+                                            "why a cost was not read"),
 }
 """Field pattern -> impact and reason. Keys on a path are ``[*]``; a concrete key overrides."""
 

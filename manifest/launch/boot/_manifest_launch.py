@@ -462,6 +462,7 @@ def _write_record() -> None:
     if record is None or not directory:
         return
     try:
+        record["end_ns"] = time.time_ns()  # the rank's wall time, for the compute record
         record["flags"] = read_flags()
         record.update(loaded_versions())
         record["at_exit"] = rng_fingerprints() if record["torch_imported"] else None
