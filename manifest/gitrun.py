@@ -1,15 +1,33 @@
-"""Hardened calls to the ``git`` program.
+"""Hardened calls to the ``git`` program: the one place git is run.
 
-Every git invocation in manifest goes through :func:`run_git`, which
+A repository is data, but its ``.git/config`` can name commands that git
+runs on its own: ``core.fsmonitor``, hooks, and the drivers a
+``.gitattributes`` line selects (``filter.<x>.clean``/``smudge``/``process``,
+``diff.<x>.textconv``/``command``, ``merge.<x>.driver``). A colleague's
+repository, or a pull request checked out in CI, can plant any of them, and
+git would run it during our ``diff``, ``add --intent-to-add`` (which hashes a
+racily-clean file through its clean filter), ``checkout`` or gate's
+``diff --name-only``. So every invocation goes through :func:`run_git`, which
 
-* passes ``-c core.fsmonitor=false -c core.hooksPath=/dev/null`` so a
-  repository's own config cannot make us run its fsmonitor command or hooks
-  (filter drivers, the other command a repository's config can name for
-  ``git diff``, are switched off by the code probe, which knows their names);
+* passes ``-c core.fsmonitor=false -c core.hooksPath=/dev/null``, no pager,
+  no external diff, no automatic gc/maintenance;
+* for the commands that can read a file through a filter, first lists the
+  filter drivers the repository's *own* config (local and worktree scope,
+  includes followed) defines, and blanks each one with ``-c`` (an empty
+  command is no filter; ``required=false`` so git does not refuse), one
+  ``git config`` call, ~2 ms, cached per directory; drivers from the user's
+  global config (git-lfs) stay, since the user chose them;
+* gives every ``diff`` ``--no-ext-diff --no-textconv`` (an empty
+  ``textconv``/``command`` is not "none" to git: it tries to run "" and
+  fails, so those drivers are switched off by flag, not by config);
 * uses ``--no-optional-locks`` so reading never rewrites the user's index;
 * drops every inherited ``GIT_*`` variable (``GIT_DIR``, ``GIT_INDEX_FILE``,
-  ``GIT_EXTERNAL_DIFF`` …) and disables terminal prompts;
+  ``GIT_EXTERNAL_DIFF`` …), ignores the system config and disables terminal
+  prompts;
 * never uses a shell.
+
+``tests/hostile/test_git_config.py`` plants each of these and shows plain git
+running it (the positive control) and this runner not running it.
 
 Why not GitPython: importing it costs ~0.11 s of the 0.25 s budget of
 ``manifest capture`` (measured, see benchmarks/capture_latency.py), and each
@@ -35,8 +53,21 @@ HARDENING = (
     "core.pager=cat",
     "-c",
     "diff.external=",
+    "-c",
+    "gc.auto=0",
+    "-c",
+    "maintenance.auto=false",
     "--no-optional-locks",
 )
+
+DRIVER_COMMANDS = frozenset({"add", "apply", "checkout", "diff", "diff-files", "diff-index",
+                             "reset", "restore", "stash", "status", "switch", "update-index"})
+"""Commands that can read a working-tree file through a filter or diff driver."""
+
+DIFF_COMMANDS = frozenset({"diff", "diff-files", "diff-index", "diff-tree"})
+
+_DRIVER_KEYS = r"^filter\..*\.(clean|smudge|process)$"
+_driver_cache: dict[str, tuple[str, ...]] = {}
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
@@ -75,7 +106,13 @@ def run_git(
     config: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``git <hardening> [-c CONFIG]... args`` in ``cwd``; return the completed process."""
-    overrides = [part for item in config for part in ("-c", item)]
+    blanked = repo_drivers(cwd) if args and args[0] in DRIVER_COMMANDS else ()
+    overrides = [part for item in (*blanked, *config) for part in ("-c", item)]
+    if args and args[0] in DIFF_COMMANDS:
+        # Last, before any "--", so an option earlier in args cannot turn them back on.
+        rest = list(args[1:])
+        cut = rest.index("--") if "--" in rest else len(rest)
+        args = [args[0], *rest[:cut], "--no-ext-diff", "--no-textconv", *rest[cut:]]
     try:
         proc = subprocess.run(
             ["git", *HARDENING, *overrides, *args],
@@ -95,3 +132,43 @@ def run_git(
             stderr=proc.stderr.decode("utf-8", "replace"),
         )
     return proc
+
+
+def repo_drivers(cwd: Path) -> tuple[str, ...]:
+    """``-c`` overrides that blank every driver the repository's own config defines.
+
+    Keyed by directory for the life of the process: capture and verify ask
+    about one or two repositories, and a repository does not rewrite its
+    config while we read it.
+    """
+    key = os.fspath(cwd)
+    cached = _driver_cache.get(key)
+    if cached is not None:
+        return cached
+    try:
+        proc = subprocess.run(
+            ["git", *HARDENING, "config", "-z", "--show-scope", "--get-regexp", _DRIVER_KEYS],
+            cwd=cwd, env=git_env(), capture_output=True, check=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return ()
+    scoped = proc.returncode != 129  # git < 2.26 has no --show-scope: blank every driver
+    if not scoped:
+        proc = subprocess.run(["git", *HARDENING, "config", "-z", "--get-regexp", _DRIVER_KEYS],
+                              cwd=cwd, env=git_env(), capture_output=True, check=False)
+    blanked: list[str] = []
+    scope = b"local"
+    for item in proc.stdout.split(b"\0"):
+        if not item:
+            continue
+        if scoped and b"\n" not in item:
+            scope = item
+            continue
+        name = item.partition(b"\n")[0].decode("utf-8", "surrogateescape")
+        if scope not in (b"local", b"worktree"):
+            continue
+        for override in (f"{name}=", f"{name.rsplit('.', 1)[0]}.required=false"):
+            if override not in blanked:
+                blanked.append(override)
+    result = tuple(blanked)
+    _driver_cache[key] = result
+    return result

@@ -131,7 +131,9 @@ def _check_determinism(project: Project, manifest: Manifest,
     try:
         # The gate captured this manifest itself a moment ago: its code is ours.
         verdict = verify_run(data, file="<gate run>", cwd=project.dir,
-                             options=VerifyOptions(trust=True, quiet=True))
+                             # The command was just run unconfined by the capture above;
+                             # the re-run must see the same world to compare them.
+                             options=VerifyOptions(trust=True, quiet=True, sandbox=False))
     except ManifestError as exc:
         return CheckResult("determinism", Status.NO_VERDICT,
                            f"the re-run could not be done: {exc.diagnostics()}"), []

@@ -113,15 +113,32 @@ def working_patch(root: Path, head: str | None, git_dir: Path | None = None,
         git_dir = Path(os.fsdecode(
             run_git(["rev-parse", "--absolute-git-dir"], root).stdout.strip()))
     # A private index: copy of the user's, plus intent-to-add entries, so the
-    # user's own index is never written.
+    # user's own index is never written. ``add -N`` also writes the empty blob
+    # into the object store: a private object directory (the repository's own
+    # as an alternate) receives it, so nothing is written into .git and a
+    # read-only checkout works.
     with tempfile.TemporaryDirectory(prefix="manifest-index-") as tmp:
         index = Path(tmp) / "index"
         if (git_dir / "index").exists():
             shutil.copyfile(git_dir / "index", index)
-        env = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1"}
+        objects = Path(tmp) / "objects"
+        objects.mkdir()
+        env = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1",
+               "GIT_OBJECT_DIRECTORY": str(objects),
+               "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(_objects_dir(git_dir))}
         run_git(["add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul"],
                 root, env=env, input_bytes=b"\0".join(untracked) + b"\0")
         return run_git(diff_args, root, env=env, config=config).stdout, len(untracked)
+
+
+def _objects_dir(git_dir: Path) -> Path:
+    """The object directory of the repository (a linked worktree's is in the common dir)."""
+    try:
+        common = (git_dir / "commondir").read_text(encoding="utf-8").strip()
+    except OSError:
+        return git_dir / "objects"
+    base = Path(common)
+    return (base if base.is_absolute() else git_dir / base) / "objects"
 
 
 @dataclass(frozen=True)
