@@ -84,6 +84,10 @@ CREATE TABLE IF NOT EXISTS files (
 """
 
 
+Key = tuple[int, int, int, int, int]
+"""A :class:`StatKey` as a plain tuple, as the hot loops make them (cheaper to build)."""
+
+
 class StatKey(NamedTuple):
     """The fields of ``stat`` that identify one version of one file."""
 
@@ -213,7 +217,7 @@ class DigestCache:
             return [None] * len(keys)
         return found
 
-    def store(self, entries: Iterable[tuple[StatKey, bytes]], *, started_ns: int) -> int:
+    def store(self, entries: Iterable[tuple[Key, bytes]], *, started_ns: int) -> int:
         """Record fresh digests, skipping racily clean files; return how many were kept."""
         return self.store_packed(pack_rows(entries, started_ns=started_ns))
 
@@ -273,7 +277,7 @@ class DigestCache:
         return len(records)
 
 
-def pack_rows(entries: Iterable[tuple[StatKey, bytes]], *, started_ns: int) -> bytes:
+def pack_rows(entries: Iterable[tuple[Key, bytes]], *, started_ns: int) -> bytes:
     """The cache rows of fresh digests, racily clean files left out, as compact bytes.
 
     A forked worker sends these to the parent, which alone writes the cache

@@ -36,7 +36,7 @@ import selectors
 import signal
 from collections.abc import Callable, Sequence
 
-from manifest.data.cache import ROW_SIZE, DigestCache, StatKey, TreeRecord
+from manifest.data.cache import ROW_SIZE, DigestCache, Key, StatKey, TreeRecord
 from manifest.data.reading import (
     PLACEHOLDER,
     Chunk,
@@ -127,11 +127,11 @@ def hash_entries(entries: Entries, *, cache: DigestCache | None, lookup: bool,
     can_fork = hasattr(os, "fork")
     texts: dict[int, bytes] = {}
     pending: dict[int, FileResult] = {}
-    fresh: list[tuple[StatKey, bytes]] = []
+    fresh: list[tuple[Key, bytes]] = []
     files = total = 0
     tasks: list[tuple[int, int, int]] = []
     done_trees: dict[int, SubTree] = {}
-    late: list[tuple[StatKey, bytes]] = []
+    late: list[tuple[Key, bytes]] = []
     problems: list[tuple[bytes, FileResult]] = []
 
     def settle(path: bytes, rel: bytes, res: FileResult) -> str | None:

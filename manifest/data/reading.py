@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import blake3
 
-from manifest.data.cache import DigestCache, StatKey
+from manifest.data.cache import DigestCache, Key, StatKey
 from manifest.data.walk import Entries
 
 BIG_FILE = 4 << 20
@@ -84,6 +84,8 @@ class FileResult(NamedTuple):
     errno: int = 0
 
 
+Keys = list[Key]
+"""Stat keys as plain tuples: (device, inode, size, mtime_ns, ctime_ns)."""
 RenderFile = Callable[[int, bytes, bytes], str]
 """(size, digest, relative path) -> the listing line of a regular file."""
 
@@ -249,10 +251,10 @@ class Chunk:
 
     def __init__(self, text: bytes, files: int, hashed_bytes: int, total_bytes: int,
                  pending: list[tuple[int, FileResult]],
-                 fresh: list[tuple[StatKey, bytes]]) -> None:
+                 fresh: list[tuple[Key, bytes]]) -> None:
         self.text, self.files, self.hashed_bytes = text, files, hashed_bytes
         self.total_bytes, self.pending, self.fresh = total_bytes, pending, fresh
-        self.keys: list[StatKey] | None = None
+        self.keys: Keys | None = None
         """The key of every file, in order, when every file has its line (else None)."""
 
 
@@ -321,7 +323,7 @@ def read_chunk(entries: Entries, start: int, end: int, render: RenderFile, *,
                         update(data)
                         digest = digest_of()
                         if keep:
-                            fresh.append((StatKey(st.st_dev, st.st_ino, size, st.st_mtime_ns,
+                            fresh.append(((st.st_dev, st.st_ino, size, st.st_mtime_ns,
                                                   st.st_ctime_ns), digest))
                         append(render(size, digest, rel[i]))
                         files += 1
@@ -347,7 +349,8 @@ def read_chunk(entries: Entries, start: int, end: int, render: RenderFile, *,
                     res = retry_changed(path, res)
             if res.key is not None and res.digest is not None:
                 if keep:
-                    fresh.append((res.key, res.digest))
+                    k = res.key
+                    fresh.append(((k.dev, k.ino, k.size, k.mtime_ns, k.ctime_ns), res.digest))
                 append(render(res.key.size, res.digest, rel[i]))
                 files += 1
                 nbytes += res.key.size
@@ -441,12 +444,10 @@ def _finish_chunk(entries: Entries, start: int, end: int, cache: DigestCache | N
     chunk.total_bytes += total
     chunk.text = "".join(out).encode("utf-8")
     if not chunk.pending and len(keys) == chunk.files:
-        chunk.keys = list(keys.values())
+        chunk.keys = [(k.dev, k.ino, k.size, k.mtime_ns, k.ctime_ns) for k in keys.values()]
     return chunk
 
 
-Keys = list[tuple[int, int, int, int, int]]
-"""Stat keys as plain tuples: (device, inode, size, mtime_ns, ctime_ns)."""
 
 
 def stat_keys(entries: Entries) -> Keys | None:

@@ -22,10 +22,12 @@ import signal
 import struct
 import warnings
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 import blake3
 
-from manifest.data.cache import DigestCache, StatKey, TreeRecord, pack_rows
+from manifest.data import cache as datacache
+from manifest.data.cache import DigestCache, Key, StatKey, TreeRecord, pack_rows
 from manifest.data.reading import (
     PLACEHOLDER,
     FileResult,
@@ -49,7 +51,7 @@ class SubTree:
     def __init__(self, text: bytes, files: int, hashed_bytes: int, total_bytes: int,
                  pending: list[tuple[bytes, bytes, FileResult]],
                  problems: list[tuple[bytes, str]], dir_ids: list[tuple[bytes, int, int]],
-                 fresh: list[tuple[StatKey, bytes]]) -> None:
+                 fresh: list[tuple[Key, bytes]]) -> None:
         self.text, self.files, self.hashed_bytes = text, files, hashed_bytes
         self.total_bytes, self.pending, self.problems = total_bytes, pending, problems
         self.dir_ids, self.fresh = dir_ids, fresh
@@ -105,9 +107,12 @@ def run_tree(walk: WalkFn, path: bytes, rel: bytes, cache: DigestCache | None,
                       defer_big=mapped is not None, keep=keep)
     tree = SubTree(chunk.text, chunk.files, chunk.hashed_bytes, chunk.total_bytes, [],
                    problems, dir_ids, chunk.fresh)
-    if (keep and top is not None and chunk.keys is not None and not problems
-            and not any(k.is_racy(started_ns) for k in chunk.keys)):
-        keys = [(k.dev, k.ino, k.size, k.mtime_ns, k.ctime_ns) for k in chunk.keys]
+    keys = chunk.keys
+    # Not racily clean (``manifest.data.cache``): the newest mtime and ctime, at C speed.
+    limit = started_ns - datacache.RACY_WINDOW_NS
+    if (keep and top is not None and keys is not None and not problems
+            and max(map(itemgetter(3), keys), default=0) < limit
+            and max(map(itemgetter(4), keys), default=0) < limit):
         tree.record = TreeRecord(top.st_dev, top.st_ino, tree_fingerprint(entries, keys),
                                  chunk.files, chunk.total_bytes, chunk.text)
     if chunk.pending:
@@ -120,7 +125,9 @@ def run_tree(walk: WalkFn, path: bytes, rel: bytes, cache: DigestCache | None,
                 res = failed or mapped(file_path, key or StatKey(0, 0, 0, 0, 0))
                 if res.status == Status.OK and res.key is not None and res.digest is not None:
                     if keep:
-                        tree.fresh.append((res.key, res.digest))
+                        k = res.key
+                        tree.fresh.append(((k.dev, k.ino, k.size, k.mtime_ns, k.ctime_ns),
+                                           res.digest))
                     tree.hashed_bytes += res.key.size
             if res.status == Status.OK and res.key is not None and res.digest is not None:
                 out.append(render(res.key.size, res.digest, entries.rel[i]).encode("utf-8"))
