@@ -434,5 +434,11 @@ def check_input_signature(file: str, data: bytes, *, cwd: Path, explicit: str | 
     from manifest.travel.policy import load_policy
 
     canonical = dumps(load_manifest(manifest_bytes_of(data)))
-    return check_manifest_signature(canonical, found[0], load_policy(cwd),
-                                    accept_untrusted=accept_untrusted)
+    policy = load_policy(cwd)
+    try:
+        return check_manifest_signature(canonical, found[0], policy,
+                                        accept_untrusted=accept_untrusted)
+    except SignatureError as exc:
+        # Name the file: a stale run.json.sig beside a re-captured run.json is the
+        # common case, and the user needs to know which file to re-sign or remove.
+        raise SignatureError(exc.message, hint=f"(signature: {found[1]})") from exc
