@@ -121,10 +121,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     manifest = load_manifest(_unpacked(data))
     check = _signature_check(args.file, data, args.signature, accept_untrusted=True)
     if args.format is ReportFormat.JSON:
-        import json
+        from manifest.cli.text import json_text
 
         doc = manifest.model_dump(mode="json", by_alias=True, exclude_none=False)
-        text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+        text = json_text(doc) + "\n"
         _write_output(text.encode(), None)
     elif args.format is ReportFormat.MARKDOWN:
         from manifest.cli.render import show_rows
@@ -376,12 +376,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.explain and report.verdict == "differs":
         explained = _explain_after_verify(args, report.first_divergent_step)
     if args.format is ReportFormat.JSON:
-        import json
+        from manifest.cli.text import json_text
 
         doc = report.to_json()
         if explained is not None:
             doc["explain"] = explained.to_json()
-        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(json_text(doc) + "\n")
     elif args.format is ReportFormat.MARKDOWN:
         from manifest.cli.render_markdown import verify_markdown
 
@@ -513,9 +513,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     report = explain_run(_read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
                          options=options, announce=render_command)
     if args.format is ReportFormat.JSON:
-        import json
+        from manifest.cli.text import json_text
 
-        sys.stdout.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(json_text(report.to_json()) + "\n")
     elif args.format is ReportFormat.MARKDOWN:
         import io
 

@@ -8,9 +8,9 @@ tensor of a model differs after a seed change) is folded after
 
 from __future__ import annotations
 
-import json
 from typing import TextIO
 
+from manifest.cli.text import json_text
 from manifest.diff.engine import Difference, ManifestDiff, show_value
 from manifest.diff.rules import Impact
 
@@ -28,8 +28,8 @@ def diff_json_bytes(
     # One difference per line: greppable, and json's C encoder (indent= falls
     # back to the pure-Python one, 4x slower on 10,000 differing tensors).
     rows = doc.pop("differences")
-    head = json.dumps(doc, indent=2, ensure_ascii=False)
-    items = ",\n    ".join(json.dumps(row, ensure_ascii=False) for row in rows)
+    head = json_text(doc, indent=2)
+    items = ",\n    ".join(json_text(row, indent=None) for row in rows)
     body = f"\n    {items}\n  " if rows else ""
     return f'{head[:-2]},\n  "differences": [{body}]\n}}\n'.encode()
 

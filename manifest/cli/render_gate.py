@@ -7,11 +7,10 @@ the lines behind each failed or skipped check, folded.
 
 from __future__ import annotations
 
-import json
 from typing import TextIO
 
+from manifest.cli.text import json_text, shell_join
 from manifest.cli.text import printable as _p
-from manifest.cli.text import shell_join
 from manifest.gate.report import CheckResult, GateReport, Status
 
 _MARK = {Status.PASS: "✅", Status.FAIL: "❌", Status.SKIP: "⏭️", Status.NO_VERDICT: "⚠️"}
@@ -38,7 +37,7 @@ def render_gate(report: GateReport, file: TextIO) -> None:
 
 
 def gate_json_bytes(report: GateReport) -> bytes:
-    return (json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n").encode()
+    return (json_text(report.to_json()) + "\n").encode()
 
 
 def _cell(text: str) -> str:

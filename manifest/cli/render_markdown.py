@@ -13,6 +13,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from manifest.cli.text import printable
+
 if TYPE_CHECKING:
     from manifest.diff.engine import ManifestDiff
     from manifest.diff.rules import Impact
@@ -20,13 +22,14 @@ if TYPE_CHECKING:
 
 
 def cell(text: str) -> str:
-    """Text safe inside one Markdown table cell."""
-    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """Text safe inside one Markdown table cell (and on a terminal: ``printable``)."""
+    return (printable(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
             .replace("<", "&lt;"))
 
 
 def code(text: str) -> str:
     """A code span that survives a backtick inside ``text``."""
+    text = printable(text)
     fence = "``" if "`" in text else "`"
     return f"{fence}{text}{fence}"
 
@@ -96,5 +99,6 @@ def hash_markdown(entry_json: str) -> str:
 
 def text_markdown(title: str, text: str) -> str:
     """A heading and a plain-text report in a fence (for verbs whose report is prose)."""
+    text = "\n".join(printable(line) for line in text.rstrip().split("\n"))
     fence = "````" if "```" in text else "```"
-    return f"## {title}\n\n{fence}text\n{text.rstrip()}\n{fence}\n"
+    return f"## {title}\n\n{fence}text\n{text}\n{fence}\n"

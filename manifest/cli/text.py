@@ -10,12 +10,13 @@ mutation fuzz). So:
 
 * :func:`printable` escapes C0/C1 control characters, DEL, the Unicode
   bidi and zero-width format characters and line separators as ``\\r``,
-  ``\\e``, ``\\u202e`` (backslashes doubled, so an escape cannot be forged);
+  ``\\e``, ``\\u202e`` (in such a string backslashes are doubled too);
 * :func:`markup` additionally escapes rich markup, for strings that go into
   a rich ``print`` or table cell;
 * :func:`shell_join` renders an argv the way bash would read it back: an
   argument with such a character is written in ANSI-C quoting (``$'a\\rb'``,
   backslashes doubled), so what is shown is exactly what will run;
+* :func:`json_text` writes a JSON report with those characters as ``\\uXXXX``;
 * :func:`make_console` gives a rich console that reports a closed pipe as
   :class:`BrokenPipeError`, which the CLI ends quietly with status 0.
 """
@@ -34,10 +35,12 @@ def printable(text: object) -> str:
 
     The escaping itself is ``manifest.verify.trust.escape_text`` (one rule
     for the plan verify shows and every report); ``str.isprintable`` (C speed)
-    skips the common case of nothing to escape.
+    skips the common case of nothing to escape, and leaves a string with no
+    such character exactly as recorded (backslashes too). Where the exact
+    bytes matter, the argv, :func:`shell_join` is unambiguous.
     """
     s = text if isinstance(text, str) else str(text)
-    if s.isprintable() and "\\" not in s:
+    if s.isprintable():  # also: printable(shell_join(argv)) is shell_join(argv)
         return s
     from manifest.verify.trust import escape_text
 
@@ -61,6 +64,29 @@ def shell_quote(arg: str) -> str:
 def shell_join(argv: list[str]) -> str:
     """An argv as one line that cannot disguise itself (see the module docstring)."""
     return " ".join(shell_quote(a) for a in argv)
+
+
+def json_text(doc: object, *, indent: int | None = 2) -> str:
+    """``json.dumps`` for a report on stdout, with no character that acts on a terminal.
+
+    JSON escapes only C0 controls; DEL, C1 controls, bidi overrides and line
+    separators would pass raw. They can only occur inside strings, where
+    ``\\uXXXX`` is the same value, so the document still parses to the same data.
+    """
+    import json
+
+    text = json.dumps(doc, indent=indent, ensure_ascii=False)
+    if text.replace("\n", "").isprintable():
+        return text
+    return "".join(ch if ch == "\n" or ch.isprintable() else _json_escape(ch) for ch in text)
+
+
+def _json_escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def make_console(file: TextIO | None = None, *, soft_wrap: bool = True) -> Console:
