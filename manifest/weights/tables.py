@@ -581,7 +581,7 @@ def digest_artifact(path: Path, display: str, *, malformed_ok: bool = False) -> 
                     raise MalformedArtifactError(
                         f"{display} looks like a {fmt} weight file but is malformed: {exc}.",
                         hint="Refusing to record a tensor table from it; check the file (it "
-                        "may be crafted) or leave it out of --output.") from exc
+                        "may be crafted) or leave it out of --artifact.") from exc
                 fmt, tensors = "file", None
             except WeightFileError:
                 fmt, tensors = "file", None

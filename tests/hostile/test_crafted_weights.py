@@ -245,12 +245,12 @@ def test_capture_and_verify_end_to_end(tmp_path: Path) -> None:
 
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "weights")
-    refused = manifest_cli("capture", "--output", "out/*.pt", "--", "python", "job.py",
+    refused = manifest_cli("capture", "--artifact", "out/*.pt", "--", "python", "job.py",
                            cwd=repo, env={"CRAFT": "1"})
     assert refused.returncode == 2
     assert refused.stderr.decode().startswith("manifest: out/m.pt looks like a torch weight")
     assert b"Traceback" not in refused.stderr and b"internal error" not in refused.stderr
-    ok = manifest_cli("capture", "--output", "out/*.pt", "--", "python", "job.py", cwd=repo)
+    ok = manifest_cli("capture", "--artifact", "out/*.pt", "--", "python", "job.py", cwd=repo)
     assert ok.returncode == 0, ok.stderr.decode()
     (repo / "run.json").write_bytes(ok.stdout)
     again = manifest_cli("verify", "--trust", "run.json", cwd=repo)

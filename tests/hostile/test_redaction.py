@@ -198,13 +198,13 @@ def test_no_planted_secret_reaches_any_written_byte(tmp_path: Path) -> None:
     env = {"MY_API_SECRET": "X" + _alnum(14)}
     planted = [*s.values(), env["MY_API_SECRET"]]
 
-    ok = manifest_cli("capture", "--output", "out/*.txt", "--", *argv, cwd=repo, env=env)
+    ok = manifest_cli("capture", "--artifact", "out/*.txt", "--", *argv, cwd=repo, env=env)
     assert ok.returncode == 0, ok.stderr.decode()
     (repo / "ok.json").write_bytes(ok.stdout)
     # Positive control: the child saw every real value.
     assert (repo / "out" / "argv.txt").read_text() == \
         hashlib.sha256("\0".join(argv[4:]).encode()).hexdigest()
-    failed = manifest_cli("capture", "--output", "out/*.txt", "--", *argv, cwd=repo,
+    failed = manifest_cli("capture", "--artifact", "out/*.txt", "--", *argv, cwd=repo,
                           env={**env, "FAIL": "1"})
     assert failed.returncode == 3, failed.stderr.decode()
     (repo / "failed.json").write_bytes(failed.stdout)
