@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
+import manifest
+
 
 class SmallCNN(nn.Module):
     def __init__(self) -> None:
@@ -59,8 +61,6 @@ def main() -> None:
             dist.broadcast(p.data, src=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if args.trail:
-        import manifest
-
         manifest.trail(model, every=args.trail)
     for _ in range(args.steps):
         idx = torch.randint(0, images.shape[0], (32,))
@@ -74,6 +74,7 @@ def main() -> None:
                 dist.all_reduce(p.grad)
                 p.grad /= world
         opt.step()
+        manifest.log(loss=loss.item())  # read by `manifest lab` (loss gap); no-op unlaunched
     if rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ __all__ = [
     "dataloader_kwargs",
     "deterministic",
     "load_manifest",
+    "log",
     "seed_everything",
     "trail",
 ]
@@ -24,7 +25,7 @@ __all__ = [
 if TYPE_CHECKING:
     from manifest.canonical import load_manifest
     from manifest.errors import ManifestError
-    from manifest.launch.recipe import dataloader_kwargs, deterministic, seed_everything, trail
+    from manifest.launch.recipe import dataloader_kwargs, deterministic, log, seed_everything, trail
     from manifest.models import Manifest
 
 _LAZY = {
@@ -35,6 +36,7 @@ _LAZY = {
     "deterministic": "manifest.launch.recipe",
     "dataloader_kwargs": "manifest.launch.recipe",
     "trail": "manifest.launch.recipe",
+    "log": "manifest.launch.recipe",
 }
 
 

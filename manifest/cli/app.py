@@ -147,6 +147,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_schema(args: argparse.Namespace) -> int:
     from manifest.schema import schema_text
 
+    if args.lab:
+        from manifest.lab.report import lab_schema_text
+
+        _write_output(lab_schema_text().encode(), args.output)
+        return 0
     _write_output(schema_text().encode(), args.output)
     return 0
 
@@ -210,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the JSON Schema (draft 2020-12) generated from the manifest's models.")
     schema.add_argument("-o", "--out", dest="output", metavar="FILE",
                         help="write the schema here (atomically) instead of stdout")
+    schema.add_argument("--lab", action="store_true",
+                        help="print the schema of 'manifest lab --json' instead")
     schema.set_defaults(func=_cmd_schema)
 
     for register in _EXTRA_VERBS:
@@ -678,8 +685,75 @@ def _cmd_attest(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------ lab (issue 14)
+
+
+def _register_lab(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "lab", help="noise floor, bit-exact under the recipe, cost, op catalogue, checklist",
+        description="Run CMD N times under PyTorch's default switches and N times under the "
+        "recipe (same seed), compare the runs tensor by tensor, price the recipe, audit one "
+        "more run for the ops that are nondeterministic on CUDA, and check code, data, "
+        "environment, random state, hardware and numerics. Defaults from [tool.manifest].",
+        epilog="Exit status: 0 bit-identical under the recipe, 1 the recipe runs differ, "
+        "2 bad usage, 3 a run failed.")
+    p.add_argument("--runs", type=_positive, default=2, help="runs per mode (default 2)")
+    p.add_argument("--seed", type=_seed, default=None, help="base seed (default: config or 0)")
+    p.add_argument("--threads", type=_positive, default=None,
+                   help="pin the torch/OpenMP thread count (default: config or the count here)")
+    p.add_argument("--data", action="append", default=None, metavar="[NAME=]PATH",
+                   help="dataset to digest (repeatable)")
+    p.add_argument("--artifact", "--output", dest="outputs", action="append", default=None,
+                   metavar="GLOB", help="file(s) each run writes, compared tensor by tensor "
+                   "between runs (repeatable; default: config outputs)")
+    p.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
+    p.add_argument("--no-cache", action="store_true", help="re-read every data file")
+    add_format_option(p, what="the report (json: schemas/lab.v1.schema.json; markdown: with "
+                      "plots when matplotlib is installed)")
+    p.add_argument("--report", metavar="FILE.md",
+                   help="also write the self-contained Markdown report (with plots) here")
+    add_verbosity_options(p, quiet_help="no progress output on stderr")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
+    p.set_defaults(func=_cmd_lab)
+
+
+def _cmd_lab(args: argparse.Namespace) -> int:
+    from manifest.lab.runs import LabOptions, run_lab
+
+    if args.report and not Path(args.report).parent.is_dir():
+        raise OutputError(f"cannot write {args.report}: its directory does not exist.")
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+
+    def progress(text: str) -> None:
+        if not args.quiet:
+            sys.stderr.write(f"manifest: lab: {text}\n")
+
+    options = LabOptions(runs=args.runs, seed=args.seed, threads=args.threads, data=args.data,
+                         outputs=args.outputs, store_dir=args.store, no_cache=args.no_cache,
+                         quiet=args.quiet)
+    report = run_lab(Path.cwd(), command, options, progress=progress)
+    if args.report:
+        from manifest.cli.render_lab import render_lab_markdown
+
+        _write_output(render_lab_markdown(report).encode(), args.report)
+    if args.format is ReportFormat.JSON:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    elif args.format is ReportFormat.MARKDOWN:
+        from manifest.cli.render_lab import render_lab_markdown
+
+        sys.stdout.write(render_lab_markdown(report))
+    else:
+        from manifest.cli.render_lab import render_lab
+
+        render_lab(report)
+    return report.exit_code
+
+
 _EXTRA_VERBS = [_register_verify, _register_hash, _register_diff, _register_gate,
-                _register_explain, _register_pack, _register_sign, _register_attest]
+                _register_explain, _register_pack, _register_sign, _register_attest,
+                _register_lab]
 
 
 def _silence_stdout() -> None:

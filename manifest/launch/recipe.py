@@ -155,6 +155,17 @@ class Trail:
         self._handle.remove()
 
 
+def log(**values: Any) -> None:
+    """Report numbers of the current step, e.g. ``manifest.log(loss=loss.item())``.
+
+    Under the launcher they go into the process record with the optimizer
+    step they follow (``manifest lab`` reads ``loss`` to report the loss gap
+    between runs); elsewhere this does nothing. Values must convert with
+    ``float()`` (a 0-dim tensor does, at the cost of one device sync).
+    """
+    _runtime().record_log({str(k): float(v) for k, v in values.items()})
+
+
 def trail(model: Any, every: int = 1) -> Trail:
     """Start a step trail for ``model`` (see :class:`Trail`)."""
     return Trail(model, every)

@@ -49,6 +49,7 @@ _state: dict[str, Any] = {
     "steps": 0,
     "auto_trail": [],
     "ops": None,
+    "log": [],
 }
 
 
@@ -269,6 +270,12 @@ def record_trail(step: int, digest: str | None) -> None:
         _state["trail"].append({"step": int(step), "digest": digest})
 
 
+def record_log(values: dict[str, float]) -> None:
+    """``manifest.log(loss=…)``: values at the current optimizer step, kept in the record."""
+    if _state["record"] is not None:
+        _state["log"].append({"step": _state["steps"], **values})
+
+
 def trail_points() -> list[dict[str, Any]]:
     return list(_state["trail"])
 
@@ -454,6 +461,10 @@ def _on_torch(module: ModuleType) -> None:
     record["at_start"] = rng_fingerprints()
     if config.get("trail", "sampled") or os.environ.get("MANIFEST_OPS"):
         _install_step_hook(module)
+    if os.environ.get("MANIFEST_AUDIT"):  # manifest lab's op audit (_manifest_audit)
+        import _manifest_audit  # type: ignore[import-not-found]
+
+        _manifest_audit.start(os.environ["MANIFEST_AUDIT"])
 
 
 def _write_record() -> None:
@@ -469,6 +480,7 @@ def _write_record() -> None:
         record["trail"] = trail_points()
         record["steps"] = _state["steps"]
         record["auto_trail"] = list(_state["auto_trail"])
+        record["log"] = list(_state["log"])
         if _state["ops"] is not None:
             _state["ops"].finish()
         mp = sys.modules.get("multiprocessing")

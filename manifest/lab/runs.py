@@ -1,0 +1,376 @@
+"""``manifest lab -- CMD``: noise floor, bit-exactness, cost, op catalogue, checklist.
+
+Steps, in order (2N + 1 runs of the command, all in the current tree):
+
+1. One snapshot of code, environment and hardware, and the datasets
+   digested once, as ``manifest capture`` does; every run is then sealed as
+   a run manifest on that snapshot, so their run_ids are comparable.
+2. N runs under PyTorch's default switches (the launcher seeds, pins the
+   thread count and records, but enforces nothing: capture's
+   ``--no-deterministic``) and N under the full recipe, interleaved
+   (default 1, recipe 1, default 2, …) so a machine that speeds up or slows
+   down during the lab does not bias one mode. After each run its declared
+   outputs are copied aside; run k of a mode is compared with run 1
+   tensor by tensor (``manifest.weights.compare``: bytes decide, max |Δ| and
+   ULP describe), and by the automatic trail (the optimizer state at every
+   step), which also works when no output is declared.
+3. Cost: the medians of the wall times, ``determinism_cost_pct`` =
+   (recipe − default) / default × 100, flagged "within noise" when either
+   mode's spread (max − min) is wider than the difference.
+4. One more run under the defaults with the op audit
+   (``launch/boot/_manifest_audit.py``), not timed: every aten op with its
+   module path and line, kept if ``manifest.lab.catalogue`` lists it.
+5. Identity: the recipe runs' run_ids (one config hashed N times), and the
+   default run's as the perturbed config (one switch changed).
+6. The checklist (``manifest.lab.checklist``) on the first recipe run.
+
+Measured on the bundled example (60 steps, 2 threads, CPU): each run takes
+about 2 s, the audit run about 3×.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from manifest.capture.run import (
+    LaunchSettings,
+    _config_int,
+    build_run_manifest,
+    default_threads,
+    run_under_launcher,
+)
+from manifest.config import load_config, string_list
+from manifest.errors import ConfigError, NoVerdictError, UsageError
+from manifest.lab.catalogue import base_name, load_table
+from manifest.lab.checklist import checklist
+from manifest.lab.report import (
+    Catalogue,
+    CatalogueEntry,
+    Cost,
+    Identity,
+    LabReport,
+    ModeResult,
+    RunResult,
+    Site,
+    TensorDiff,
+    WallStats,
+)
+from manifest.models import Manifest
+from manifest.redact import redact_argv
+
+AUDIT_VAR = "MANIFEST_AUDIT"
+
+
+@dataclass(frozen=True)
+class LabOptions:
+    runs: int = 2
+    seed: int | None = None
+    threads: int | None = None
+    data: list[str] | None = None
+    outputs: list[str] | None = None
+    store_dir: str | None = None
+    no_cache: bool = False
+    quiet: bool = False
+
+
+@dataclass
+class _Run:
+    mode: str
+    index: int
+    wall_s: float
+    manifest: Manifest
+    records: list[dict[str, Any]]
+    saved: Path
+
+
+def _command(command: list[str], table: dict[str, Any], origin: Path | None) -> list[str]:
+    if command:
+        return command
+    configured = table.get("command")
+    if isinstance(configured, str):
+        import shlex
+
+        configured = shlex.split(configured)
+    if configured is None:
+        raise UsageError("no command: give one after '--' or set command in [tool.manifest].")
+    if not isinstance(configured, list) or not all(isinstance(a, str) for a in configured):
+        raise ConfigError(f"[tool.manifest] command in {origin} must be a list of strings.")
+    return list(configured)
+
+
+def run_lab(cwd: Path, command: list[str], options: LabOptions,
+            progress: Callable[[str], None] | None = None) -> LabReport:
+    """Run the lab for ``command`` in ``cwd`` and return its report."""
+    from manifest.capture.snapshot import take_snapshot
+
+    say = progress or (lambda _: None)
+    table, origin = load_config(cwd)
+    command = _command(command, table, origin)
+    data_base = origin.parent if options.data is None and origin is not None else None
+    data = options.data if options.data is not None else string_list(table, "data", origin) or []
+    outputs = (options.outputs if options.outputs is not None
+               else string_list(table, "outputs", origin) or [])
+    seed = options.seed if options.seed is not None else (_config_int(table, "seed", origin) or 0)
+    threads = options.threads or _config_int(table, "threads", origin) or default_threads()
+    snap = take_snapshot(cwd, store_dir=options.store_dir or table.get("store"))
+    datasets: list[dict[str, Any]] = []
+    if data:
+        from manifest.data.datasets import digest_datasets
+
+        found = digest_datasets(data, repo_root=snap.code.root, store=snap.store,
+                                no_cache=options.no_cache, quiet=options.quiet, base=data_base)
+        datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
+
+    with tempfile.TemporaryDirectory(prefix="manifest-lab-") as tmp:
+        work = Path(tmp)
+        runs: dict[str, list[_Run]] = {"default": [], "recipe": []}
+        for i in range(1, options.runs + 1):
+            for mode in ("default", "recipe"):
+                say(f"run {i}/{options.runs} under the {mode} switches")
+                settings = LaunchSettings(seed=seed, derivation="same", threads=threads,
+                                          deterministic=mode == "recipe")
+                started = time.perf_counter()
+                result = run_under_launcher(command, cwd, settings)
+                wall = time.perf_counter() - started
+                manifest = build_run_manifest(snap, cwd=cwd, argv=command, settings=settings,
+                                              result=result, datasets=datasets,
+                                              output_globs=outputs)
+                assert manifest.outputs is not None
+                if manifest.outputs.status != "ok":
+                    raise NoVerdictError(f"{mode} run {i} failed: {manifest.outputs.error}.")
+                saved = work / f"{mode}-{i}"
+                for art in manifest.outputs.artifacts:
+                    (saved / art.path).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(cwd / art.path, saved / art.path)
+                runs[mode].append(_Run(mode, i, wall, manifest, result.records, saved))
+        say("audit run: every aten op, its module and line")
+        catalogue = _audit(command, cwd, seed, threads, work / "audit")
+        default = _mode_result("default", runs["default"])
+        recipe = _mode_result("recipe", runs["recipe"])
+
+    first = runs["recipe"][0].manifest
+    identity = Identity(
+        recipe_run_id=first.run_id,
+        recipe_runs_agree=len({r.manifest.run_id for r in runs["recipe"]}) == 1,
+        perturbation="use_deterministic_algorithms off (the default runs: one switch changed)",
+        perturbed_run_id=runs["default"][0].manifest.run_id,
+        perturbed_differs=runs["default"][0].manifest.run_id != first.run_id,
+    )
+    return LabReport(
+        command=redact_argv(command), seed=seed, threads=threads, runs_per_mode=options.runs,
+        default=default, recipe=recipe, cost=_cost(default, recipe), catalogue=catalogue,
+        identity=identity,
+        checklist=checklist(first, threads=threads, default=default, recipe=recipe),
+    )
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def _final_loss(records: list[dict[str, Any]]) -> tuple[float | None, dict[int, float]]:
+    """The last logged loss of rank 0 and its loss by step."""
+    rank0 = next((r for r in records if r.get("rank") == 0), None)
+    by_step: dict[int, float] = {}
+    last = None
+    for point in (rank0 or {}).get("log") or []:
+        value = point.get("loss")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            by_step[int(point.get("step") or 0)] = float(value)
+            last = float(value)
+    return last, by_step
+
+
+def _trail(records: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    rank0 = next((r for r in records if r.get("rank") == 0), None)
+    points = (rank0 or {}).get("trail") or (rank0 or {}).get("auto_trail") or []
+    return [(int(p["step"]), str(p["digest"])) for p in points]
+
+
+def _l2(a: Path, b: Path, names: list[str]) -> dict[str, float]:
+    """L2 norm of b − a per float tensor (numbers only: the bytes already decided)."""
+    from manifest.weights.compare import _as_float64, _tensors
+
+    out: dict[str, float] = {}
+    ta, tb = _tensors(a), _tensors(b)
+    try:
+        if ta is None or tb is None:
+            return out
+        for name in names:
+            x, y = ta[1].get(name), tb[1].get(name)
+            if x is None or y is None or x.dtype != y.dtype or x.shape != y.shape:
+                continue
+            fa, fb = _as_float64(x.data, x.dtype), _as_float64(y.data, y.dtype)
+            if fa is not None and fb is not None:
+                out[name] = float(math.sqrt(float(((fa - fb) ** 2).sum())))
+    finally:
+        for t in (ta, tb):
+            if t is not None:
+                t[1].clear()
+                t[0].close()
+    return out
+
+
+def _compare(first: _Run, other: _Run) -> tuple[list[TensorDiff], int]:
+    from manifest.weights.compare import compare_artifacts
+
+    assert first.manifest.outputs is not None and other.manifest.outputs is not None
+    theirs = {a.path: a for a in other.manifest.outputs.artifacts}
+    diffs: list[TensorDiff] = []
+    compared = 0
+    for art in first.manifest.outputs.artifacts:
+        new = theirs.get(art.path)
+        if new is None:
+            diffs.append(TensorDiff(artifact=art.path, name="", change="missing"))
+            continue
+        compared += len(art.tensors or {}) or 1
+        delta = compare_artifacts(art, new, recorded_file=first.saved / art.path,
+                                  new_file=other.saved / art.path)
+        if delta.identical:
+            continue
+        if not delta.tensors:
+            diffs.append(TensorDiff(artifact=art.path, name="", change="file bytes"))
+            continue
+        norms = _l2(first.saved / art.path, other.saved / art.path,
+                    [t.name for t in delta.tensors if t.change == "values"])
+        diffs.extend(TensorDiff(artifact=art.path, name=t.name, change=t.change,
+                                elements=t.elements, total=t.total, max_abs=t.max_abs,
+                                max_ulp=t.max_ulp, l2=norms.get(t.name))
+                     for t in delta.tensors)
+    return diffs, compared
+
+
+def _mode_result(mode: str, runs: list[_Run]) -> ModeResult:
+    first = runs[0]
+    worst: dict[tuple[str, str], TensorDiff] = {}
+    compared = 0
+    weight_l2: float | None = None
+    loss_gap: float | None = None
+    max_loss_gap: float | None = None
+    first_step: int | None = None
+    trail_same = True
+    loss0, curve0 = _final_loss(first.records)
+    trail0 = dict(_trail(first.records))
+    for other in runs[1:]:
+        diffs, compared = _compare(first, other)
+        for d in diffs:
+            key = (d.artifact, d.name)
+            if key not in worst or (d.max_abs or 0.0) > (worst[key].max_abs or 0.0):
+                worst[key] = d
+        if first.manifest.outputs and first.manifest.outputs.artifacts:
+            l2 = math.sqrt(sum((d.l2 or 0.0) ** 2 for d in diffs))
+            weight_l2 = max(weight_l2 or 0.0, l2)
+        loss, curve = _final_loss(other.records)
+        if loss0 is not None and loss is not None:
+            loss_gap = max(loss_gap or 0.0, abs(loss - loss0))
+            shared = set(curve0) & set(curve)
+            if shared:
+                gap = max(abs(curve0[s] - curve[s]) for s in shared)
+                max_loss_gap = max(max_loss_gap or 0.0, gap)
+        trail = _trail(other.records)
+        if trail != sorted(trail0.items()):
+            trail_same = False
+        for step, digest in trail:
+            if trail0.get(step) != digest:
+                first_step = step if first_step is None else min(first_step, step)
+                break
+    differing = sorted(worst.values(), key=lambda d: (d.artifact, d.name))
+    has_outputs = bool(first.manifest.outputs and first.manifest.outputs.artifacts)
+    basis = " and ".join(b for b, ok in (("outputs", has_outputs), ("trail", bool(trail0))) if ok)
+    values = [d.max_abs for d in differing if d.max_abs is not None]
+    ulps = [d.max_ulp for d in differing if d.max_ulp is not None]
+    walls = [r.wall_s for r in runs]
+    return ModeResult(
+        mode="recipe" if mode == "recipe" else "default",
+        deterministic=mode == "recipe",
+        runs=[RunResult(index=r.index, wall_s=round(r.wall_s, 4), exit_code=0,
+                        run_id=r.manifest.run_id, trail_steps=len(_trail(r.records)),
+                        final_loss=_final_loss(r.records)[0]) for r in runs],
+        wall=WallStats(median_s=round(statistics.median(walls), 4), min_s=round(min(walls), 4),
+                       max_s=round(max(walls), 4)),
+        bit_identical=not differing and trail_same,
+        basis=basis or "nothing (no output declared, no optimizer step seen)",
+        differing=differing,
+        tensors_compared=compared,
+        max_abs=max(values, default=0.0 if has_outputs else None),
+        max_ulp=max(ulps, default=0 if has_outputs else None),
+        weight_l2=weight_l2 if len(runs) > 1 else None,
+        loss_gap=loss_gap,
+        max_loss_gap=max_loss_gap,
+        first_divergent_step=first_step,
+    )
+
+
+def _cost(default: ModeResult, recipe: ModeResult) -> Cost:
+    d, r = default.wall.median_s, recipe.wall.median_s
+    pct = (r - d) / d * 100.0 if d > 0 else 0.0
+    spread = max(default.wall.max_s - default.wall.min_s, recipe.wall.max_s - recipe.wall.min_s)
+    noisy = spread > abs(r - d)
+    caveat = None
+    if noisy:
+        caveat = (f"the runs' spread ({spread:.3f} s) is wider than the difference of the "
+                  f"medians ({abs(r - d):.3f} s): the sign of the cost is not established; "
+                  "use more --runs")
+    return Cost(default_median_s=d, recipe_median_s=r, determinism_cost_pct=round(pct, 2),
+                spread_s=round(spread, 4), within_noise=noisy, caveat=caveat)
+
+
+# -------------------------------------------------------------------- audit
+
+
+def _audit(command: list[str], cwd: Path, seed: int, threads: int, directory: Path) -> Catalogue:
+    table = load_table()
+    directory.mkdir(parents=True, exist_ok=True)
+    settings = LaunchSettings(seed=seed, derivation="same", threads=threads,
+                              deterministic=False, trail="off")
+    env = dict(os.environ)
+    env[AUDIT_VAR] = str(directory)
+    result = run_under_launcher(command, cwd, settings, base_env=env)
+    error = None if result.exit_code == 0 else f"the audit run exited with {result.exit_code}"
+    counts: dict[tuple[str, str, str, str, str], int] = {}
+    for path in sorted(directory.glob("audit-*.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            for op, module, module_type, where, device, n in doc["ops"]:
+                key = (str(op), str(module), str(module_type), str(where), str(device))
+                counts[key] = counts.get(key, 0) + int(n)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            error = f"unreadable audit file {path.name}: {exc}"
+    if not counts and error is None:
+        error = "the audit saw no aten op (torch never imported, or python -I/-S)"
+    by_op: dict[str, list[Site]] = {}
+    for (op, module, module_type, where, device), n in sorted(counts.items()):
+        name = base_name(op)
+        if name in table.rules:
+            by_op.setdefault(name, []).append(Site(module=module, module_type=module_type,
+                                                   where=where, device=device, count=n))
+    entries = []
+    for name, sites in sorted(by_op.items()):
+        rules = table.rules[name]
+        kind: Literal["raises", "switched"] = (
+            "raises" if any(r.kind == "raises" for r in rules) else "switched")
+        merged: dict[tuple[str, str, str, str], int] = {}
+        for s in sites:
+            k = (s.module, s.module_type, s.where, s.device)
+            merged[k] = merged.get(k, 0) + s.count
+        entries.append(CatalogueEntry(
+            op=f"aten::{name}", kind=kind,
+            documented=[f"{r.documented} {r.when}".strip() for r in rules],
+            count=sum(merged.values()),
+            sites=[Site(module=m, module_type=t, where=w, device=d, count=c)
+                   for (m, t, w, d), c in sorted(merged.items(), key=lambda kv: -kv[1])],
+        ))
+    return Catalogue(source=table.source, unmapped=table.unmapped,
+                     ops_total=sum(counts.values()),
+                     ops_distinct=len({base_name(k[0]) for k in counts}),
+                     entries=sorted(entries, key=lambda e: (e.kind != "raises", -e.count)),
+                     audit_error=error)
