@@ -126,7 +126,7 @@ def test_lab_on_the_bundled_example(tmp_path: Path) -> None:
     for mode in (report.default, report.recipe):
         assert mode.bit_identical and mode.differing == []
         assert mode.basis == "outputs and trail"
-        assert mode.tensors_compared == 9  # conv1, bn1 (5), conv2, fc: weights and biases
+        assert mode.tensors_compared == 11  # conv1 (2), bn1 (5), conv2 (2), fc (2)
         assert mode.max_abs == 0.0 and mode.max_ulp == 0 and mode.weight_l2 == 0.0
         assert mode.loss_gap == 0.0 and mode.max_loss_gap == 0.0
         assert mode.first_divergent_step is None

@@ -2,7 +2,7 @@
 
 The Markdown report embeds its plots as PNG data URIs, so it is one file
 that travels; they are drawn with matplotlib when the optional extra is
-installed (``pip install 'manifest[plot]'``), and the same numbers are
+installed (``pip install 'torch-manifest[plot]'``), and the same numbers are
 always there as tables, so without it nothing but the pictures is lost.
 Text from the run (module paths, file names, op names) is escaped before it
 goes into Markdown, so a hostile name cannot add markup or HTML.
@@ -178,7 +178,7 @@ def render_lab_markdown(report: LabReport, *, plots: bool = True) -> str:
         lines += [f"![run times and noise floor](data:image/png;base64,"
                   f"{base64.b64encode(png).decode()})", ""]
     else:
-        lines += ["(Plots need the optional extra: pip install 'manifest\\[plot\\]'.)", ""]
+        lines += ["(Plots need the optional extra: pip install 'torch-manifest[plot]'.)", ""]
     lines += ["## 1. Noise floor (PyTorch defaults, same seed)", "",
               *_table(["", "value"], _mode_rows(r.default)), ""]
     if r.default.differing:
