@@ -239,10 +239,21 @@ class TrailPoint(Model):
     digest: Digest
 
 
+class OpStreamRef(Model):
+    """An op stream stored at capture (``--fingerprint-ops``) as a blob in the store."""
+
+    digest: Digest
+    steps: list[Count]
+    """First and last optimizer step it covers."""
+    ops: Count
+
+
 class ProcessOutcome(Model):
     rank: Count
     at_exit: RngFingerprints | None
     trail: list[TrailPoint] = Field(default_factory=list)
+    # Left out of the document when absent, so manifests without it keep their bytes.
+    ops: OpStreamRef | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class Outputs(Model):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runs import capture, make_repo, manifest_cli
+from tests.runs import capture, free_port, make_repo, manifest_cli
 
 pytestmark = pytest.mark.slow
 
@@ -184,5 +185,37 @@ def test_cuda_index_add_is_named_without_the_recipe_and_not_with_it(tmp_path: Pa
     strict, _ = capture(repo, command=["python", "scatter.py"], outputs="scatter.py",
                         name="strict.json")
     code, report, stderr = explain(repo, strict)
+    assert code == 0, stderr
+    assert report["verdict"] == "agree"
+
+
+def test_recorded_op_stream_lets_verify_name_the_first_op(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {})
+    manifest, doc = capture(repo, "--seed", "0", "--threads", "2", "--fingerprint-ops", "1",
+                            command=["python", "train.py", "--steps", "3"])
+    [process] = doc["outputs"]["processes"]
+    assert process["ops"]["steps"] == [1, 1] and process["ops"]["ops"] > 50
+    faithful = manifest_cli("verify", str(manifest), "--json", cwd=repo)
+    assert faithful.returncode == 0, faithful.stderr.decode()
+    assert "first_divergent_op" not in json.loads(faithful.stdout)
+    proc = manifest_cli("verify", str(manifest), "--json", "--threads", "1", cwd=repo)
+    assert proc.returncode == 1, proc.stderr.decode()
+    op = json.loads(proc.stdout)["first_divergent_op"]
+    assert op["step"] == 1 and op["kind"] == "op-differs"
+    assert op["op"].startswith("aten::") and op["where"].startswith("train.py:")
+    assert op["compared"] == "recorded op stream vs re-run"
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+def test_torchrun_ranks_get_their_own_streams(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {})
+    cmd = ["torchrun", "--nproc_per_node=2", f"--master_port={free_port()}", "train.py",
+           "--steps", "3"]
+    manifest, doc = capture(repo, "--seed", "0", "--threads", "1", "--fingerprint-ops", "1",
+                            command=cmd)
+    refs = [p["ops"] for p in doc["outputs"]["processes"]]
+    assert len(refs) == 2 and all(r is not None for r in refs)
+    assert refs[0]["digest"] != refs[1]["digest"]  # each rank trains on its own shard
+    code, report, stderr = explain(repo, manifest)
     assert code == 0, stderr
     assert report["verdict"] == "agree"

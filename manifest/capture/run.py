@@ -41,6 +41,7 @@ from manifest.models import (
     Artifact,
     Flags,
     Manifest,
+    OpStreamRef,
     ProcessDeterminism,
     ProcessOutcome,
     ProcessRandomness,
@@ -212,6 +213,32 @@ def _process_error(records: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def stream_ranks(result: LaunchResult) -> dict[str, int]:
+    """Stream file name → rank of the process that wrote it (by pid, as ranks were assigned)."""
+    by_pid = {int(r["pid"]): int(r["rank"]) for r in result.records if r.get("pid")}
+    out: dict[str, int] = {}
+    for name in result.op_streams:
+        pid = name.removesuffix(".json").rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) in by_pid:
+            out[name] = by_pid[int(pid)]
+    return out
+
+
+def store_op_streams(result: LaunchResult, store: Any) -> dict[int, OpStreamRef]:
+    """Each rank's op stream (``--fingerprint-ops``) as a blob; its reference by rank."""
+    refs: dict[int, OpStreamRef] = {}
+    for name, rank in stream_ranks(result).items():
+        data = result.op_streams[name]
+        try:
+            doc = json.loads(data)
+            steps = [int(s) for s in doc["steps"]]
+            count = len(doc["ops"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        refs[rank] = OpStreamRef(digest=store.put(data), steps=steps, ops=count)
+    return refs
+
+
 def build_run_manifest(
     snap: Snapshot,
     *,
@@ -227,6 +254,10 @@ def build_run_manifest(
     """The sealed manifest of a finished run. ``malformed_ok``: a malformed weight file
     is recorded by file digest (verify's re-run) instead of refused (capture)."""
     rnd, det, outcomes = merge_records(result.records)
+    if result.op_streams:
+        refs = store_op_streams(result, snap.store)
+        outcomes = [o.model_copy(update={"ops": refs[o.rank]}) if o.rank in refs else o
+                    for o in outcomes]
     artifacts, missing = digest_outputs(output_globs, cwd, malformed_ok=malformed_ok)
     status = "ok"
     error = None
@@ -303,6 +334,7 @@ def capture_from_cli(
     per_rank_seed: bool = False,
     manifest_file: Path | None = None,
     nvml: Any | None = None,
+    fingerprint_ops: int | None = None,
 ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status."""
     table, origin = load_config(cwd)
@@ -338,6 +370,7 @@ def capture_from_cli(
         derivation="base+rank" if per_rank_seed else "same",
         threads=threads or _config_int(table, "threads", origin) or default_threads(),
         deterministic=deterministic and table.get("deterministic", True) is not False,
+        ops={"from": 1, "to": fingerprint_ops} if fingerprint_ops else None,
     )
     from manifest.probes.compute import compute_record, read_energy
 

@@ -91,6 +91,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         per_rank_seed=args.per_rank_seed,
         manifest_file=Path(args.output) if args.output and args.output != "-" else None,
+        fingerprint_ops=args.fingerprint_ops,
     )
     _write_output(dumps(manifest), args.output)
     if args.pack:
@@ -191,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="do not enforce the deterministic recipe (flags are still recorded)")
     cap.add_argument("--per-rank-seed", action="store_true",
                      help="seed each rank with base + RANK (default: every rank gets the base)")
+    cap.add_argument("--fingerprint-ops", type=_positive, default=None, metavar="STEPS",
+                     help="store the op-level fingerprint stream of the first STEPS optimizer "
+                     "steps, so verify elsewhere can name the first op that computes "
+                     "differently (costs a few times those steps)")
     cap.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
     cap.add_argument("--pack", metavar="FILE",
                      help="also write a pack (manifest + its blobs) here, see 'manifest pack'")

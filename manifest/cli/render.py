@@ -149,6 +149,12 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
         console.print(table)
     if report.first_divergent_step is not None:
         console.print(f"first divergent step: {report.first_divergent_step}")
+    op = report.first_divergent_op
+    if op is not None:
+        module = f"{op.module or '(top)'} ({op.module_type})" if op.module_type else (
+            op.module or "(outside any module)")
+        console.print(f"first divergent op: {op.op} in {module}, {op.where or '-'}, "
+                      f"step {op.step}, {op.tensor}: {op.kind} (vs the recorded op stream)")
     elif report.trail_compared:
         console.print("step trails agree at every recorded step")
 

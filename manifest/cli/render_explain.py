@@ -6,7 +6,8 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from manifest.explain.pipeline import ExplainReport, Finding
+    from manifest.explain.findings import Finding
+    from manifest.explain.pipeline import ExplainReport
 
 _CAUSES = {
     "nondeterminism": "the two fresh runs part under the same settings: a nondeterministic "

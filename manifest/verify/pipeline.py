@@ -78,6 +78,9 @@ class VerifyReport:
     data: list[DataChange] = field(default_factory=list)
     artifacts: list[ArtifactDelta] = field(default_factory=list)
     first_divergent_step: int | None = None
+    first_divergent_op: Any = None
+    """Where the re-run's op stream parts from the one stored at capture (a
+    ``manifest.explain.findings.Finding``), when the capture stored one."""
     trail_compared: bool = False
     rerun_exit_code: int | None = None
     workdir: str | None = None
@@ -114,6 +117,8 @@ class VerifyReport:
                 for a in self.artifacts
             ],
             "first_divergent_step": self.first_divergent_step,
+            **({"first_divergent_op": dict(self.first_divergent_op.__dict__)}
+               if self.first_divergent_op is not None else {}),
             "rerun_exit_code": self.rerun_exit_code,
             "trust": self.trust,
             "confinement": self.confinement,
@@ -481,6 +486,32 @@ def _plan_variables(recorded: Manifest, options: VerifyOptions) -> dict[str, str
     return variables
 
 
+def _recorded_ops_window(recorded: Manifest) -> dict[str, Any] | None:
+    """Record the same steps' op stream as the capture stored (``--fingerprint-ops``)."""
+    refs = [p.ops for p in recorded.outputs.processes if p.ops is not None] if (
+        recorded.outputs is not None) else []
+    if not refs:
+        return None
+    return {"from": min(r.steps[0] for r in refs), "to": max(r.steps[-1] for r in refs)}
+
+
+def _first_op_difference(recorded: Manifest, result: Any, store: BlobStore) -> Any:
+    """The first op where the re-run computes differently from the stored stream."""
+    from manifest.capture.run import stream_ranks
+    from manifest.explain.findings import first_op_difference
+    from manifest.explain.stream import parse_stream
+
+    assert recorded.outputs is not None
+    old = {}
+    for process in recorded.outputs.processes:
+        blob = store.get(process.ops.digest) if process.ops is not None else None
+        if blob is not None:
+            old[process.rank] = parse_stream(blob, what="the recorded op stream")
+    new = {rank: parse_stream(result.op_streams[name])
+           for name, rank in stream_ranks(result).items()}
+    return first_op_difference(old, new)
+
+
 def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, root: Path,
                        scratch: Path, options: VerifyOptions,
                        machine: Machine, run_argv: list[str],
@@ -495,6 +526,7 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
         derivation=recorded.randomness.derivation or "same",
         threads=options.threads or recorded.determinism.num_threads or 1,
         deterministic=recorded.determinism.requested,
+        ops=_recorded_ops_window(recorded),
     )
     snap = take_snapshot(run_cwd, store_dir=str(scratch / "store"), machine=machine)
     if not options.in_place and snap.code.code.diff_digest != recorded.code.diff_digest:
@@ -534,6 +566,9 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
             artifact, again, recorded_file=original_cwd / artifact.path,
             new_file=run_cwd / artifact.path))
     report.trail_compared, report.first_divergent_step = first_divergent_step(recorded, new)
+    if result.op_streams:
+        report.first_divergent_op = _first_op_difference(recorded, result, store_for(recorded,
+                                                                                      root))
     identical = all(a.identical for a in report.artifacts)
     report.verdict = "identical" if identical else "differs"
     if identical and report.first_divergent_step is not None:
