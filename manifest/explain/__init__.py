@@ -2,6 +2,7 @@
 
 ``stream`` reads the op streams the launcher's recorder writes, ``align``
 lines two of them up and finds the first op that computes differently,
-``catalogue`` says which ops torch documents as nondeterministic, and
-``pipeline`` runs the recorded command to get the streams.
+``findings`` turns that into a report entry (with the lab's table of ops
+torch documents as nondeterministic), and ``pipeline`` runs the recorded
+command to get the streams.
 """

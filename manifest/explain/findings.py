@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from manifest.explain.align import Divergence, first_divergence
-from manifest.explain.catalogue import listed_nondeterministic
 from manifest.explain.stream import Op, OpStream
 
 
@@ -88,6 +87,27 @@ def compare_streams(a: dict[int, OpStream], b: dict[int, OpStream], step: int,
     return found
 
 
+
+
+_TABLE: Any = None
+
+
+def listed_nondeterministic(op: str, device: str) -> bool:
+    """Whether torch documents ``op`` as nondeterministic on ``device`` with the switch off.
+
+    The table is the lab's (``manifest.lab.catalogue``: the installed torch's
+    own list in ``use_deterministic_algorithms``' docstring, a maintained
+    fallback otherwise); every entry there is a CUDA condition, so on CPU
+    nothing is listed (torch 2.13 raises for none of them on CPU).
+    """
+    global _TABLE
+    if not device.startswith("cuda"):
+        return False
+    from manifest.lab.catalogue import base_name, load_table
+
+    if _TABLE is None:
+        _TABLE = load_table()
+    return bool(_TABLE.rules.get(base_name(op)))
 
 
 def first_op_difference(recorded: dict[int, OpStream], new: dict[int, OpStream]) -> Finding | None:
