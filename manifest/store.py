@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,17 +23,81 @@ from manifest.errors import OutputError
 STORE_DIRNAME = ".manifest"
 
 
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def sweep_temp(path: Path, *, older_than_s: float = 3600.0) -> list[Path]:
+    """Remove leftovers of interrupted :func:`atomic_write` calls for ``path``.
+
+    A temporary file is ``.<name>.<pid>.<random>.tmp`` beside the target. A
+    write killed with SIGKILL (or a power cut) leaves one behind; the next
+    write of the same target (and gate, for its baseline) removes those
+    whose process is gone, or that are older than an hour (a pid can be
+    reused).
+    """
+    removed: list[Path] = []
+    prefix = _temp_prefix(path)
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid_text = name[len(prefix):].split(".", 1)[0]
+        leftover = path.parent / name
+        try:
+            st = os.lstat(leftover)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        alive = False
+        if pid_text.isdigit():
+            try:
+                os.kill(int(pid_text), 0)
+                alive = int(pid_text) != 0
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                alive = True  # another user's live process
+        if alive and now - st.st_mtime < older_than_s:
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
+            removed.append(leftover)
+    return removed
+
+
 def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new, never half.
 
     The bytes go to a temporary file in the same directory, are fsynced, and
-    renamed over the target.
+    renamed over the target. The target must be a regular file or missing: a
+    device, a FIFO, a directory or a symlink (``-o /dev/stdout``) is refused,
+    never replaced.
     """
     parent = path.parent
     if not parent.is_dir():
         raise OutputError(f"cannot write {path}: directory {parent} does not exist.")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}.") from exc
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else (
+                "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+            raise OutputError(f"refusing to write {path}: it is {kind}.",
+                              hint="Name a regular file, or leave out -o to write to stdout.")
+    sweep_temp(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{_temp_prefix(path)}{os.getpid()}.", suffix=".tmp",
+                                   dir=parent)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}.") from exc
     try:

@@ -39,6 +39,9 @@ def run_gate(cwd: Path, options: GateOptions) -> GateReport:
     if options.no_rerun and options.update_baseline:
         raise UsageError("--update-baseline needs a training run; drop --no-rerun.")
     project = load_project(cwd)
+    from manifest.store import sweep_temp
+
+    sweep_temp(project.baseline_path)  # a killed --update-baseline leaves its temp file
     mode = "no-rerun" if options.no_rerun else (
         "update-baseline" if options.update_baseline else "full")
     report = GateReport(project=project.rel(project.dir), mode=mode, policy=project.policy,

@@ -371,6 +371,10 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
 
     machine = probe_machine()  # probed once: for the drift report and the re-run's record
     report.drift = environment_drift(recorded, machine)
+    from manifest.verify.paths import dataset_link
+
+    for ds in recorded.data:  # before hashing: a crafted "/" would read the whole disk
+        dataset_link(root, ds.path)
     report.data = check_data(recorded, root, blobs, no_cache=options.no_cache,
                              quiet=options.quiet)
     if options.threads is not None and options.threads != recorded.determinism.num_threads:
@@ -396,7 +400,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         report.reason = f"the recorded run itself failed ({recorded.outputs.error})"
         return report
 
-    from manifest.verify.paths import dataset_link, tree_relative
+    from manifest.verify.paths import tree_relative
 
     for glob in recorded.command.outputs:
         tree_relative(glob, "declared output")
@@ -425,8 +429,6 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
                              f"{sandbox_reason}.",
                              hint="Install bubblewrap (apt-get install bubblewrap).")
     run_argv = _argv_to_run(argv)
-    if announce is not None:
-        announce(argv)
 
     from manifest.verify.scratch import scratch_dir
 
@@ -445,6 +447,8 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         run_cwd = check_cwd(run_root, recorded.command.cwd)
         check_outputs(run_root, run_cwd, list(recorded.command.outputs))
         report.workdir = str(run_cwd)
+        if announce is not None:  # every check passed: only now does anything run
+            announce(argv)
         spec = None
         if sandbox_reason is None:
             from manifest.verify.sandbox import SandboxSpec
