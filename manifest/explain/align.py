@@ -40,10 +40,14 @@ def first_divergence(a: list[Op], b: list[Op]) -> Divergence | None:
     matcher = difflib.SequenceMatcher(None, [o.key for o in a], [o.key for o in b],
                                       autojunk=False)
     ia = ib = 0
+    extra: Divergence | None = None
     for block in matcher.get_matching_blocks():
         # Ops the alignment skipped: a value they made that the other run lacks
         # is a path difference, not an outside one.
         unmatched_a, unmatched_b = a[ia:block.a], b[ib:block.b]
+        if extra is None and (unmatched_a or unmatched_b):
+            extra = (Divergence("missing", unmatched_a[0], None, only_in="a") if unmatched_a
+                     else Divergence("missing", None, unmatched_b[0], only_in="b"))
         for k in range(block.size):
             x, y = a[block.a + k], b[block.b + k]
             found = _compare(x, y, unmatched_a, unmatched_b)
@@ -51,13 +55,8 @@ def first_divergence(a: list[Op], b: list[Op]) -> Divergence | None:
                 return found
             unmatched_a, unmatched_b = [], []
         ia, ib = block.a + block.size, block.b + block.size
-    if len(a) != len(b):
-        extra = a[len(b):] if len(a) > len(b) else b[len(a):]
-        side = "a" if len(a) > len(b) else "b"
-        first = extra[0] if extra else None
-        return Divergence("missing", first if side == "a" else None,
-                          first if side == "b" else None, only_in=side)
-    return None
+    # Every matched op agreed: what is left is an op one run ran and the other did not.
+    return extra
 
 
 def _compare(x: Op, y: Op, skipped_a: list[Op], skipped_b: list[Op]) -> Divergence | None:
