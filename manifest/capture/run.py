@@ -335,6 +335,7 @@ def capture_from_cli(
     manifest_file: Path | None = None,
     nvml: Any | None = None,
     fingerprint_ops: int | None = None,
+    trail: bool = True,
 ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status."""
     table, origin = load_config(cwd)
@@ -370,6 +371,7 @@ def capture_from_cli(
         derivation="base+rank" if per_rank_seed else "same",
         threads=threads or _config_int(table, "threads", origin) or default_threads(),
         deterministic=deterministic and table.get("deterministic", True) is not False,
+        trail="sampled" if trail else "off",
         ops={"from": 1, "to": fingerprint_ops} if fingerprint_ops else None,
     )
     from manifest.probes.compute import compute_record, read_energy

@@ -92,6 +92,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         per_rank_seed=args.per_rank_seed,
         manifest_file=Path(args.output) if args.output and args.output != "-" else None,
         fingerprint_ops=args.fingerprint_ops,
+        trail=not args.no_trail,
     )
     _write_output(dumps(manifest), args.output)
     if args.pack:
@@ -192,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="do not enforce the deterministic recipe (flags are still recorded)")
     cap.add_argument("--per-rank-seed", action="store_true",
                      help="seed each rank with base + RANK (default: every rank gets the base)")
+    cap.add_argument("--no-trail", action="store_true",
+                     help="do not fingerprint the parameters after every optimizer step "
+                     "(verify then cannot name the first divergent step)")
     cap.add_argument("--fingerprint-ops", type=_positive, default=None, metavar="STEPS",
                      help="store the op-level fingerprint stream of the first STEPS optimizer "
                      "steps, so verify elsewhere can name the first op that computes "
