@@ -92,8 +92,10 @@ def main() -> None:
     for mode in modes:
         train(5, mode)  # warm-up: allocator, kernels, imports
     times: dict[str, list[float]] = {m: [] for m in modes}
-    for _ in range(args.rounds):
-        for mode in modes:
+    for r in range(args.rounds):
+        # The order rotates every round: whichever runs first after another mode
+        # pays for allocator and cache state, and must not always be the same one.
+        for mode in modes[r % 3:] + modes[:r % 3]:
             times[mode].append(train(args.steps, mode))
     # min is the least disturbed by other load on the machine; median for the record.
     bare_min, bare_med = min(times["bare"]), statistics.median(times["bare"])
@@ -102,6 +104,9 @@ def main() -> None:
         lo, med = min(times[mode]), statistics.median(times[mode])
         print(f"{mode:<6} {lo * 1e3:>12.3f} {lo / bare_min:>6.3f}x {med * 1e3:>15.3f} "
               f"{med / bare_med:>6.3f}x")
+    ratios = sorted(t / b for t, b in zip(times["trail"], times["bare"], strict=True))
+    print(f"trail/bare paired by round: median {statistics.median(ratios):.3f}x "
+          f"(min {ratios[0]:.3f}x, max {ratios[-1]:.3f}x)")
     # The fingerprint alone, timed in a tight loop: what the trail adds to a step
     # when the machine is not busy with anything else.
     alone = fingerprint_alone()
