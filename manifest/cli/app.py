@@ -760,9 +760,36 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+# ----------------------------------------------------------- export (issue 15)
+
+
+def _register_export(sub: argparse._SubParsersAction[_Parser]) -> None:
+    p = sub.add_parser(
+        "export", help="write a run as a CycloneDX 1.6 or SPDX 3.0.1 bill of materials",
+        description="Map a manifest's code, data (BLAKE3), environment, hardware, output "
+        "models and compute record onto a CycloneDX 1.6 JSON BOM or an SPDX 3.0.1 JSON-LD "
+        "document (Build, AI and Dataset profiles). The manifest's digest is checked first.")
+    p.add_argument("file", help="manifest file ('-' for stdin)")
+    p.add_argument("--format", required=True, choices=["cyclonedx", "spdx3"],
+                   help="the document to write: cyclonedx (CycloneDX 1.6 JSON) or spdx3 "
+                   "(SPDX 3.0.1 JSON-LD)")
+    p.add_argument("-o", "--out", dest="output", metavar="FILE",
+                   help="write the document here (atomically) instead of stdout")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from manifest.canonical import load_manifest
+    from manifest.export import ExportFormat, export_manifest
+
+    manifest = load_manifest(_read_manifest_file(args.file))
+    _write_output(export_manifest(manifest, ExportFormat(args.format)), args.output)
+    return 0
+
+
 _EXTRA_VERBS = [_register_verify, _register_hash, _register_diff, _register_gate,
                 _register_explain, _register_pack, _register_sign, _register_attest,
-                _register_lab]
+                _register_lab, _register_export]
 
 
 def _silence_stdout() -> None:

@@ -1,0 +1,62 @@
+"""Hooks into the tools training runs are already logged in: MLflow, Weights & Biases,
+Lightning and the Hugging Face Trainer.
+
+Each module imports its library only when called (``import manifest`` and the
+CLI never load them) and is tested against the real library, installed as an
+optional extra (``pip install 'torch-manifest[mlflow]'`` …):
+
+* :mod:`manifest.integrations.mlflow` and :mod:`manifest.integrations.wandb`
+  attach a manifest to a tracked run: the file as an artifact, and its
+  ``run_id``, ``digest`` and (after ``manifest verify``) verdict as tags;
+* :mod:`manifest.integrations.lightning` (a ``Callback``) and
+  :mod:`manifest.integrations.transformers` (a ``TrainerCallback``) record the
+  parameter trail at every optimizer step (the same fingerprint the launcher
+  records, so ``manifest verify`` can compare them) and attach the run_id of
+  the environment snapshot they seal at the start of training to the logger.
+
+The tag names are the same everywhere (:data:`TAG_RUN_ID` …).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from manifest.models import Manifest
+
+TAG_RUN_ID = "manifest.run_id"
+TAG_DIGEST = "manifest.digest"
+TAG_VERDICT = "manifest.verdict"
+VERDICTS = ("identical", "differs", "checked", "no-verdict")
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Load (and digest-check) a manifest file; the project's errors on failure."""
+    from manifest.canonical import load_manifest
+    from manifest.errors import UsageError
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read the manifest {path}: {exc.strerror or exc}.") from exc
+    return load_manifest(raw)
+
+
+def manifest_tags(manifest: Manifest, verdict: str | None = None) -> dict[str, str]:
+    """The tags every integration attaches: run_id, digest and, when given, the verdict."""
+    from manifest.errors import UsageError
+
+    tags = {TAG_RUN_ID: manifest.run_id, TAG_DIGEST: manifest.digest}
+    if verdict is not None:
+        if verdict not in VERDICTS:
+            raise UsageError(f"verdict must be one of {', '.join(VERDICTS)}, not {verdict!r}.")
+        tags[TAG_VERDICT] = verdict
+    return tags
+
+
+def snapshot_here(cwd: Path | None = None) -> Manifest:
+    """A sealed snapshot of code, environment and hardware (no command), as `capture` does."""
+    from manifest.capture.snapshot import capture_snapshot
+
+    return capture_snapshot(cwd or Path.cwd())

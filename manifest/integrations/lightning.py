@@ -1,0 +1,74 @@
+"""Lightning: a ``Callback`` that records the parameter trail per optimizer step.
+
+``Trainer(callbacks=[ManifestCallback()])``: at fit start it seals a snapshot
+of code, environment and hardware and logs its ``manifest.run_id`` and
+``manifest.digest`` as hyperparameters of every logger the trainer has; after
+each optimizer step it fingerprints the LightningModule's parameters; at fit
+end it writes ``manifest-trail.json`` into the trainer's log directory. A
+Lightning script run under ``manifest capture`` no longer depends on seeding
+itself: the launcher seeds it, and the trail shows the first step where two
+runs part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from manifest.integrations._steps import StepRecorder
+
+
+def _callback_base() -> type:
+    import importlib
+
+    try:
+        module = importlib.import_module("lightning.pytorch.callbacks")
+    except ImportError:  # the standalone pytorch_lightning distribution
+        module = importlib.import_module("pytorch_lightning.callbacks")
+    base: type = module.Callback
+    return base
+
+
+class _Recorder:
+    """Methods of :class:`ManifestCallback`, mixed into Lightning's Callback at first use."""
+
+    def __init__(self, every: int = 1, *, snapshot: bool = True) -> None:
+        self.recorder = StepRecorder(every, snapshot=snapshot)
+        self.trail_file: str | None = None
+
+    @property
+    def points(self) -> list[tuple[int, str]]:
+        return self.recorder.live_points()
+
+    @property
+    def run_id(self) -> str | None:
+        return self.recorder.manifest.run_id if self.recorder.manifest else None
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        tags = self.recorder.start(pl_module)
+        if trainer.is_global_zero and tags:
+            for logger in trainer.loggers:
+                logger.log_hyperparams(tags)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self.recorder.stop()
+        if trainer.is_global_zero and trainer.log_dir:
+            self.trail_file = str(self.recorder.write(trainer.log_dir))
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.recorder.stop()
+
+
+_CLASS: type | None = None
+
+
+def _build() -> type:
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = type("ManifestCallback", (_Recorder, _callback_base()),
+                      {"__doc__": __doc__, "__module__": __name__})
+    return _CLASS
+
+
+def ManifestCallback(every: int = 1, *, snapshot: bool = True) -> Any:
+    """A Lightning ``Callback`` (see the module docstring); Lightning is imported here."""
+    return _build()(every, snapshot=snapshot)
