@@ -197,6 +197,15 @@ def test_expired_and_malformed_certificates_are_exit_2(signed: tuple[Path, Path,
                               "--no-rerun", home=home)
         assert code == 2, (name, stderr)
         assert expected in stderr and stderr.count("\n") == 1, stderr
+    # Inside its window and listed, a certificate that Fulcio did not issue reaches
+    # sigstore's own bundle reader and verifier (trust root bundled with sigstore, no
+    # network), which refuse it.
+    (tmp_path / "forged.sig").write_text(_keyless_bundle(raw, der, int(start.timestamp()) + 60))
+    proc = manifest_cli("verify", "run.json", "--signature", f"{tmp_path}/forged.sig",
+                        "--no-rerun", cwd=repo, env={"XDG_CONFIG_HOME": str(home),
+                                                     "MANIFEST_SIGSTORE_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert "not a valid Sigstore bundle" in proc.stderr.decode()
     # Positive control for the identity read from the certificate: logged inside its
     # window, the signer is named; a signer outside the policy is then refused.
     trust_file(home)

@@ -46,6 +46,7 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 SIGNATURE_PREDICATE = "https://manifest.dev/predicates/manifest-signature/v1"
 KEY_PASSWORD_ENV = "MANIFEST_KEY_PASSWORD"  # noqa: S105 (a variable name)
+OFFLINE_ENV = "MANIFEST_SIGSTORE_OFFLINE"
 _FULCIO_ISSUER_V2 = "1.3.6.1.4.1.57264.1.8"
 _FULCIO_ISSUER_V1 = "1.3.6.1.4.1.57264.1.1"
 
@@ -331,11 +332,15 @@ def _verify_keyless(raw: bytes, subject: str, issuer: str, *, offline: bool) -> 
         bundle = Bundle.from_json(raw)
     except Exception as exc:  # sigstore raises InvalidBundle, ValueError, pydantic errors
         raise SignatureError(f"the signature is not a valid Sigstore bundle ({exc}).") from exc
+    offline = offline or os.environ.get(OFFLINE_ENV) == "1"
     try:
         verifier = Verifier.production(offline=offline)
     except Exception as exc:
-        raise NoVerdictError(f"cannot load Sigstore's trust root to check a keyless "
-                             f"signature ({type(exc).__name__}); this needs the network.") from exc
+        raise NoVerdictError(
+            f"cannot load Sigstore's trust root to check a keyless signature "
+            f"({type(exc).__name__}: {exc}).",
+            hint=None if offline else f"Without the network, set {OFFLINE_ENV}=1 to use the "
+            "trust root cached here or bundled with sigstore.") from exc
     try:
         verifier.verify_dsse(bundle, policy.Identity(identity=subject, issuer=issuer))
     except VerificationError as exc:
