@@ -60,7 +60,6 @@ class DatasetDigest(NamedTuple):
     """The listing's name in the store, when :func:`digest_path` wrote it there."""
 
 
-
 class _Progress:
     """A rich progress bar on stderr, shown only once hashing has taken a second.
 

@@ -134,7 +134,6 @@ def file_line(size: int, digest: bytes, rel: bytes) -> str:
     return f"f\t{size}\t{digest.hex()}\t{path_text(rel)}\n"
 
 
-
 def parse_listing(listing: bytes) -> dict[bytes, tuple[str, list[str]]]:
     """Entries of a listing blob: relative path bytes -> (kind, other fields)."""
     try:

@@ -98,7 +98,6 @@ class Hashed:
         """(relative path, device, inode) of each directory the subtree walks entered."""
 
 
-
 def cpu_count() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))

@@ -111,7 +111,6 @@ class _DirFd:
         self.fd, self.index = -1, -1
 
 
-
 # ------------------------------------------------------------- one file
 
 
@@ -200,7 +199,7 @@ def hash_buffered(path: bytes, key: StatKey, dir_fd: int | None = None,
 
 
 def hash_mapped(path: bytes, key: StatKey, hasher: blake3.blake3,
-                 progress: Callable[[int], None]) -> FileResult:
+                progress: Callable[[int], None]) -> FileResult:
     """Hash a big file through a memory map. Only ever called in a worker (SIGBUS)."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
@@ -446,8 +445,6 @@ def _finish_chunk(entries: Entries, start: int, end: int, cache: DigestCache | N
     if not chunk.pending and len(keys) == chunk.files:
         chunk.keys = [(k.dev, k.ino, k.size, k.mtime_ns, k.ctime_ns) for k in keys.values()]
     return chunk
-
-
 
 
 def stat_keys(entries: Entries) -> Keys | None:

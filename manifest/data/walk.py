@@ -207,7 +207,5 @@ def reason(exc: OSError) -> str:
     return (exc.strerror or str(exc)).lower()
 
 
-
-
 WalkFn = Callable[[bytes, bytes], tuple[Entries, Problems, DirIds]]
 """(directory, its relative path) -> (its sorted entries, walk problems, directories seen)."""

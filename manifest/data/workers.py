@@ -158,7 +158,7 @@ MSG_CHUNK, MSG_PROGRESS, MSG_TREE = 0, 1, 2
 def pack_result(index: int, res: FileResult) -> bytes:
     k = res.key or StatKey(0, 0, 0, 0, 0)
     return RECORD.pack(index, res.status, min(res.errno, 255), k.dev, k.ino, k.size,
-                        k.mtime_ns, k.ctime_ns, res.digest or b"")
+                       k.mtime_ns, k.ctime_ns, res.digest or b"")
 
 
 def unpack_result(data: bytes) -> tuple[int, FileResult]:
@@ -186,8 +186,8 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def worker_main(task_fd: int, result_fd: int, entries: Entries, cache: DigestCache | None,
-                 lookup: bool, render: RenderFile, threads: int, started_ns: int,
-                 trees: Sequence[tuple[bytes, bytes]] = (), walk: WalkFn | None = None) -> None:
+                lookup: bool, render: RenderFile, threads: int, started_ns: int,
+                trees: Sequence[tuple[bytes, bytes]] = (), walk: WalkFn | None = None) -> None:
     """A forked worker: run tasks until the parent closes the task pipe.
 
     ``cache`` is only read here; the fresh digests of each task go back to
@@ -220,14 +220,14 @@ def worker_main(task_fd: int, result_fd: int, entries: Entries, cache: DigestCac
             rows = pack_rows(tree.fresh, started_ns=started_ns) if keep else b""
             write_all(result_fd, b"".join([
                 HEADER.pack(MSG_TREE, start, end, 0, tree.files, tree.hashed_bytes,
-                             tree.total_bytes, len(payload), len(rows)), payload, rows]))
+                            tree.total_bytes, len(payload), len(rows)), payload, rows]))
             continue
         if kind == TASK_CHUNK:
             chunk = run_chunk(entries, start, end, look, render, defer_big=True, keep=keep)
             text = chunk.text
             rows = pack_rows(chunk.fresh, started_ns=started_ns) if keep else b""
             head = HEADER.pack(MSG_CHUNK, start, end, len(chunk.pending), chunk.files,
-                                chunk.hashed_bytes, chunk.total_bytes, len(text), len(rows))
+                               chunk.hashed_bytes, chunk.total_bytes, len(text), len(rows))
             write_all(result_fd, b"".join(
                 [head, text, *(pack_result(i, r) for i, r in chunk.pending), rows]))
             continue
