@@ -28,7 +28,9 @@ from __future__ import annotations
 import io
 import re
 import stat
+import struct
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -171,7 +173,8 @@ def read_pack(data: bytes, *, what: str = "pack") -> Pack:
                 contents[info.filename] = body
     except zipfile.BadZipFile as exc:
         raise PackError(f"{what} is truncated or corrupt ({exc}).") from exc
-    except (EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+    except (EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error, OSError,
+            struct.error, OverflowError) as exc:  # a corrupt deflate stream raises zlib.error
         raise PackError(f"{what} cannot be read: {exc}.") from exc
     manifest_bytes = contents.pop(MANIFEST_ENTRY, None)
     if manifest_bytes is None:

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from manifest.canonical import compute_digest, compute_run_id
@@ -156,6 +157,28 @@ RAW_CONTROL = [chr(c) for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, 0x
     "\u202e", "\u2028"]
 
 
+def _call(argv: list[str], where: str) -> tuple[str | None, int]:
+    """Run the CLI in-process; (what went wrong or None, exit status; -1 if it escaped)."""
+    streams = _Streams()
+    old = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = streams.out, streams.err
+    escaped = None
+    try:
+        code = cli.main(argv)
+    except BaseException as exc:  # an escape is exactly what we look for
+        code, escaped = -1, f"{type(exc).__name__}: {exc}"
+    finally:
+        sys.stdout, sys.stderr = old
+    out, err = streams.text()
+    if escaped is not None:
+        return f"{argv[:-1]} {where}: escaped {escaped}", code
+    if code not in (0, 1, 2, 3) or "internal error" in err or "Traceback" in err:
+        return f"{argv[:-1]} {where}: exit {code}: {err[:300]!r}", code
+    if "--json" not in argv and any(ch in out or ch in err for ch in RAW_CONTROL):
+        return f"{argv[:-1]} {where}: raw control character shown", code
+    return None, code
+
+
 VERBS = [["show"], ["show"], ["diff", str(GOLDEN)], ["diff", "--json", str(GOLDEN)],
          ["diff", "--all", "OTHER"], ["verify", "--no-rerun"], ["show", "--format", "markdown"],
          ["diff", "--format", "markdown", str(GOLDEN)]]
@@ -175,23 +198,10 @@ def _fuzz(tmp_path: Path, calls: int, verbs: list[list[str]],
         other = tmp_path / f"m{(i + 1) % 4}.json"
         argv = [*(str(other if other.exists() else GOLDEN) if a == "OTHER" else a
                   for a in rng.choice(verbs)), str(path)]
-        streams = _Streams()
-        old = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = streams.out, streams.err
-        try:
-            code = cli.main(argv)
-        except BaseException as exc:  # an escape is exactly what we look for
-            code = -1
-            crashes.append(f"{argv[:-1]} seed {SEED} call {i}: escaped {type(exc).__name__}: "
-                           f"{exc}")
-        finally:
-            sys.stdout, sys.stderr = old
-        out, err = streams.text()
+        problem, code = _call(argv, f"seed {SEED} call {i}")
         codes[code] = codes.get(code, 0) + 1
-        if code not in (0, 1, 2, 3) or "internal error" in err or "Traceback" in err:
-            crashes.append(f"{argv[:-1]} seed {SEED} call {i}: exit {code}: {err[:300]!r}")
-        elif "--json" not in argv and any(ch in out or ch in err for ch in RAW_CONTROL):
-            crashes.append(f"{argv[:-1]} seed {SEED} call {i}: raw control character shown")
+        if problem:
+            crashes.append(problem)
         if len(crashes) >= stop_after:
             break
     return codes, crashes
@@ -224,3 +234,44 @@ def test_positive_control_the_fuzzer_finds_a_plain_renderer(
     monkeypatch.setattr(render, "shell_join", " ".join)
     _, crashes = _fuzz(fuzz_env, 400, [["show"]], stop_after=1)
     assert crashes, "the fuzzer did not notice unescaped markup in show"
+
+
+def _pack_of_golden() -> bytes:
+    """A real pack (``manifest.travel.pack``) of the golden manifest with blobs it names."""
+    from manifest.canonical import dumps, seal
+    from manifest.travel.pack import build_pack
+
+    doc = json.loads(GOLDEN.read_bytes())
+    patch, listing = b"diff --git a/x b/x\n", b"manifest-tree/v1\n"
+    names = {"blake3:" + blake3.blake3(b).hexdigest(): b for b in (patch, listing)}
+    doc["code"]["diff_digest"] = "blake3:" + blake3.blake3(patch).hexdigest()
+    for ds in doc["data"]:
+        ds["listing"] = "blake3:" + blake3.blake3(listing).hexdigest()
+    return build_pack(dumps(seal(doc)), names)
+
+
+def test_pack_mutation_fuzz(fuzz_env: Path) -> None:
+    raw = _pack_of_golden()
+    path = fuzz_env / "run.pack"
+    path.write_bytes(raw)
+    problem, code = _call(["show", str(path)], "unmutated pack")
+    assert problem is None and code == 0  # positive control: the pack itself reads
+    rng = random.Random(SEED)
+    crashes: list[str] = []
+    for i in range(max(CALLS // 3, 50)):
+        data = bytearray(raw)
+        op = rng.random()
+        if op < 0.5:
+            for _ in range(rng.randint(1, 6)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif op < 0.8:
+            data = data[: rng.randrange(len(data))]
+        else:
+            at = rng.randrange(len(data))
+            data[at:at] = rng.randbytes(rng.randint(1, 50))
+        path.write_bytes(bytes(data))
+        verb = rng.choice([["show"], ["diff", str(GOLDEN)], ["verify", "--no-rerun"]])
+        problem, _ = _call([*verb, str(path)], f"pack seed {SEED} call {i}")
+        if problem:
+            crashes.append(problem)
+    assert not crashes, "\n".join(crashes[:5])
