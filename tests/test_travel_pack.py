@@ -91,6 +91,12 @@ def _bomb(entries: Entries) -> Entries:
     return [*entries, ("blobs/blake3-" + blake3.blake3(data).hexdigest(), data)]
 
 
+def _many_small_bombs(entries: Entries) -> Entries:
+    # Each under the per-entry floor (1 MiB), together 2.7 MiB from about 3 KiB.
+    extra = [bytes([i]) * (900 << 10) for i in range(3)]
+    return [*entries, *(("blobs/blake3-" + blake3.blake3(d).hexdigest(), d) for d in extra)]
+
+
 def _duplicate(entries: Entries) -> Entries:
     return [*entries, entries[0]]
 
@@ -116,6 +122,7 @@ BAD: dict[str, tuple[Callable[[Entries], Entries], str]] = {
     "absolute path": (_absolute, "unexpected entry '/tmp/x'"),
     "symlink entry": (_symlink, "not a regular file"),
     "zip bomb": (_bomb, "ratio limit"),
+    "many small bombs": (_many_small_bombs, "(a zip bomb?)"),
     "duplicated entry": (_duplicate, "twice"),
     "unreferenced blob": (_extra_blob, "does not reference"),
     "no manifest": (_no_manifest, "has no manifest.json"),

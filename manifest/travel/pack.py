@@ -16,11 +16,12 @@ any unzip tool) whose entries are exactly
 Entries are sorted, deflated and dated 1980-01-01, so one run packs to the same
 bytes on any machine. Reading is an allow-list: any other name, a symlink, a
 duplicated name, an entry whose uncompressed size is over 100× its compressed
-size (above 1 MiB) or over :data:`MAX_ENTRY_BYTES`, a blob whose content does
-not match its name, a blob the manifest does not name or a named blob that is
-missing is refused with one sentence (exit 2). Nothing is ever extracted to
-disk: entries are read into memory under those limits, and verify reads blobs
-through :class:`~manifest.store.BlobStore` overlaid with the pack's.
+size (above 1 MiB; the same for the whole pack) or over 1 GiB, a blob the
+manifest does not name (refused before it is inflated), a blob whose content
+does not match its name or a named blob that is missing is refused with one
+sentence (exit 2). Nothing is ever extracted to disk: entries are read into
+memory under those limits, and verify reads blobs through
+:class:`~manifest.store.OverlayStore` (the local store, then the pack's).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ MANIFEST_ENTRY = "manifest.json"
 SIGNATURE_ENTRY = "signature.sigstore.json"
 _BLOB_ENTRY = re.compile(r"blobs/blake3-([0-9a-f]{64})")
 MAX_ENTRY_BYTES = 1 << 30
-"""A blob larger than 1 GiB is not a patch or a listing this tool wrote."""
-MAX_TOTAL_BYTES = 2 << 30
+"""A blob larger than 1 GiB is not a patch or a listing this tool wrote (a listing of
+ten million files is about 900 MB)."""
+MAX_TOTAL_BYTES = 1 << 30
 MAX_RATIO = 100
 """Deflate reaches about 1000× on runs of zeros; real listings and patches stay
 below 10×. Entries under :data:`_RATIO_FLOOR` are exempt (a small patch of
@@ -127,8 +129,9 @@ def pack_from_store(manifest_bytes: bytes, store: BlobStore,
 
 
 def _check_entries(infos: Iterable[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
+    """Names, kinds and declared sizes, from the central directory alone (nothing read)."""
     seen: set[str] = set()
-    total = 0
+    total = packed = 0
     checked = []
     for info in infos:
         name = info.filename
@@ -150,51 +153,62 @@ def _check_entries(infos: Iterable[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
                             f"{info.compress_size}: over the {MAX_RATIO}:1 ratio limit "
                             "(a zip bomb?).")
         total += info.file_size
-        if total > MAX_TOTAL_BYTES:
-            raise PackError(f"pack expands to more than {MAX_TOTAL_BYTES >> 20} MiB.")
+        packed += info.compress_size
+        # The same limits over the whole pack: many small entries, each under the
+        # ratio floor, must not add up to a bomb either.
+        if total > MAX_TOTAL_BYTES or (total > _RATIO_FLOOR and total > MAX_RATIO * packed):
+            raise PackError(f"pack expands to {total} bytes from {packed}: over the "
+                            f"{MAX_TOTAL_BYTES >> 20} MiB or {MAX_RATIO}:1 limit (a zip bomb?).")
         checked.append(info)
     return checked
 
 
+def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> bytes:
+    with zf.open(info) as fh:
+        # ZipExtFile stops at the declared size and checks the CRC at the end.
+        body = fh.read(info.file_size + 1)
+    if len(body) != info.file_size:
+        raise PackError(f"{what} entry {info.filename!r} is not the size it declares.")
+    return body
+
+
 def read_pack(data: bytes, *, what: str = "pack") -> Pack:
-    """Open and check a pack held in memory; raise :class:`PackError` for any fault."""
+    """Open and check a pack held in memory; raise :class:`PackError` for any fault.
+
+    The manifest is read first, so a blob it does not name is refused before
+    its bytes are inflated.
+    """
     from manifest.canonical import load_manifest
 
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            infos = _check_entries(zf.infolist())
-            contents: dict[str, bytes] = {}
-            for info in infos:
-                with zf.open(info) as fh:
-                    # ZipExtFile stops at the declared size and checks the CRC at the end.
-                    body = fh.read(info.file_size + 1)
-                if len(body) != info.file_size:
-                    raise PackError(f"{what} entry {info.filename!r} is not the size it declares.")
-                contents[info.filename] = body
+            infos = {info.filename: info for info in _check_entries(zf.infolist())}
+            if MANIFEST_ENTRY not in infos:
+                raise PackError(f"{what} has no {MANIFEST_ENTRY}.")
+            manifest_bytes = _read_entry(zf, infos.pop(MANIFEST_ENTRY), what)
+            manifest = load_manifest(manifest_bytes)
+            wanted = referenced_blobs(manifest)
+            signature = (_read_entry(zf, infos.pop(SIGNATURE_ENTRY), what)
+                         if SIGNATURE_ENTRY in infos else None)
+            blobs: dict[str, bytes] = {}
+            for name, info in sorted(infos.items()):
+                digest = "blake3:" + name.rsplit("-", 1)[1]
+                if digest not in wanted:
+                    raise PackError(f"{what} holds the blob {digest} that its manifest does not "
+                                    "reference.")
+                body = _read_entry(zf, info, what)
+                if "blake3:" + blake3.blake3(body).hexdigest() != digest:
+                    raise PackError(f"{what} entry {name} does not match its content address: "
+                                    "the blob was altered.")
+                blobs[digest] = body
     except zipfile.BadZipFile as exc:
         raise PackError(f"{what} is truncated or corrupt ({exc}).") from exc
     except (EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error, OSError,
             struct.error, OverflowError) as exc:  # a corrupt deflate stream raises zlib.error
         raise PackError(f"{what} cannot be read: {exc}.") from exc
-    manifest_bytes = contents.pop(MANIFEST_ENTRY, None)
-    if manifest_bytes is None:
-        raise PackError(f"{what} has no {MANIFEST_ENTRY}.")
-    signature = contents.pop(SIGNATURE_ENTRY, None)
-    blobs: dict[str, bytes] = {}
-    for name, body in contents.items():
-        digest = "blake3:" + name.rsplit("-", 1)[1]
-        if "blake3:" + blake3.blake3(body).hexdigest() != digest:
-            raise PackError(f"{what} entry {name} does not match its content address: "
-                            "the blob was altered.")
-        blobs[digest] = body
-    manifest = load_manifest(manifest_bytes)
-    wanted = referenced_blobs(manifest)
     missing = [n for n in wanted if n not in blobs]
     if missing:
         raise PackError(f"{what} lacks the blob {missing[0]} that its manifest references.")
-    extra = sorted(set(blobs) - set(wanted))
-    if extra:
-        raise PackError(f"{what} holds the blob {extra[0]} that its manifest does not reference.")
     return Pack(manifest_bytes, blobs, signature)
 
 
