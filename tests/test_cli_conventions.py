@@ -147,3 +147,11 @@ def test_unmatched_artifact_glob_gives_one_sentence(repo: GitRepo,
     assert result.returncode == 3
     assert_one_sentence(result.stderr)
     assert "matched no file" in result.stderr
+
+
+def test_usage_error_names_the_program_once(tmp_path: Path) -> None:
+    result = run_cli("diff", "--bogus", str(GOLDEN), str(GOLDEN), cwd=tmp_path)
+    assert result.returncode == 2
+    assert_one_sentence(result.stderr)
+    assert result.stderr.startswith("manifest: unrecognized arguments: --bogus")
+    assert "manifest: manifest" not in result.stderr

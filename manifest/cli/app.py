@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one sentence and exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help').")
+        raise UsageError(f"{message} (see '{self.prog} --help').")
 
 
 def _write_output(data: bytes, output: str | None) -> None:
