@@ -102,7 +102,7 @@ _TOKEN_SHAPES = re.compile(
     r"|github_pat_[A-Za-z0-9_]{20,}"
     r"|glpat-[A-Za-z0-9_-]{16,}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}"
-    r"|sk-[A-Za-z0-9_-]{16,}"
+    r"|sk-[A-Za-z0-9_-]{32,}"  # OpenAI-style keys are 48+; not sk-learn-model-v2
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
     r"|AIza[0-9A-Za-z_-]{30,}"
     r"|npm_[A-Za-z0-9]{30,}"

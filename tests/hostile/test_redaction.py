@@ -104,7 +104,7 @@ if os.environ.get("FAIL"):
     (["x", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"], "ghp_abcdefghijklmnopqrstuvwxyz0123"),
     (["x", "--gh=github_pat_11ABCDEFG0123456789_abcdef"], "github_pat_11ABCDEFG0123456789"),
     (["x", "xoxb-1234567890-abcdefghij"], "xoxb-1234567890-abcdefghij"),
-    (["x", "sk-proj-abcdefghijklmnopqrstuv"], "sk-proj-abcdefghijklmnopqrstuv"),
+    (["x", "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789"], "sk-proj-abcdefghijklmnopqrstuv"),
     (["x", "AKIAIOSFODNN7EXAMPLE"], "AKIAIOSFODNN7EXAMPLE"),
     (["curl", "--header=Authorization: Bearer S3CRETVAL"], "S3CRETVAL"),
     (["curl", "-H", "Authorization: Basic S3CRETVAL"], "S3CRETVAL"),
@@ -133,6 +133,7 @@ def test_every_argv_form_is_withheld_and_restorable(argv: list[str], secret: str
     ["python", "t.py", "data.classes=[cat,dog]", "paths=[/data/a]", "--pad-token", "0"],
     ["python", "-c", "print('hello world')"], ["torchrun", "--nproc_per_node=2", "t.py"],
     ["python", "t.py", "--out", "https://h.example/bucket/path?versionId=3"],
+    ["python", "t.py", "--model", "sk-learn-classifier-v2", "--dataset", "hf_internal_testing"],
 ])
 def test_ordinary_arguments_are_kept(argv: list[str]) -> None:
     assert redact_argv(argv) == argv
