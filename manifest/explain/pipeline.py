@@ -78,6 +78,7 @@ class ExplainReport:
     drift: list[Drift] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    confinement: str = "not confined (explain does not run its re-runs in verify's sandbox)"
 
     @property
     def exit_code(self) -> int:
@@ -97,6 +98,7 @@ class ExplainReport:
             "drift": [d.__dict__ for d in self.drift],
             "findings": [f.__dict__ for f in self.findings],
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+            "confinement": self.confinement,
         }
 
 
