@@ -98,11 +98,34 @@ def describe(spec: SandboxSpec) -> str:
         "network allowed" if spec.network else "no network")
 
 
+def interpreter_binds(mount_at: Path) -> list[Path]:
+    """The Python environments the re-run needs that the sandbox would otherwise hide.
+
+    The scratch tree is mounted over the repository and ``/tmp`` is private, so a
+    virtual environment inside the repository (``.venv``, ignored by git and so
+    absent from the scratch clone) or under ``/tmp`` would vanish, and the re-run
+    would fail to import torch. They are bound back read-only, like the system.
+    """
+    import sys
+
+    found: list[Path] = []
+    for raw in (sys.prefix, sys.base_prefix, os.environ.get("VIRTUAL_ENV")):
+        if not raw:
+            continue
+        prefix = Path(os.path.realpath(raw))
+        hidden = prefix.is_relative_to(mount_at) or prefix.is_relative_to("/tmp")  # noqa: S108
+        if hidden and prefix.is_dir() and prefix not in found:
+            found.append(prefix)
+    return found
+
+
 def wrap(spec: SandboxSpec, argv: list[str], cwd_inside: Path) -> list[str]:
     """The command line that runs ``argv`` confined, in ``cwd_inside``."""
     path = shutil.which(bwrap_program()) or bwrap_program()
     args = [path, *_base_args(spec.network),
             "--bind", str(spec.scratch), str(spec.mount_at)]
+    for prefix in interpreter_binds(spec.mount_at):
+        args += ["--ro-bind", str(prefix), str(prefix)]
     for source, inside in spec.ro_binds:
         args += ["--ro-bind", str(source), str(inside)]
     for rw in spec.rw_paths:
