@@ -69,7 +69,7 @@ def setup(base: Path) -> tuple[Path, Path]:
     run([*GIT, "commit", "-q", "-m", "example"], example)
     (example / "train.py").write_text((example / "train.py").read_text() + "# edit\n")
     (example / "run.json").write_bytes(run(
-        [*MANIFEST, "capture", "-q", "--seed", "0", "--output", "out/*.safetensors", "--",
+        [*MANIFEST, "capture", "-q", "--seed", "0", "--artifact", "out/*.safetensors", "--",
          sys.executable, "train.py"], example))
 
     dataset = base / "dataset"

@@ -180,7 +180,7 @@ def test_pack_of_a_dirty_run_verifies_identical_on_a_fresh_clone(tmp_path: Path)
     origin = make_repo(tmp_path / "origin", {"corpus/a.txt": "alpha\n"})
     (origin / "train.py").write_text((origin / "train.py").read_text() + "# uncommitted\n")
     (origin / "notes.txt").write_text("untracked\n")
-    proc = manifest_cli("capture", "-q", "--seed", "3", "--data", "corpus", "--output",
+    proc = manifest_cli("capture", "-q", "--seed", "3", "--data", "corpus", "--artifact",
                         "out/*.safetensors", "--pack", "run.mfpack", "--", "python", "train.py",
                         "--steps", "8", cwd=origin, env=other_machine(tmp_path / "near"))
     assert proc.returncode == 0, proc.stderr.decode()

@@ -54,7 +54,7 @@ def capture_run(repo: Path, *extra: str, name: str = "run.json") -> Path:
     The capturing machine's record of sealed digests lives beside the repository,
     so the machines the tests verify on have never sealed it.
     """
-    proc = manifest_cli("capture", "-q", "--data", "corpus", "--output", "out/*.bin", *extra,
+    proc = manifest_cli("capture", "-q", "--data", "corpus", "--artifact", "out/*.bin", *extra,
                         "--", "python", "writer.py", cwd=repo,
                         env=other_machine(repo.parent / "capturing-machine"))
     assert proc.returncode == 0, proc.stderr.decode()
