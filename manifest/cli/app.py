@@ -388,6 +388,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
     report = verify_run(data, file=args.file, cwd=Path.cwd(),
                         options=options, announce=render_command, show_plan=_show_plan)
+    if report.rerun_exit_code is not None and report.confinement and not args.quiet:
+        sys.stderr.write(f"manifest: re-run: {report.confinement}; ran because: {report.trust}.\n")
     explained = None
     if args.explain and report.verdict == "differs":
         explained = _explain_after_verify(args, report.first_divergent_step)
