@@ -390,6 +390,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                         options=options, announce=render_command, show_plan=_show_plan)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
         sys.stderr.write(f"manifest: re-run: {report.confinement}; ran because: {report.trust}.\n")
+        for note in report.notes:
+            sys.stderr.write(f"manifest: note: {note}.\n")
     explained = None
     if args.explain and report.verdict == "differs":
         explained = _explain_after_verify(args, report.first_divergent_step)

@@ -96,7 +96,8 @@ def check_outputs(tree: Path, cwd: Path, globs: list[str]) -> None:
     for glob in globs:
         rel = tree_relative(glob, "declared output")
         prefix = _static_prefix(rel)
-        _make_parents(tree, cwd, prefix if prefix != rel else rel.parent, glob)
+        make_parents(tree, prefix if prefix != rel else rel.parent,
+                     f"declared output {_show(glob)}", start=cwd)
         for match in cwd.glob(str(rel)) if rel.parts else []:
             if match.is_symlink() and not inside(tree, match):
                 raise UnsafePathError(
@@ -104,9 +105,12 @@ def check_outputs(tree: Path, cwd: Path, globs: list[str]) -> None:
                     "repository: a re-run would write through it.")
 
 
-def _make_parents(tree: Path, cwd: Path, rel: PurePosixPath, glob: str) -> None:
-    current = cwd
-    for part in rel.parts:
+def make_parents(tree: Path, rel: PurePosixPath | Path, what: str, *,
+                 start: Path | None = None) -> None:
+    """Create ``start/rel`` (``start`` defaults to ``tree``) one component at a time,
+    refusing a component that is a link leaving ``tree``: nothing is created through it."""
+    current = start or tree
+    for part in PurePosixPath(rel).parts:
         if part in ("", "."):
             continue
         current = current / part
@@ -117,13 +121,12 @@ def _make_parents(tree: Path, cwd: Path, rel: PurePosixPath, glob: str) -> None:
                 os.mkdir(current)
             except OSError as exc:
                 raise UnsafePathError(
-                    f"cannot create the output directory for {_show(glob)}: "
-                    f"{exc.strerror or exc}.") from exc
+                    f"cannot create the directory for {what}: {exc.strerror or exc}.") from exc
             continue
         if stat.S_ISLNK(st.st_mode) and not inside(tree, current):
             raise UnsafePathError(
-                f"declared output {_show(glob)} goes through a committed symlink that leaves "
-                "the repository: a re-run would write through it.")
+                f"{what} goes through a committed symlink that leaves the repository: "
+                "a re-run would write through it.")
 
 
 def dataset_link(tree: Path, ds_path: str) -> PurePosixPath | None:

@@ -29,6 +29,7 @@ Steps, in order; each one can end the verification with a result:
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,8 @@ class VerifyReport:
     """Why the command was allowed to run: ``sealed here``, ``signed by …``, ``--trust``."""
     confinement: str | None = None
     """How the re-run was confined, or ``not confined (why)``."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know about how the re-run was set up."""
 
     @property
     def bits_drift(self) -> list[Drift]:
@@ -122,6 +125,7 @@ class VerifyReport:
             "rerun_exit_code": self.rerun_exit_code,
             "trust": self.trust,
             "confinement": self.confinement,
+            "notes": self.notes,
         }
 
 
@@ -275,27 +279,43 @@ def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path
     return binds
 
 
-def link_data(binds: list[tuple[Path, Path]], tree: Path, *, confined: bool) -> None:
-    """Put each dataset in the scratch tree: an empty mount point for the sandbox to bind
-    read-only, or a symlink when unconfined. Parents are created without following links."""
-    from manifest.verify.paths import UnsafePathError, inside
+COPY_DATA_MAX = 256 << 20
+"""Unconfined, a dataset up to this size (as recorded) is copied into the scratch tree
+rather than linked, so the re-run cannot write into the user's files through the link."""
 
+
+def link_data(binds: list[tuple[Path, Path]], tree: Path, *, confined: bool,
+              sizes: dict[Path, int] | None = None) -> list[str]:
+    """Put each dataset in the scratch tree; return notes for the report.
+
+    Confined: an empty mount point that the sandbox binds read-only. Unconfined:
+    a copy when the dataset is small (``COPY_DATA_MAX``), else a symlink, named
+    in a note (the re-run could write through it). Parents are created one
+    component at a time, never through a link that leaves the tree.
+    """
+    from manifest.verify.paths import make_parents
+
+    notes: list[str] = []
     for source, target in binds:
         if not target.is_relative_to(tree):
             continue  # absolute dataset: the sandbox binds it where it was recorded
-        parent = target.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        if not inside(tree, parent):
-            raise UnsafePathError(
-                f"the dataset {target.relative_to(tree)} sits below a committed symlink that "
-                "leaves the repository.")
+        rel = target.relative_to(tree)
+        make_parents(tree, rel.parent, f"the dataset {rel}")
         if confined:
             if source.is_dir():
                 target.mkdir()
             else:
                 target.touch()
+        elif (sizes or {}).get(target, COPY_DATA_MAX + 1) <= COPY_DATA_MAX:
+            if source.is_dir():
+                shutil.copytree(source, target, symlinks=False)
+            else:
+                shutil.copyfile(source, target)
         else:
             target.symlink_to(source)
+            notes.append(f"dataset {rel} is linked, not copied, and the re-run is not "
+                         "confined: it could write into it")
+    return notes
 
 
 def _argv_to_run(argv: list[str]) -> list[str]:
@@ -441,7 +461,10 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         else:
             run_root = materialise(recorded, root, blobs, scratch)
             binds = dataset_binds(recorded, root, run_root)
-            link_data(binds, run_root, confined=sandbox_reason is None)
+            sizes = {run_root / ds.path: ds.bytes for ds in recorded.data
+                     if not os.path.isabs(ds.path)}
+            report.notes.extend(link_data(binds, run_root, confined=sandbox_reason is None,
+                                          sizes=sizes))
         from manifest.verify.paths import check_cwd, check_outputs
 
         run_cwd = check_cwd(run_root, recorded.command.cwd)
