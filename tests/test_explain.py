@@ -41,7 +41,7 @@ for step in range(1, 8):
     net.step = step
     if step == 5 and os.environ.get("PLANT_ULP"):
         with torch.no_grad():
-            net.lin.weight.view(torch.int32)[0, 0] += 1
+            net.lin.weight.view(torch.int32)[0, 0] += 1  # PLANT
     loss = net(data).square().mean()
     opt.zero_grad()
     loss.backward()
@@ -101,6 +101,20 @@ def test_planted_ulp_before_step_5_is_found_at_step_5(noisy: tuple[Path, Path]) 
     assert report["recorded_step"] == 5
     assert report["cause"] == "environment"
     assert "not nondeterminism" in report["reason"]
+    assert report["findings"] == []  # no recorded op stream to name an op against
+
+
+def test_recorded_op_stream_names_the_plant_the_record_lacks(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"noisy.py": NOISY}, example=False)
+    manifest, _ = capture(repo, "--seed", "1", "--threads", "1", "--fingerprint-ops", "7",
+                          command=["python", "noisy.py"], outputs="noisy.py")
+    code, report, stderr = explain(repo, manifest, env={"PLANT_ULP": "1"})
+    assert code == 1, stderr
+    assert report["first_step"] == 5 and report["cause"] == "environment"
+    [finding] = report["findings"]
+    assert finding["compared"] == "recorded op stream vs run A"
+    assert finding["kind"] in {"paths-differ", "missing"}
+    assert finding["where"] == f"noisy.py:{line_of(NOISY, '# PLANT')}"
 
 
 def test_example_threads_names_the_first_op_that_differs(tmp_path: Path) -> None:

@@ -82,3 +82,16 @@ def test_step_fingerprint_sees_one_ulp() -> None:
     with torch.no_grad():
         model.bias.data = model.bias.data.clone() + 1
     assert _manifest_launch.optimizer_fingerprint(opt) != before
+
+
+def test_an_in_place_write_through_a_view_is_blamed_on_the_extra_op() -> None:
+    # Run b wrote one element through an integer view: the weight's bytes changed
+    # but no op returned the weight, so the next reader's input looks "from outside".
+    plant = op(9, "aten::add_.Tensor", ("elem",), ("elem+1",), module="")
+    b = [plant, op(0, "aten::t", ("w+ulp",), ("wt'",)), A[1], A[2]]
+    div = first_divergence(A, b)
+    assert div is not None and div.kind == "missing" and div.b == plant
+    # Positive control: without the extra op the same difference is an outside value.
+    c = [op(0, "aten::t", ("w+ulp",), ("wt'",)), A[1], A[2]]
+    control = first_divergence(A, c)
+    assert control is not None and control.kind == "input-from-outside"

@@ -11,8 +11,10 @@ pairs in order, the first pair that disagrees is the answer:
 * an input differs that no earlier op of either stream produced: the value
   entered from outside torch (Python or numpy data, ``os.urandom``, a clock,
   a file) at this op's source line;
-* an input differs that an op present in only one stream produced: the
-  streams took different paths (named as such).
+* an input differs that an op present in only one stream produced, or after
+  one stream ran ops the other did not (an in-place write through a view
+  changes its base without any op returning it): the first such extra op
+  (``missing``) or the op that read its value (``paths-differ``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ def first_divergence(a: list[Op], b: list[Op]) -> Divergence | None:
         for k in range(block.size):
             x, y = a[block.a + k], b[block.b + k]
             found = _compare(x, y, unmatched_a, unmatched_b)
+            if found is not None and found.kind == "input-from-outside" and extra is not None:
+                # One run ran ops the other did not before this input differed: an
+                # in-place write through a view (w.view(int)[0] += 1) changes its base
+                # without any op returning it, so the extra op is the cause.
+                return extra
             if found is not None:
                 return found
             unmatched_a, unmatched_b = [], []

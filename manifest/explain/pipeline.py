@@ -224,6 +224,12 @@ def _explain_in(recorded: Manifest, report: ExplainReport, run_cwd: Path, scratc
             report.reason = (f"the runs do not part: two fresh runs and the recorded trail agree "
                              f"at every one of {report.steps_run} steps")
             return
+        if parted is None and not recorded_op_streams(recorded, store):
+            # A and B agree, and no recorded op stream to hold them against:
+            # recording their ops again would only show two equal streams.
+            report.first_step = step
+            _environment(report, step)
+            return
     report.first_step = step
     window = {"from": step, "to": step, "stop": step, "values_budget": options.values_budget}
     dir_a, dir_b = scratch / "ops-a", scratch / "ops-b"
@@ -249,14 +255,19 @@ def _explain_in(recorded: Manifest, report: ExplainReport, run_cwd: Path, scratc
         else:
             report.cause = "nondeterminism"
         return
-    # A and B agree: the record differs because of what is different here.
-    report.cause = "environment"
-    report.recorded_step = report.recorded_step or step
+    _environment(report, step)
     recorded_streams = recorded_op_streams(recorded, store)
     if recorded_streams and any(s.steps[0] <= step <= s.steps[1]
                                 for s in recorded_streams.values()):
         report.findings = compare_streams(recorded_streams, streams_a, step,
                                           "recorded op stream vs run A", values=False)
+
+
+def _environment(report: ExplainReport, step: int) -> None:
+    """A and B agree: the record differs because of what is different here."""
+    report.verdict = "parted"
+    report.cause = "environment"
+    report.recorded_step = report.recorded_step or step
     report.reason = ("two fresh runs agree with each other but not with the recorded run: "
                      "the cause is the environment or the inputs, not nondeterminism")
 
