@@ -97,6 +97,29 @@ def test_catalogue_falls_back_to_the_table_and_names_new_entries() -> None:
     assert load_table(renamed).unmapped == ["torch.new_op"]
 
 
+def test_lab_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
+    proc = manifest_cli("lab", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.decode().startswith("manifest: no command: give one after '--'")
+    assert b"Traceback" not in proc.stderr
+
+
+def test_log_outside_the_launcher_does_nothing() -> None:
+    import manifest
+    from manifest.launch.boot import _manifest_launch
+
+    manifest.log(loss=0.5)
+    assert _manifest_launch._state["log"] == []
+    # Positive control: with a process record (as under the launcher) it is kept.
+    _manifest_launch._state["record"] = {}
+    try:
+        manifest.log(loss=0.25, acc=1)
+        assert _manifest_launch._state["log"] == [{"step": 0, "loss": 0.25, "acc": 1.0}]
+    finally:
+        _manifest_launch._state["record"] = None
+        _manifest_launch._state["log"].clear()
+
+
 def _validate(doc: dict[str, Any]) -> None:
     import jsonschema
 
@@ -200,6 +223,10 @@ def test_lab_catalogues_scatter_ops_and_sees_an_unseeded_source(tmp_path: Path) 
     assert noise.first_divergent_step == 1
     assert "proj.bias" in {d.name for d in noise.differing}
     assert report.exit_code == 1
+    # The recipe's divergence is handed to explain: the step and the first op that parts.
+    explained = report.explained
+    assert explained is not None and explained.step == 1, explained
+    assert explained.findings and explained.findings[0].where.startswith("pool.py:"), explained
     checks = {c.name: c for c in report.checklist}
     assert checks["DataLoader workers"].status == "warn"
     _validate(json.loads(report.model_dump_json()))

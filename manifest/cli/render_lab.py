@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from manifest.lab.report import LabReport, ModeResult
+    from manifest.lab.report import CatalogueEntry, LabReport, ModeResult
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
 
@@ -52,6 +52,27 @@ def _mode_lines(m: ModeResult) -> list[str]:
     return lines
 
 
+def _documented(entry: CatalogueEntry, module_type: str) -> str:
+    """The documented entry naming this site's module (``torch.nn.Conv2d``), else the first."""
+    kind = module_type.split(",", 1)[0].strip()
+    for text in entry.documented:
+        if kind and text.split(" ", 1)[0].endswith("." + kind):
+            return text
+    return entry.documented[0]
+
+
+def _explained_lines(r: LabReport) -> list[str]:
+    e = r.explained
+    assert e is not None
+    head = f"  explain: {e.verdict}" + (f" ({e.cause})" if e.cause else "")
+    lines = [head + (f": {e.reason}" if e.reason else "")]
+    for f in e.findings:
+        module = f.module or f.module_type or "(no module)"
+        lines.append(f"    rank {f.rank}, step {f.step}: {f.kind} at {f.op} in {module}, "
+                     f"{f.where or '(no user frame)'} ({f.tensor}, max |Δ| {_num(f.max_abs)})")
+    return lines
+
+
 def render_lab(report: LabReport, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     r = report
@@ -61,7 +82,9 @@ def render_lab(report: LabReport, out: TextIO | None = None) -> None:
              *_mode_lines(r.default), "",
              "2. the recipe: every determinism switch on",
              *_mode_lines(r.recipe)]
-    if not r.recipe.bit_identical:
+    if r.explained is not None:
+        lines += _explained_lines(r)
+    elif not r.recipe.bit_identical:
         lines.append("  next: capture a recipe run and run 'manifest explain run.json' for the "
                      "first op where the runs part")
     c = r.cost
@@ -80,7 +103,8 @@ def render_lab(report: LabReport, out: TextIO | None = None) -> None:
     if cat.audit_error:
         lines.append(f"  audit: {cat.audit_error}")
     for e in cat.entries:
-        lines.append(f"  {e.kind:<8} {e.op}  ×{e.count}  ({e.documented[0]})")
+        kind = e.sites[0].module_type if e.sites else ""
+        lines.append(f"  {e.kind:<8} {e.op}  ×{e.count}  ({_documented(e, kind)})")
         for s in e.sites[:5]:
             module = s.module or "(no module)"
             kind = f" ({s.module_type})" if s.module_type else ""
@@ -194,6 +218,8 @@ def render_lab_markdown(report: LabReport, *, plots: bool = True) -> str:
                         [[f"{d.artifact}:{d.name}", d.change, _num(d.elements),
                           _num(d.max_abs), _num(d.max_ulp)] for d in r.recipe.differing])
         lines.append("")
+    if r.explained is not None:
+        lines += [f"Explain: {_md(' '.join(x.strip() for x in _explained_lines(r)))}", ""]
     c = r.cost
     lines += ["## 3. Cost", "",
               *_table(["mode", "median s", "min s", "max s", "runs (s)"],
@@ -212,7 +238,8 @@ def render_lab_markdown(report: LabReport, *, plots: bool = True) -> str:
     for e in cat.entries:
         for s in e.sites:
             module = s.module + (f" ({s.module_type})" if s.module_type else "")
-            rows.append([e.op, e.kind, s.count, module, s.where, s.device, e.documented[0]])
+            rows.append([e.op, e.kind, s.count, module, s.where, s.device,
+                         _documented(e, s.module_type)])
     if rows:
         lines += _table(["op", "kind", "count", "module", "line", "device", "documented"],
                         rows)

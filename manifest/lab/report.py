@@ -134,6 +134,32 @@ class Check(Model):
     fix: str | None = None
 
 
+class ExplainedOp(Model):
+    """Where the recipe runs part, per ``manifest explain`` (``manifest.explain.pipeline``)."""
+
+    rank: int
+    step: int
+    kind: str
+    """``op-differs``, ``input-from-outside``, ``paths-differ``, ``missing``."""
+    op: str
+    module: str
+    module_type: str
+    where: str
+    device: str
+    tensor: str
+    max_abs: float | None = None
+    max_ulp: int | None = None
+
+
+class Explained(Model):
+    verdict: str
+    """``parted``, ``agree`` or ``no-verdict`` (then ``reason`` says why)."""
+    cause: str | None = None
+    reason: str | None = None
+    step: int | None = None
+    findings: list[ExplainedOp] = Field(default_factory=list)
+
+
 class LabReport(Model):
     format: Literal["manifest-lab/v1"] = FORMAT
     command: list[str]
@@ -146,6 +172,8 @@ class LabReport(Model):
     catalogue: Catalogue
     identity: Identity
     checklist: list[Check]
+    explained: Explained | None = None
+    """Only when the recipe runs differ: the explain machinery's first divergent op."""
 
     @property
     def exit_code(self) -> int:

@@ -20,9 +20,12 @@ Steps, in order (2N + 1 runs of the command, all in the current tree):
 4. One more run under the defaults with the op audit
    (``launch/boot/_manifest_audit.py``), not timed: every aten op with its
    module path and line, kept if ``manifest.lab.catalogue`` lists it.
-5. Identity: the recipe runs' run_ids (one config hashed N times), and the
+5. When the recipe runs differ at a step: ``manifest explain``'s machinery
+   re-runs run 1 up to that step twice, in place, and names the first op
+   whose inputs matched and outputs differ (2 short runs more).
+6. Identity: the recipe runs' run_ids (one config hashed N times), and the
    default run's as the perturbed config (one switch changed).
-6. The checklist (``manifest.lab.checklist``) on the first recipe run.
+7. The checklist (``manifest.lab.checklist``) on the first recipe run.
 
 Measured on the bundled example (60 steps, 2 threads, CPU): each run takes
 about 2 s, the audit run about 3×.
@@ -57,6 +60,8 @@ from manifest.lab.report import (
     Catalogue,
     CatalogueEntry,
     Cost,
+    Explained,
+    ExplainedOp,
     Identity,
     LabReport,
     ModeResult,
@@ -159,6 +164,10 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
         recipe = _mode_result("recipe", runs["recipe"])
 
     first = runs["recipe"][0].manifest
+    explained = None
+    if not recipe.bit_identical and recipe.first_divergent_step is not None:
+        say(f"the recipe runs part at step {recipe.first_divergent_step}: explaining")
+        explained = _explain(first, cwd, recipe.first_divergent_step)
     identity = Identity(
         recipe_run_id=first.run_id,
         recipe_runs_agree=len({r.manifest.run_id for r in runs["recipe"]}) == 1,
@@ -171,7 +180,29 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
         default=default, recipe=recipe, cost=_cost(default, recipe), catalogue=catalogue,
         identity=identity,
         checklist=checklist(first, threads=threads, default=default, recipe=recipe),
+        explained=explained,
     )
+
+
+def _explain(manifest: Manifest, cwd: Path, step: int) -> Explained:
+    """Hand the recipe's divergence to the explain machinery (in place, the known step)."""
+    from manifest.canonical import dumps
+    from manifest.errors import ManifestError
+    from manifest.explain.pipeline import ExplainOptions, explain_run
+
+    try:
+        # The user typed this command to the lab a moment ago: no trust question to ask.
+        report = explain_run(dumps(manifest), file="(lab: recipe run 1)", cwd=cwd,
+                             options=ExplainOptions(trust=True, in_place=True, step=step))
+    except ManifestError as exc:
+        return Explained(verdict="no-verdict", reason=str(exc), step=step)
+    return Explained(
+        verdict=report.verdict, cause=report.cause, reason=report.reason,
+        step=report.first_step,
+        findings=[ExplainedOp(rank=f.rank, step=f.step, kind=f.kind, op=f.op, module=f.module,
+                              module_type=f.module_type, where=f.where, device=f.device,
+                              tensor=f.tensor, max_abs=f.max_abs, max_ulp=f.max_ulp)
+                  for f in report.findings])
 
 
 # ---------------------------------------------------------------- comparing

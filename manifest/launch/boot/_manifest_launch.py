@@ -14,7 +14,7 @@ Per-process record (JSON, written atomically at exit to
     {"pid", "start_ns", "argv0", "rank", "local_rank", "world_size",
      "seed", "torch_imported", "numpy_imported", "flags", "pythonhashseed",
      "cuda_runtime", "cudnn", "nccl", "devices", "at_start", "at_exit",
-     "trail", "errors"}
+     "trail", "log", "errors"}
 
 Seeds: every process gets the base seed; with derivation ``base+rank`` a
 process whose environment carries ``RANK`` gets ``base + RANK``.
