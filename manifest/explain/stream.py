@@ -60,10 +60,17 @@ class OpStream:
             self._tensors = {}
             if self.values is not None and self.values.is_file():
                 from manifest.weights.compare import _tensors
+                from manifest.weights.tables import RawTensor
 
                 loaded = _tensors(self.values)
                 if loaded is not None:
-                    self._tensors = loaded[1]
+                    # Copied out so the file is closed now, not by the garbage
+                    # collector (an unclosed file is a ResourceWarning).
+                    mapped, views = loaded
+                    self._tensors = {k: RawTensor(t.name, t.dtype, t.shape, bytes(t.data))
+                                     for k, t in views.items()}
+                    views.clear()
+                    mapped.close()
         return self._tensors.get(key)
 
 

@@ -163,7 +163,9 @@ def log(**values: Any) -> None:
     between runs); elsewhere this does nothing. Values must convert with
     ``float()`` (a 0-dim tensor does, at the cost of one device sync).
     """
-    _runtime().record_log({str(k): float(v) for k, v in values.items()})
+    # detach(): float() of a tensor that requires grad warns (and would under -W error).
+    _runtime().record_log({str(k): float(v.detach() if hasattr(v, "detach") else v)
+                           for k, v in values.items()})
 
 
 def trail(model: Any, every: int = 1) -> Trail:
