@@ -10,11 +10,16 @@ serialises numbers as IEEE doubles; seeds are bounded to that range at the
 CLI, byte counts cannot reach it. Floats are finite (no NaN/Infinity).
 
 Which sections name a run (``run_id``) is decided in ``manifest.canonical``.
+
+Fields added after the first release are declared with :func:`later`: they
+default to ``None`` and are left out of the document while ``None``, so a
+manifest written before they existed keeps its exact bytes and ``run_id``
+(``tests/golden`` pins that).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -28,6 +33,15 @@ Digest = Annotated[str, StringConstraints(pattern=r"^blake3:[0-9a-f]{64}$")]
 Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INT)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SAFE_INT)]
 Reasons = dict[str, str]
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def later(description: str) -> Any:
+    """A field added after ``manifest/v1`` shipped: ``None`` by default, omitted while None."""
+    return Field(default=None, exclude_if=_is_none, description=description)
 
 
 class Model(BaseModel):
@@ -86,6 +100,11 @@ class Dataset(Model):
     bytes: Count
     listing: Digest | None = None
     """Blob holding the per-file listing, so verify can name changed files."""
+    source: Literal["discovered"] | None = later(
+        "'discovered': not declared with --data; the launcher saw the run open it")
+    from_repo: str | None = later(
+        "for a path outside the repository: where it lies relative to the repository root "
+        "(e.g. ../../data/x), so verify can make it reachable from the scratch clone")
 
 
 # ---------------------------------------------------------------------- env
@@ -116,6 +135,9 @@ class Env(Model):
     variables: dict[str, str]
     """Allow-listed environment variables that can change numerics."""
     unavailable: Reasons = Field(default_factory=dict)
+    imported: list[str] | None = later(
+        "distributions (normalised names) whose modules the run imported; only these, torch "
+        "and its CUDA libraries can change the bits")
 
 
 # ----------------------------------------------------------------- hardware
@@ -151,10 +173,37 @@ class RngFingerprints(Model):
     cuda: list[Digest]
 
 
+class SeedCall(Model):
+    """A call in the run that reseeded a generator (or made a seeded one)."""
+
+    call: str
+    """``random.seed``, ``numpy.random.seed``, ``numpy.random.default_rng``,
+    ``torch.manual_seed``, ``torch.cuda.manual_seed(_all)``, ``seed_everything``, ``set_seed``."""
+    seed: str | None
+    """The seed as text (``str(int)``): seeds may exceed JSON's safe integers."""
+    site: str
+    """``file:line`` of the first frame in the user's code (repo-relative inside the repository)."""
+    generators: list[str]
+    """Global generators it reseeded: ``python``, ``numpy``, ``torch_cpu``, ``cuda``."""
+    drawn: list[str]
+    """Of those, the ones already drawn from since the launcher seeded them."""
+
+
+class LoaderSeed(Model):
+    """A DataLoader iterator with worker processes: worker i is seeded ``base_seed + i``."""
+
+    base_seed: str
+    """As text: a random int64."""
+    workers: Count
+    site: str
+
+
 class ProcessRandomness(Model):
     rank: Count
     seed: Seed | None
     at_start: RngFingerprints | None
+    reseeds: list[SeedCall] | None = later("seeding calls the run made, in order (first 32)")
+    loaders: list[LoaderSeed] | None = later("DataLoader worker seeds (first 16 iterators)")
 
 
 class Randomness(Model):
@@ -182,6 +231,15 @@ class Flags(Model):
     num_interop_threads: Count | None
 
 
+class SwitchCall(Model):
+    """A recipe switch the run itself changed, with its value and call site."""
+
+    switch: str
+    """e.g. ``torch.backends.cuda.matmul.allow_tf32``, ``torch.autocast``."""
+    value: str
+    site: str
+
+
 class ProcessDeterminism(Model):
     rank: Count
     local_rank: Count | None
@@ -194,6 +252,11 @@ class ProcessDeterminism(Model):
     cudnn: str | None
     nccl: str | None
     devices: list[str]
+    switches: list[SwitchCall] | None = later(
+        "recipe switches the run changed, and autocast regions it entered (first 64)")
+    fp32_precision: dict[str, str] | None = later(
+        "PyTorch's newer TF32 switches at exit (torch.backends.fp32_precision and the "
+        "per-backend ones), where this torch has them")
 
 
 class Determinism(Model):
@@ -215,6 +278,8 @@ class Command(Model):
     """Working directory relative to the repository root ("." for the root)."""
     outputs: list[str]
     datasets: list[str]
+    code_env: dict[str, str] | None = later(
+        "variables that decide which code runs (PYTHONPATH …); repository paths as {repo}/…")
 
 
 # ------------------------------------------------------------------ outputs
@@ -320,6 +385,11 @@ class Observed(Model):
     # Added after v1's first release: left out of the document when absent, so a
     # manifest recorded before it keeps its canonical bytes, run_id and digest.
     compute: Compute | None = Field(default=None, exclude_if=_absent)
+    large_untracked: dict[str, Count] | None = later(
+        "untracked, not-ignored files over 1 MiB left out of the code patch (path -> bytes)")
+    inputs_not_digested: dict[str, Count] | None = later(
+        "files the run read that git does not track and that were too large to digest "
+        "unasked (path -> bytes): declare them with --data")
 
 
 # ----------------------------------------------------------------- manifest

@@ -231,7 +231,11 @@ def test_child_environment_pins_seed_threads_and_cublas(tmp_path: Path) -> None:
     env = LaunchSettings(seed=2**40 + 5, derivation="same", threads=3,
                          deterministic=True).child_env(tmp_path, base={"PYTHONPATH": "/x"})
     assert env["PYTHONPATH"].endswith(":/x")
-    assert env["PYTHONHASHSEED"] == str((2**40 + 5) % 2**32)
+    # The hash seed is a switch, not the run's seed: another --seed keeps it.
+    assert env["PYTHONHASHSEED"] == "0"
+    replay = LaunchSettings(seed=5, derivation="same", threads=1, deterministic=True,
+                            hashseed="5").child_env(tmp_path, base={})
+    assert replay["PYTHONHASHSEED"] == "5"
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
     assert env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     kept = LaunchSettings(seed=1, derivation="same", threads=1, deterministic=False).child_env(

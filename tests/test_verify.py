@@ -169,16 +169,18 @@ def test_manifest_from_another_machine_needs_trust(tmp_path: Path) -> None:
 
 def test_missing_output_in_rerun_is_no_verdict(tmp_path: Path) -> None:
     script = ("import os, pathlib\npathlib.Path('out').mkdir(exist_ok=True)\n"
-              "if not os.environ.get('SKIP'):\n    pathlib.Path('out/x.bin').write_bytes(b'x')\n")
+              "if os.path.exists('out/fail'):\n    raise SystemExit(4)\n"
+              "pathlib.Path('out/x.bin').write_bytes(b'x')\n")
     repo = make_repo(tmp_path / "repo", {"maybe.py": script}, example=False)
     manifest, _ = capture(repo, command=["python", "maybe.py"], outputs="out/*.bin")
-    # Make the re-run fail: commit a change that exits non-zero, then verify the old manifest
-    # in place (the scratch clone would use the recorded commit and succeed).
-    (repo / "maybe.py").write_text("raise SystemExit(4)\n")
+    # Make the re-run fail without changing the code (in place, the code must be the
+    # recorded code): a file git ignores tells the script to exit non-zero.
+    (repo / "out" / "fail").touch()
     code, report, _ = verify(repo, manifest, "--in-place")
     assert code == 3
     assert report["verdict"] == "no-verdict"
     assert "re-run failed" in str(report["reason"])
+    assert report["code_check"] == "the recorded code"
 
 
 def test_dataset_byte_change_is_reported_by_file(tmp_path: Path) -> None:

@@ -31,7 +31,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from manifest.canonical import seal
 from manifest.capture.snapshot import Snapshot, observed_for, seal_snapshot, take_snapshot
@@ -40,15 +42,20 @@ from manifest.errors import ConfigError, UsageError
 from manifest.models import (
     Artifact,
     Flags,
+    LoaderSeed,
     Manifest,
     OpStreamRef,
     ProcessDeterminism,
     ProcessOutcome,
     ProcessRandomness,
     RngFingerprints,
+    SeedCall,
+    SwitchCall,
     TrailPoint,
 )
 from manifest.redact import redact_argv, redact_text
+
+M = TypeVar("M", bound=BaseModel)
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch" / "boot"
 CUBLAS_DETERMINISTIC = ":4096:8"
@@ -76,6 +83,11 @@ class LaunchSettings:
     """Automatic step trail: ``sampled`` (every step to 1000, then thinner), ``all``, ``off``."""
     ops: dict[str, Any] | None = None
     """Op-stream window for ``_manifest_ops.StepWindow`` (``MANIFEST_OPS``), or None."""
+    root: str | None = None
+    """The repository root: call sites inside it are recorded repo-relative."""
+    hashseed: str | None = None
+    """PYTHONHASHSEED unless the environment sets one (default ``0``: it is a switch, not a
+    seed to vary, so two captures with different ``--seed`` hash strings alike)."""
 
     def child_env(self, records_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
@@ -85,12 +97,13 @@ class LaunchSettings:
             "seed": self.seed, "derivation": self.derivation,
             "threads": self.threads, "deterministic": self.deterministic,
             "trail": "" if self.trail == "off" else self.trail,
+            "root": self.root,
         })
         env.pop("MANIFEST_OPS", None)
         if self.ops is not None:
             env["MANIFEST_OPS"] = json.dumps({"dir": str(records_dir), **self.ops})
         env["MANIFEST_LAUNCH_RECORDS"] = str(records_dir)
-        env.setdefault("PYTHONHASHSEED", str(self.seed % 2**32))
+        env.setdefault("PYTHONHASHSEED", self.hashseed or "0")
         if self.deterministic:
             env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
         env["OMP_NUM_THREADS"] = str(self.threads)
@@ -105,6 +118,11 @@ class LaunchResult:
     env: dict[str, str]
     op_streams: dict[str, bytes] = field(default_factory=dict)
     """File name → bytes of each op stream the processes wrote (``ops-<rank>-<pid>.json``)."""
+    opened: dict[str, str] = field(default_factory=dict)
+    """Every process's files opened (absolute path -> ``r``/``w``/``rw``, first use wins)."""
+    modules: frozenset[str] = frozenset()
+    """Top-level modules imported by any process."""
+    started_ns: int = 0
 
 
 def run_under_launcher(
@@ -119,6 +137,7 @@ def run_under_launcher(
     with tempfile.TemporaryDirectory(prefix="manifest-records-") as tmp:
         env = settings.child_env(Path(tmp), base_env)
         full = wrap(argv, Path(tmp)) if wrap is not None else argv
+        started_ns = time.time_ns()
         try:
             proc = subprocess.run(full, cwd=cwd, env=env, stdout=sys.stderr.fileno(),
                                   stdin=subprocess.DEVNULL, check=False)
@@ -137,7 +156,14 @@ def run_under_launcher(
                     records.append(json.loads(Path(tmp, name).read_text(encoding="utf-8")))
                 except (OSError, ValueError):
                     continue
-    return LaunchResult(code, select_ranks(records), env, streams)
+    opened: dict[str, str] = {}
+    modules: set[str] = set()
+    for r in records:  # every process, DataLoader workers too
+        for path, kind in (r.get("opened") or {}).items():
+            opened[path] = kind if opened.get(path, kind) == kind else "rw"
+        modules.update(r.get("modules") or ())
+    return LaunchResult(code, select_ranks(records), env, streams, opened, frozenset(modules),
+                        started_ns)
 
 
 def select_ranks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -157,6 +183,25 @@ def _fingerprints(raw: Any) -> RngFingerprints | None:
                            torch_cpu=raw.get("torch_cpu"), cuda=list(raw.get("cuda") or []))
 
 
+def _items(model: type[M], raw: Any) -> list[M] | None:
+    """Valid entries of a record's list (None when the process recorded none)."""
+    if not isinstance(raw, list) or not raw:
+        return None
+    out = []
+    for item in raw:
+        try:
+            out.append(model.model_validate(item))
+        except ValidationError:
+            continue
+    return out or None
+
+
+def _strings(raw: Any) -> dict[str, str] | None:
+    if not isinstance(raw, dict) or not raw:
+        return None
+    return {str(k): str(v) for k, v in raw.items()}
+
+
 def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], list[Any]]:
     """Per-rank randomness, determinism and outcome entries from process records."""
     rnd, det, out = [], [], []
@@ -168,7 +213,9 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
                 f"rank {rank}'s seed {seed} (base + rank, --per-rank-seed) is above 2**53-1, "
                 "the largest seed a manifest records.", hint="Choose a smaller --seed.")
         rnd.append(ProcessRandomness(rank=rank, seed=r.get("seed"),
-                                     at_start=_fingerprints(r.get("at_start"))))
+                                     at_start=_fingerprints(r.get("at_start")),
+                                     reseeds=_items(SeedCall, r.get("reseeds")),
+                                     loaders=_items(LoaderSeed, r.get("loaders"))))
         flags = r.get("flags")
         det.append(ProcessDeterminism(
             rank=rank, local_rank=r.get("local_rank"), world_size=r.get("world_size"),
@@ -177,6 +224,8 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
             pythonhashseed=r.get("pythonhashseed"),
             cuda_runtime=r.get("cuda_runtime"), cudnn=r.get("cudnn"), nccl=r.get("nccl"),
             devices=list(r.get("devices") or []),
+            switches=_items(SwitchCall, r.get("switches")),
+            fp32_precision=_strings(r.get("fp32_precision")),
         ))
         out.append(ProcessOutcome(
             rank=rank, at_exit=_fingerprints(r.get("at_exit")),
@@ -250,9 +299,14 @@ def build_run_manifest(
     output_globs: list[str],
     malformed_ok: bool = False,
     compute: dict[str, Any] | None = None,
+    stale: list[str] | None = None,
+    code_env: dict[str, str] | None = None,
+    not_digested: dict[str, int] | None = None,
 ) -> Manifest:
     """The sealed manifest of a finished run. ``malformed_ok``: a malformed weight file
-    is recorded by file digest (verify's re-run) instead of refused (capture)."""
+    is recorded by file digest (verify's re-run) instead of refused (capture). ``stale``
+    outputs were left by an earlier run: they are not recorded and the run fails;
+    ``datasets`` may hold discovered inputs."""
     rnd, det, outcomes = merge_records(result.records)
     if result.op_streams:
         refs = store_op_streams(result, snap.store)
@@ -261,10 +315,16 @@ def build_run_manifest(
     artifacts, missing = digest_outputs(output_globs, cwd, malformed_ok=malformed_ok)
     status = "ok"
     error = None
+    if stale:
+        artifacts = [a for a in artifacts if a.path not in stale]
     if result.exit_code != 0:
         status = "failed"
         error = _process_error(result.records) or f"command exited with status {result.exit_code}"
         error = redact_text(error, argv=argv)  # a child's exception can quote its credentials
+    elif stale:
+        status = "failed"
+        error = (f"output(s) {', '.join(stale)} were left by an earlier run, not written by this "
+                 "one; move or delete them and capture again")
     elif missing:
         status = "failed"
         error = f"declared output(s) matched no file: {', '.join(missing)}"
@@ -274,7 +334,11 @@ def build_run_manifest(
     except ValueError:
         rel_cwd = "."
     doc = dict(snap.sections)
-    doc["data"] = datasets
+    doc["data"] = sorted(datasets, key=lambda d: str(d["name"]))
+    if result.records:
+        from manifest.capture.observed import imported_distributions
+
+        doc["env"] = dict(doc["env"], imported=imported_distributions(result.modules))
     doc["randomness"] = {
         "seed": settings.seed,
         "derivation": settings.derivation,
@@ -293,7 +357,8 @@ def build_run_manifest(
         "argv": redact_argv(argv),
         "cwd": rel_cwd,
         "outputs": list(output_globs),
-        "datasets": [d["name"] for d in datasets],
+        "datasets": [d["name"] for d in datasets if d.get("source") is None],
+        "code_env": code_env,
     }
     doc["outputs"] = {
         "status": status,
@@ -306,6 +371,8 @@ def build_run_manifest(
     doc["observed"] = observed_for(snap, pids=pids)
     if compute is not None:
         doc["observed"]["compute"] = compute
+    if not_digested:
+        doc["observed"]["inputs_not_digested"] = dict(sorted(not_digested.items()))
     return seal(doc)
 
 
@@ -364,6 +431,10 @@ def capture_from_cli(
                                 no_cache=no_cache, quiet=quiet, base=data_base)
         # Sorted by name: the order of --data flags must not change the run's identity.
         datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
+        root = snap.code.root
+        for d in datasets:  # outside the repository: where a relative path from it lands
+            if root is not None and os.path.isabs(d["path"]):
+                d["from_repo"] = os.path.relpath(d["path"], root)
     if not command:
         return seal_snapshot(snap, datasets), 0
     settings = LaunchSettings(
@@ -373,20 +444,61 @@ def capture_from_cli(
         deterministic=deterministic and table.get("deterministic", True) is not False,
         trail="sampled" if trail else "off",
         ops={"from": 1, "to": fingerprint_ops} if fingerprint_ops else None,
+        root=str(snap.code.root) if snap.code.root is not None else None,
     )
+    from manifest.capture import observed
     from manifest.probes.compute import compute_record, read_energy
 
+    before = observed.output_matches(outputs, cwd)
+    code_env = observed.record_code_env(dict(os.environ), cwd, snap.code.root)
     energy_before = read_energy(nvml)
     started = time.monotonic()
     result = run_under_launcher(command, cwd, settings)
     wall_s = time.monotonic() - started
     compute = compute_record(wall_s=wall_s, records=result.records, before=energy_before,
                              after=read_energy(nvml), env=result.env)
+    stale = observed.stale_outputs(before, outputs, cwd)
+    take, left = _inputs_and_writes(snap, cwd, result, datasets, outputs, manifest_file)
+    inputs = observed.digest_inputs(take, root=snap.code.root, store=snap.store,
+                                    no_cache=no_cache, quiet=quiet)
     manifest = build_run_manifest(snap, cwd=cwd, argv=command, settings=settings, result=result,
-                                  datasets=datasets, output_globs=outputs, compute=compute)
+                                  datasets=datasets + inputs, output_globs=outputs,
+                                  compute=compute, stale=stale, code_env=code_env,
+                                  not_digested=left)
     assert manifest.outputs is not None
     # Verify runs a command without --trust only if this tool sealed it here.
     from manifest.verify.trust import record_sealed
 
     record_sealed(manifest.digest)
     return manifest, 0 if manifest.outputs.status == "ok" else 3
+
+
+def _inputs_and_writes(snap: Snapshot, cwd: Path, result: LaunchResult,
+                       datasets: list[dict[str, Any]], outputs: list[str],
+                       manifest_file: Path | None) -> tuple[list[Path], dict[str, int]]:
+    """Discovered inputs to digest and those left to ``--data``; remembers run-written files."""
+    from manifest.capture import observed
+    from manifest.capture.snapshot import own_output_files
+
+    root = snap.code.root
+    tracked: frozenset[str] = frozenset()
+    untracked: list[str] = []
+    if root is not None:
+        tracked = observed.tracked_files(root)
+        untracked = observed.untracked_files(root)
+        written = observed.written_by_run(result.opened, root, untracked, result.started_ns)
+        # The capture's own files (``> run.json 2> cap.err``) are remembered too.
+        written += observed.matching_files(untracked, root, own_output_files(manifest_file))
+        observed.remember_written(snap.store, written)
+    base = root or cwd
+    skip = [Path(d["path"]) if os.path.isabs(d["path"]) else base / d["path"] for d in datasets]
+    skip += [cwd / rel for rel in observed.output_matches(outputs, cwd)]
+    skip.append(snap.store.root)
+    found = observed.discovered_inputs(
+        result.opened, root=root, tracked=tracked,
+        in_patch=frozenset(untracked) - frozenset(snap.code.large),
+        skip=skip, skip_files=own_output_files(manifest_file))
+    take, left = observed.split_by_budget(found)
+    from manifest.data.datasets import recorded_path
+
+    return take, {recorded_path(p, root): n for p, n in left.items()}

@@ -41,18 +41,20 @@ def now_iso() -> str:
 def own_output_files(extra: Path | None = None) -> frozenset[tuple[int, int]]:
     """(device, inode) of the files this capture writes its manifest to.
 
-    That is the regular file stdout is redirected to, and ``-o FILE`` if it
-    exists already (a previous capture's manifest, about to be replaced).
+    That is the regular files stdout and stderr are redirected to (``>
+    run.json 2> cap.err``), and ``-o FILE`` if it exists already (a previous
+    capture's manifest, about to be replaced).
     """
     import stat
 
     found: set[tuple[int, int]] = set()
-    try:
-        st = os.fstat(1)
-        if stat.S_ISREG(st.st_mode):
-            found.add((st.st_dev, st.st_ino))
-    except OSError:
-        pass
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                found.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
     if extra is not None:
         try:
             st = os.stat(extra)
@@ -63,7 +65,11 @@ def own_output_files(extra: Path | None = None) -> frozenset[tuple[int, int]]:
 
 
 def default_store(cwd: Path, code: CodeProbe, configured: str | None = None) -> BlobStore:
-    base = code.root if code.root is not None else cwd
+    return store_at(code.root if code.root is not None else cwd, configured)
+
+
+def store_at(base: Path, configured: str | None = None) -> BlobStore:
+    """The blob store of the repository at ``base`` (``[tool.manifest] store`` or .manifest)."""
     if configured:
         path = Path(configured)
         return BlobStore(path if path.is_absolute() else base / path)
@@ -89,7 +95,10 @@ def take_snapshot(
     """Run the code, env and hardware probes."""
     started = time.time()
     started_iso = now_iso()
-    code = probe_code(cwd, exclude=own_output_files(manifest_file))
+    from manifest.capture.observed import remembered_written
+
+    code = probe_code(cwd, exclude=own_output_files(manifest_file),
+                      written=lambda root: remembered_written(store_at(root, store_dir)))
     store = default_store(cwd, code, store_dir)
     if code.patch:
         store.put(code.patch)
@@ -145,6 +154,7 @@ def observed_for(snap: Snapshot, *, pids: list[int] | None = None) -> dict[str, 
         logical_cpus=logical_cpus(),
         gpu_uuid_hashes=snap.nvml.uuid_hashes if snap.nvml else [],
         pids=pids or [],
+        large_untracked=dict(sorted(snap.code.large.items())) or None,
     ).model_dump(mode="json")
 
 

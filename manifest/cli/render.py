@@ -205,6 +205,7 @@ def capture_notes(manifest: Manifest, *, verbose: bool = False) -> list[str]:
             notes.append(f"{len(numbers)} value(s) in the command look like credentials and "
                          f"are recorded as <redacted:N>; to re-run, verify reads them from "
                          f"{names}.")
+    notes.extend(run_notes(manifest))
     missing: list[str] = []
     if manifest.env.torch is None:
         missing.append(f"torch ({manifest.env.unavailable.get('torch', 'not found')})")
@@ -224,3 +225,60 @@ def capture_failure(outputs: Outputs) -> str:
         return (f"the command failed with exit status {outputs.exit_code} ({reason}); "
                 "the manifest records the failure.")
     return f"the run is incomplete: {reason}; the manifest records it."
+_LOOSENING = {
+    "allow_tf32": ("True",), "fp32_precision": ("tf32",), "benchmark": ("True",),
+    "deterministic": ("False",), "torch.use_deterministic_algorithms": ("False",),
+    "torch.set_float32_matmul_precision": ("high", "medium"),
+}
+
+
+def _loosens(switch: str, value: str) -> bool:
+    for name, values in _LOOSENING.items():
+        if (switch == name or switch.endswith("." + name)) and value in values:
+            return True
+    return False
+
+
+def run_notes(manifest: Manifest) -> list[str]:
+    """What the run did to the recipe and its seeds, and what capture left out or found."""
+    notes: list[str] = []
+    for proc in manifest.determinism.processes:
+        for sw in proc.switches or []:
+            if sw.switch == "torch.autocast":
+                notes.append(f"{sw.site} entered torch.autocast ({sw.value}): mixed precision "
+                             "is in use.")
+            elif _loosens(sw.switch, sw.value):
+                tf32 = "tf32" in sw.switch or sw.value == "tf32"
+                why = ("matmuls may lose bit-exactness across GPUs" if tf32 or "precision" in
+                       sw.switch else "kernels may no longer be deterministic")
+                notes.append(f"{sw.site} set {sw.switch} = {sw.value} after the launcher "
+                             f"applied the recipe: {why}.")
+    for rnd in manifest.randomness.processes:
+        for call in rnd.reseeds or []:
+            if call.generators and not call.drawn:
+                notes.append(f"{call.site} reseeds {', '.join(call.generators)} "
+                             f"({call.call}({call.seed or ''})) before any draw: the "
+                             "launcher's seed does not reach them.")
+            elif call.drawn:
+                notes.append(f"{call.site} reseeds {', '.join(call.generators)} after "
+                             f"{', '.join(call.drawn)} had been drawn from under the "
+                             "launcher's seed.")
+    found = [ds.path for ds in manifest.data if ds.source == "discovered"]
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        notes.append(f"the run read {shown}, which git does not carry: digested as discovered "
+                     "data (declare with --data to name it).")
+    obs = manifest.observed
+    if obs.large_untracked:
+        names = sorted(obs.large_untracked)
+        tops = sorted({n.split("/")[0] + ("/" if "/" in n else "") for n in names})
+        notes.append(f"{len(names)} untracked file(s) over 1 MiB left out of the code patch "
+                     f"({', '.join(names[:3])}{' …' if len(names) > 3 else ''}); if they are "
+                     f"not code, add to .gitignore: {' '.join(tops[:5])}")
+    if obs.inputs_not_digested:
+        names = sorted(obs.inputs_not_digested)
+        total = sum(obs.inputs_not_digested.values())
+        notes.append(f"the run read {len(names)} more file(s) git does not carry ({total} bytes, "
+                     f"e.g. {names[0]}): too many or too large to digest unasked; declare their "
+                     "folder with --data so verify can provide and check them.")
+    return notes

@@ -14,7 +14,12 @@ concretely first (``env.variables[OMP_NUM_THREADS]``), then with keys as
 ``[*]`` (``env.packages[*]``); a path in neither is labelled ``bits`` (fail
 safe) and the test suite checks that every model field has a rule.
 
-Two refinements sit on top of the table, both documented where they apply:
+Refinements sit on top of the table, each documented where it applies (the
+labels themselves live in ``manifest.diff.rules``: ``RULES`` and ``REFINED``):
+
+* a package neither run imported is ``benign``, and a launcher seed that both
+  runs' own seeding replaced before any draw is ``benign`` with the call
+  sites named (``manifest.diff.overrides`` decides both);
 
 * ``env.packages_digest`` is a summary of ``env.packages``: it is not listed
   when a package line already says what changed.
@@ -73,7 +78,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from manifest.diff.rules import FALLBACK_RULE, RULES, SUMMARY_FIELDS, Impact, Rule
+from manifest.diff.rules import FALLBACK_RULE, REFINED, RULES, SUMMARY_FIELDS, Impact, Rule
 from manifest.errors import ManifestError, UnsupportedSchemaError
 from manifest.models import SCHEMA_V1, Manifest
 
@@ -98,6 +103,9 @@ KEYED_LISTS: Mapping[str, str] = {
     "outputs.processes[*].trail": "step",
     "observed.compute.ranks": "rank",
     "observed.compute.gpus": "index",
+    "randomness.processes[*].reseeds": "site",
+    "randomness.processes[*].loaders": "site",
+    "determinism.processes[*].switches": "switch",
 }
 """List pattern -> the field that names an element. The key field itself is never a difference."""
 
@@ -469,10 +477,14 @@ _ARTIFACT_FILE_FIELDS = ("outputs.artifacts[*].digest", "outputs.artifacts[*].by
 
 
 def _refine(found: list[Difference], a: Manifest, b: Manifest) -> list[Difference]:
-    """Apply the two documented refinements to the table's labels."""
+    """Apply the documented refinements to the table's labels."""
     out: list[Difference] = []
     same_tensors = _artifacts_with_same_tensors(a, b)
     for d in found:
+        refined = _refine_by_run(d, a, b)
+        if refined is not None:
+            out.append(refined)
+            continue
         prefix = SUMMARY_FIELDS.get(d.rule)
         if prefix is not None and any(o.path.startswith(prefix) for o in found):
             continue
@@ -486,6 +498,54 @@ def _refine(found: list[Difference], a: Manifest, b: Manifest) -> list[Differenc
             )
         out.append(d)
     return out
+
+
+_RANK_RNG = {f"randomness.processes[*].at_start.{g}": g
+             for g in ("python", "numpy", "torch_cpu", "cuda")}
+
+
+def _refine_by_run(d: Difference, a: Manifest, b: Manifest) -> Difference | None:
+    """The labels of :data:`REFINED`: what the runs themselves made irrelevant."""
+    from manifest.diff import overrides
+
+    if d.impact is not Impact.BITS:
+        return None
+    sites: list[str] | None = None
+    rule = None
+    if d.rule == "env.packages[*]":
+        if overrides.counts_for_bits(str(d.location[-1]), a, b):
+            return None
+        rule = REFINED["package-not-imported"]
+        return _relabel(d, rule, _reason(rule, d.change, d.before, d.after, (d.location[-1],),
+                                         d.path))
+    if d.rule == "randomness.seed":
+        sites, rule = overrides.seed_overridden(a, b), REFINED["seed-overridden"]
+    elif d.rule == "randomness.processes[*].seed" or d.rule in _RANK_RNG:
+        pa, pb = _process(a, d.location[2]), _process(b, d.location[2])
+        if pa is None or pb is None:
+            return None
+        if d.rule in _RANK_RNG:
+            site = overrides.overridden_generators(pa, pb).get(_RANK_RNG[d.rule])
+            sites = [site] if site is not None else None
+        else:
+            sites = overrides.rank_seed_overridden(pa, pb)
+        rule = REFINED["rank-seed-overridden"]
+    if sites is None or rule is None:
+        return None
+    where = "; ".join(sites[:3]) + (" …" if len(sites) > 3 else "")
+    return _relabel(d, rule, f"{d.reason.partition(':')[0]}: {rule.why} ({where})")
+
+
+def _process(m: Manifest, rank: Any) -> Any:
+    for p in m.randomness.processes:
+        if p.rank == rank:
+            return p
+    return None
+
+
+def _relabel(d: Difference, rule: Rule, reason: str) -> Difference:
+    return Difference(location=d.location, path=d.path, rule=d.rule, change=d.change,
+                      impact=rule.impact, reason=reason, before=d.before, after=d.after)
 
 
 def _artifacts_with_same_tensors(a: Manifest, b: Manifest) -> set[Key]:

@@ -73,6 +73,10 @@ RULES: Mapping[str, Rule] = {
     "data[*].listing": Rule(N, "dataset {key} file listing",
                             "an index of the files for reporting; the content digest decides",
                             show_values=False),
+    "data[*].source": Rule(N, "dataset {key} origin",
+                           "declared or discovered, the content digest decides"),
+    "data[*].from_repo": Rule(N, "dataset {key} place relative to the repository",
+                              "where it lies, not what it holds"),
     # ----------------------------------------------------------------- env
     "env.python": Rule(B, "Python", "interpreter and standard library behaviour may change"),
     "env.implementation": Rule(B, "Python implementation", "a different interpreter"),
@@ -116,6 +120,9 @@ RULES: Mapping[str, Rule] = {
     "env.variables[MKL_CBWR]": Rule(B, "MKL_CBWR", "MKL's reproducibility mode changes",
                                     missing="unset"),
     "env.unavailable[*]": Rule(N, "env: reason for {key}", _UNAVAILABLE, missing="none"),
+    "env.imported": Rule(N, "distributions imported by the run",
+                         "which packages count; their versions are compared on their own lines",
+                         show_values=False),
     # ------------------------------------------------------------ hardware
     "hardware.gpus": Rule(B, "GPUs", "different devices"),
     "hardware.gpus[*]": Rule(B, "GPU {key}", "different devices", missing="absent"),
@@ -157,6 +164,31 @@ RULES: Mapping[str, Rule] = {
     "randomness.processes[*].at_start.cuda": Rule(B, "rank {key} CUDA RNG states at start",
                                                   "random streams start elsewhere",
                                                   show_values=False),
+    "randomness.processes[*].reseeds": Rule(B, "rank {key} seeding calls",
+                                            "the script seeds its generators differently",
+                                            show_values=False),
+    "randomness.processes[*].reseeds[*]": Rule(B, "rank {keys[0]} seeding call at {key}",
+                                               "the script seeds its generators differently",
+                                               missing="absent", show_values=False),
+    "randomness.processes[*].reseeds[*].call": Rule(B, "rank {keys[0]} seeding call at {key}",
+                                                    "another generator is seeded"),
+    "randomness.processes[*].reseeds[*].seed": Rule(B, "rank {keys[0]} seed set at {key}",
+                                                    "random streams start elsewhere"),
+    "randomness.processes[*].reseeds[*].generators": Rule(
+        B, "rank {keys[0]} generators seeded at {key}", "other streams are reset"),
+    "randomness.processes[*].reseeds[*].drawn": Rule(
+        B, "rank {keys[0]} generators drawn from before the seeding at {key}",
+        "draws before the script's own seeding follow the launcher's seed"),
+    "randomness.processes[*].loaders": Rule(B, "rank {key} DataLoader worker seeds",
+                                            "workers draw other augmentations and orders",
+                                            show_values=False),
+    "randomness.processes[*].loaders[*]": Rule(B, "rank {keys[0]} DataLoader at {key}",
+                                               "workers draw other streams", missing="absent",
+                                               show_values=False),
+    "randomness.processes[*].loaders[*].base_seed": Rule(
+        B, "rank {keys[0]} DataLoader at {key} base seed", "workers draw other streams"),
+    "randomness.processes[*].loaders[*].workers": Rule(
+        B, "rank {keys[0]} DataLoader at {key} workers", "samples are split otherwise"),
     "randomness.unavailable[*]": Rule(N, "randomness: reason for {key}", _UNAVAILABLE,
                                       missing="none"),
     # --------------------------------------------------------- determinism
@@ -208,6 +240,22 @@ RULES: Mapping[str, Rule] = {
     "determinism.processes[*].nccl": Rule(B, "rank {key} NCCL",
                                           "collective reduction order may change"),
     "determinism.processes[*].devices": Rule(B, "rank {key} devices", "different devices"),
+    "determinism.processes[*].switches": Rule(B, "rank {key} switches set by the script",
+                                              "kernel selection or precision may change",
+                                              show_values=False),
+    "determinism.processes[*].switches[*]": Rule(B, "rank {keys[0]} {key} set by the script",
+                                                 "kernel selection or precision may change",
+                                                 missing="not set"),
+    "determinism.processes[*].switches[*].value": Rule(
+        B, "rank {keys[0]} {key}", "kernel selection or precision may change"),
+    "determinism.processes[*].switches[*].site": Rule(
+        N, "rank {keys[0]} {key} call site", "where the script sets it; the value is compared"),
+    "determinism.processes[*].fp32_precision": Rule(B, "rank {key} fp32_precision switches",
+                                                    "matmuls and convolutions run in TF32 or "
+                                                    "FP32", show_values=False),
+    "determinism.processes[*].fp32_precision[*]": Rule(
+        B, "rank {keys[0]} {key}.fp32_precision", "matmuls and convolutions run in TF32 or FP32",
+        missing="absent"),
     "determinism.unavailable[*]": Rule(N, "determinism: reason for {key}", _UNAVAILABLE,
                                        missing="none"),
     # ------------------------------------------------------------- command
@@ -218,6 +266,10 @@ RULES: Mapping[str, Rule] = {
                             "which files are digested after the run, not what it computes"),
     "command.datasets": Rule(N, "declared datasets",
                              "which datasets are digested; their content is compared under data"),
+    "command.code_env": Rule(B, "code path variables", "other modules may be imported",
+                             show_values=False),
+    "command.code_env[*]": Rule(B, "{key}", "decides which modules are imported",
+                                missing="unset"),
     # ------------------------------------------------------------- outputs
     "outputs": Rule(B, "outputs", "only one run recorded its results", show_values=False),
     "outputs.status": Rule(B, "run status", "the runs did not end alike"),
@@ -289,10 +341,35 @@ RULES: Mapping[str, Rule] = {
     "observed.compute.gpus[*].energy_j": Rule(N, "GPU {key} energy (J)", "what the run cost"),
     "observed.compute.unavailable[*]": Rule(N, "compute not recorded: {key}",
                                             "why a cost was not read"),
+    "observed.large_untracked": Rule(N, "large untracked files",
+                                     "named, not packed; not part of the code",
+                                     show_values=False),
+    "observed.large_untracked[*]": Rule(N, "large untracked file {key}",
+                                        "named, not packed; not part of the code",
+                                        missing="absent"),
+    "observed.inputs_not_digested": Rule(N, "inputs too large to digest unasked",
+                                         "declare them with --data to compare them",
+                                         show_values=False),
+    "observed.inputs_not_digested[*]": Rule(N, "undigested input {key}",
+                                            "declare it with --data to compare it",
+                                            missing="absent"),
 }
 """Field pattern -> impact and reason. Keys on a path are ``[*]``; a concrete key overrides."""
 
 FALLBACK_RULE = Rule(B, "{path}", "not in the impact table, so assumed to change bits")
+
+REFINED: Mapping[str, Rule] = {
+    "package-not-imported": Rule(N, "package {key}", "installed, never imported by the run",
+                                 missing="not installed"),
+    "seed-overridden": Rule(N, "seed", "overridden by the script's own seeding before any draw"),
+    "rank-seed-overridden": Rule(N, "rank {key} seed",
+                                 "overridden by the script's own seeding before any draw"),
+    "rng-overridden": Rule(N, "rank {key} {keys[-1]} RNG state at start",
+                           "reseeded by the script before any draw", show_values=False),
+}
+"""Labels that depend on both manifests, applied by ``manifest.diff.engine`` on top of
+:data:`RULES`: a package neither run imported (the installed set is kept, benign), and a
+seed the script's own seeding replaced before any draw (the call sites are named)."""
 
 SUMMARY_FIELDS: Mapping[str, str] = {"env.packages_digest": "env.packages["}
 """Summary field -> path prefix of the facts it summarises (listed only if those are equal)."""

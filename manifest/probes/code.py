@@ -16,8 +16,8 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
@@ -29,6 +29,9 @@ from manifest.store import BlobStore
 
 LOCKFILE_NAMES = ("uv.lock", "poetry.lock", "Pipfile.lock", "pdm.lock", "environment.yml",
                   "environment.yaml", "conda-lock.yml")
+LARGE_UNTRACKED = 1 << 20
+"""An untracked file above 1 MiB is named in a note, not packed: an un-ignored ``mlruns/``
+(50 MB) once became a 64 MB patch blob; code is rarely that large, run output often is."""
 LOCKFILE_PREFIXES = ("requirements", "constraints")
 """``requirements*.txt`` and ``constraints*.txt`` (plain string tests: no regex to compile)."""
 
@@ -42,6 +45,8 @@ class CodeProbe:
     branch: str | None
     remote_url: str | None
     patch: bytes | None
+    large: dict[str, int] = field(default_factory=dict)
+    """Untracked, not-ignored files over :data:`LARGE_UNTRACKED` bytes, left out of the patch."""
 
 
 def strip_credentials(url: str) -> str:
@@ -314,11 +319,17 @@ def is_manifest_file(path: Path) -> bool:
     return head == _MANIFEST_HEAD and tail == _MANIFEST_TAIL
 
 
-def _without(untracked: list[bytes], root: Path,
-             exclude: frozenset[tuple[int, int]]) -> list[bytes]:
-    """Untracked paths minus the manifests: the one being written now (by device and
-    inode in ``exclude``: it may still be empty) and earlier ones (by content)."""
+def _without(untracked: list[bytes], root: Path, exclude: frozenset[tuple[int, int]],
+             written: frozenset[str] = frozenset()) -> tuple[list[bytes], dict[str, int]]:
+    """Untracked paths that are code, and the large ones left out (path -> bytes).
+
+    Not code: the files this capture writes (by device and inode in
+    ``exclude``: the manifest, a ``2> cap.err``; they may still be empty),
+    manifests of earlier captures (by content), and files an earlier captured
+    run wrote (``written``, remembered by the store: TensorBoard events, logs).
+    """
     kept: list[bytes] = []
+    large: dict[str, int] = {}
     for rel in untracked:
         path = root / os.fsdecode(rel)
         try:
@@ -326,16 +337,21 @@ def _without(untracked: list[bytes], root: Path,
         except OSError:
             kept.append(rel)
             continue
-        if (st.st_dev, st.st_ino) in exclude:
+        if (st.st_dev, st.st_ino) in exclude or os.fsdecode(rel) in written:
             continue
-        if stat.S_ISREG(st.st_mode) and is_manifest_file(path):
-            continue
+        if stat.S_ISREG(st.st_mode):
+            if st.st_size > LARGE_UNTRACKED:
+                large[os.fsdecode(rel)] = st.st_size
+                continue
+            if is_manifest_file(path):
+                continue
         kept.append(rel)
-    return kept
+    return kept, large
 
 
 def probe_code(cwd: Path, store: BlobStore | None = None, *,
-               exclude: frozenset[tuple[int, int]] = frozenset()) -> CodeProbe:
+               exclude: frozenset[tuple[int, int]] = frozenset(),
+               written: Callable[[Path], frozenset[str]] | None = None) -> CodeProbe:
     """Record the code state of the repository containing ``cwd``.
 
     Never raises for a missing git or a non-repository: records the reason.
@@ -343,6 +359,7 @@ def probe_code(cwd: Path, store: BlobStore | None = None, *,
     manifests are left out of the patch: the file ``manifest capture >
     run.json`` is writing into (named by (device, inode) in ``exclude``) and
     manifests of earlier captures, which must not change the run they describe.
+    ``written(root)`` names the files earlier captured runs wrote (not code either).
     """
     try:
         state = read_repo_state(cwd)
@@ -356,7 +373,8 @@ def probe_code(cwd: Path, store: BlobStore | None = None, *,
         unavailable["commit"] = state.head_problem
     config = read_repo_config(root)
     gitlinks, untracked = _index_listing(root)
-    untracked = _without(untracked, root, exclude)
+    untracked, large = _without(untracked, root, exclude,
+                                written(root) if written is not None else frozenset())
     withheld = [p for p in untracked if is_secret_file(p)]
     if withheld:
         # Credentials by name (.env, .netrc, *.pem …) never enter a blob: a
@@ -382,4 +400,4 @@ def probe_code(cwd: Path, store: BlobStore | None = None, *,
         lockfiles=find_lockfiles(root),
         unavailable=unavailable,
     )
-    return CodeProbe(code, root, state.branch, remote_url(config), patch or None)
+    return CodeProbe(code, root, state.branch, remote_url(config), patch or None, large)

@@ -91,6 +91,8 @@ class VerifyReport:
     """How the re-run was confined, or ``not confined (why)``."""
     notes: list[str] = field(default_factory=list)
     """What the user should know about how the re-run was set up."""
+    code_check: str | None = None
+    """``--in-place``: ``the recorded code`` or ``not checked: …`` (no git)."""
 
     @property
     def bits_drift(self) -> list[Drift]:
@@ -124,6 +126,7 @@ class VerifyReport:
                if self.first_divergent_op is not None else {}),
             "rerun_exit_code": self.rerun_exit_code,
             "trust": self.trust,
+            "code_check": self.code_check,
             "confinement": self.confinement,
             "notes": self.notes,
         }
@@ -156,6 +159,8 @@ def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
 
     doc = to_document(recorded)
     doc["env"], doc["hardware"], _ = machine
+    if recorded.env.imported is not None:  # what the run imported is not a fact of today
+        doc["env"] = dict(doc["env"], imported=recorded.env.imported)
     today = seal(doc)
     return [
         Drift(d.path, d.impact.value, d.reason)
@@ -179,7 +184,8 @@ def check_data(recorded: Manifest, root: Path, store: BlobStore, *, no_cache: bo
         path = Path(ds.path)
         full = path if path.is_absolute() else root / path
         try:
-            [today] = digest_datasets([f"{ds.name}={full}"], repo_root=root, store=store,
+            # A fixed NAME: a discovered input is named by its path, which has slashes.
+            [today] = digest_datasets([f"dataset={full}"], repo_root=root, store=store,
                                       no_cache=no_cache, quiet=quiet)
         except DataError as exc:
             changes.append(DataChange(ds.name, ds.path, exc.message, []))
@@ -232,14 +238,20 @@ def store_for(recorded: Manifest, root: Path) -> BlobStore:
 
 
 def materialise(recorded: Manifest, root: Path, store: BlobStore, scratch: Path) -> Path:
-    """A scratch tree at the recorded commit with the recorded patch applied."""
+    """A scratch tree at the recorded commit with the recorded patch applied.
+
+    It sits as deep in ``scratch`` as recorded inputs outside the repository
+    climb (``manifest.verify.inputs``), so their relative paths land inside it.
+    """
     from manifest.errors import NoVerdictError
+    from manifest.verify.inputs import scratch_depth, tree_base
 
     commit = recorded.code.commit
     if commit is None:
         raise NoVerdictError("the manifest records no commit, so there is no tree to rebuild.",
                              hint="Use --in-place to run it in the current directory.")
-    tree = scratch / "tree"
+    tree = tree_base(scratch, scratch_depth(recorded))[1]
+    tree.parent.mkdir(parents=True, exist_ok=True)
     try:
         run_git(["clone", "--quiet", "--shared", "--no-checkout", str(root), str(tree)], scratch)
         run_git(["checkout", "--quiet", "--detach", commit], tree)
@@ -273,6 +285,11 @@ def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path
                 binds.append((Path(os.path.realpath(ds.path)), Path(ds.path)))
             continue
         target = tree / rel
+        if os.path.isdir(target) and not os.path.islink(target) and (root / rel).is_dir():
+            from manifest.verify.inputs import missing_entries
+
+            binds.extend(missing_entries(root / rel, target))  # git carries part of it
+            continue
         if os.path.lexists(target) or not (root / rel).exists():
             continue  # git carries it (or there is nothing to link)
         binds.append((Path(os.path.realpath(root / rel)), target))
@@ -420,6 +437,16 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         report.reason = f"the recorded run itself failed ({recorded.outputs.error})"
         return report
 
+    if options.in_place:
+        from manifest.verify.inputs import in_place_code_problem
+
+        problem = in_place_code_problem(recorded, root, store)
+        if problem is not None and not problem.startswith("cannot check"):
+            report.reason = f"--in-place: {problem}"
+            return report
+        report.code_check = "not checked: " + problem.removeprefix(
+            "cannot check the code: ") if problem else "the recorded code"
+
     from manifest.verify.paths import tree_relative
 
     for glob in recorded.command.outputs:
@@ -465,6 +492,12 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
                      if not os.path.isabs(ds.path)}
             report.notes.extend(link_data(binds, run_root, confined=sandbox_reason is None,
                                           sizes=sizes))
+            if sandbox_reason is not None:
+                # Confined, the clone is mounted at the repository's path and
+                # relative paths resolve as at capture; here they land in scratch.
+                from manifest.verify.inputs import link_outside, outside_links, tree_base
+
+                link_outside(outside_links(recorded, run_root), tree_base(scratch, 0)[0])
         from manifest.verify.paths import check_cwd, check_outputs
 
         run_cwd = check_cwd(run_root, recorded.command.cwd)
@@ -481,7 +514,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             spec = SandboxSpec(scratch=run_root, mount_at=root, ro_binds=ro,
                                network=options.network)
         return _rerun_and_compare(recorded, report, run_cwd, root, scratch, options, machine,
-                                  run_argv, spec)
+                                  run_argv, spec, run_root)
 
 
 def _sandbox_reason(options: VerifyOptions) -> str | None:
@@ -504,6 +537,8 @@ def _plan_variables(recorded: Manifest, options: VerifyOptions) -> dict[str, str
     """The variables the re-run sets: recorded numerics variables and the launcher's."""
     threads = options.threads or recorded.determinism.num_threads or 1
     variables = dict(recorded.env.variables)
+    if recorded.command is not None and recorded.command.code_env:
+        variables.update(recorded.command.code_env)
     variables.update({
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
         "MANIFEST_LAUNCH": (f"seed={recorded.randomness.seed or 0} "
@@ -542,19 +577,35 @@ def _first_op_difference(recorded: Manifest, result: Any, store: BlobStore) -> A
 def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, root: Path,
                        scratch: Path, options: VerifyOptions,
                        machine: Machine, run_argv: list[str],
-                       spec: SandboxSpec | None = None) -> VerifyReport:
+                       spec: SandboxSpec | None = None,
+                       run_root: Path | None = None) -> VerifyReport:
     from manifest.capture.run import LaunchSettings, build_run_manifest, run_under_launcher
     from manifest.capture.snapshot import take_snapshot
 
     assert recorded.command is not None
     assert recorded.outputs is not None
+    run_root = run_root or root
     settings = LaunchSettings(
         seed=recorded.randomness.seed or 0,
         derivation=recorded.randomness.derivation or "same",
         threads=options.threads or recorded.determinism.num_threads or 1,
         deterministic=recorded.determinism.requested,
         ops=_recorded_ops_window(recorded),
+        root=str(spec.mount_at if spec is not None else run_root),
+        hashseed=recorded.determinism.pythonhashseed,
     )
+    from manifest.verify.inputs import code_env, missing_inputs_hint
+
+    base_env = numerics_env(recorded)
+    replay, absent = code_env(recorded, spec.mount_at if spec is not None else run_root)
+    if replay is not None:
+        from manifest.capture.observed import CODE_ENV_VARS
+
+        base_env = {k: v for k, v in base_env.items() if k not in CODE_ENV_VARS}
+        base_env.update(replay)
+    report.drift.extend(Drift("command.code_env", "bits",
+                              f"{entry} (on a code path variable at capture) does not exist "
+                              "here: other code may be imported") for entry in absent)
     snap = take_snapshot(run_cwd, store_dir=str(scratch / "store"), machine=machine)
     if not options.in_place and snap.code.code.diff_digest != recorded.code.diff_digest:
         report.drift.append(Drift(
@@ -572,8 +623,7 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
             confined = SandboxSpec(sandbox.scratch, sandbox.mount_at, sandbox.ro_binds,
                                    [*sandbox.rw_paths, records], sandbox.network)
             return sandbox_wrap(confined, argv, cwd_inside)
-    result = run_under_launcher(run_argv, run_cwd, settings,
-                                base_env=numerics_env(recorded), wrap=wrap)
+    result = run_under_launcher(run_argv, run_cwd, settings, base_env=base_env, wrap=wrap)
     report.rerun_exit_code = result.exit_code
     new = build_run_manifest(snap, cwd=run_cwd, argv=run_argv,
                              settings=settings, result=result, datasets=[],
@@ -581,6 +631,11 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
     assert new.outputs is not None
     if result.exit_code != 0:
         report.reason = f"the re-run failed: {new.outputs.error}"
+        if not options.in_place:
+            hint = missing_inputs_hint(result.opened, run_root,
+                                       spec.mount_at if spec is not None else run_root, root)
+            if hint:
+                report.reason += f"; {hint}"
         return report
     new_by_path = {a.path: a for a in new.outputs.artifacts}
     original_cwd = root / recorded.command.cwd

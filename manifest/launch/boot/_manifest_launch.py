@@ -14,7 +14,11 @@ Per-process record (JSON, written atomically at exit to
     {"pid", "start_ns", "argv0", "rank", "local_rank", "world_size",
      "seed", "torch_imported", "numpy_imported", "flags", "pythonhashseed",
      "cuda_runtime", "cudnn", "nccl", "devices", "at_start", "at_exit",
-     "trail", "log", "errors"}
+     "trail", "log", "errors", "modules", "fp32_precision",
+     "opened", "reseeds", "switches", "loaders"}
+
+The last group comes from ``_manifest_observe`` (what the script itself did,
+with call sites); ``capture`` turns it into manifest fields.
 
 Seeds: every process gets the base seed; with derivation ``base+rank`` a
 process whose environment carries ``RANK`` gets ``base + RANK``.
@@ -35,6 +39,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
+
+try:  # under the launcher this directory is on sys.path; as a package module otherwise
+    import _manifest_observe as observe  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
+    from manifest.launch.boot import _manifest_observe as observe
 
 CONFIG_VAR = "MANIFEST_LAUNCH"
 RECORDS_VAR = "MANIFEST_LAUNCH_RECORDS"
@@ -157,22 +166,29 @@ def read_flags() -> dict[str, Any] | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    autocast = None
-    with contextlib.suppress(Exception):
-        autocast = bool(torch.is_autocast_enabled("cpu")) or bool(
-            torch.is_autocast_enabled("cuda")
-        )
+    def read(get: Callable[[], Any]) -> Any:
+        # One unreadable switch must not lose the others: torch raises for the
+        # legacy TF32 getters once a script mixed them with fp32_precision.
+        try:
+            return get()
+        except Exception:
+            return None
+
+    b = torch.backends
     return {
-        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
-        "deterministic_warn_only": bool(torch.is_deterministic_algorithms_warn_only_enabled()),
-        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-        "allow_tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-        "allow_tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
-        "float32_matmul_precision": str(torch.get_float32_matmul_precision()),
-        "autocast": autocast,
-        "num_threads": int(torch.get_num_threads()),
-        "num_interop_threads": int(torch.get_num_interop_threads()),
+        "deterministic_algorithms": read(
+            lambda: bool(torch.are_deterministic_algorithms_enabled())),
+        "deterministic_warn_only": read(
+            lambda: bool(torch.is_deterministic_algorithms_warn_only_enabled())),
+        "cudnn_deterministic": read(lambda: bool(b.cudnn.deterministic)),
+        "cudnn_benchmark": read(lambda: bool(b.cudnn.benchmark)),
+        "allow_tf32_matmul": read(lambda: bool(b.cuda.matmul.allow_tf32)),
+        "allow_tf32_cudnn": read(lambda: bool(b.cudnn.allow_tf32)),
+        "float32_matmul_precision": read(lambda: str(torch.get_float32_matmul_precision())),
+        "autocast": read(lambda: bool(torch.is_autocast_enabled("cpu"))
+                         or bool(torch.is_autocast_enabled("cuda"))),
+        "num_threads": read(lambda: int(torch.get_num_threads())),
+        "num_interop_threads": read(lambda: int(torch.get_num_interop_threads())),
     }
 
 
@@ -442,7 +458,10 @@ def process_seed(config: dict[str, Any]) -> int:
 
 def _on_numpy(module: ModuleType) -> None:
     config = _state["config"]
-    seed_numpy(process_seed(config))
+    with observe.launching():
+        seed_numpy(process_seed(config))
+    observe.note_launch_state(["numpy"])
+    observe.on_numpy(module)
     _state["record"]["numpy_imported"] = True
 
 
@@ -455,9 +474,10 @@ def _on_torch(module: ModuleType) -> None:
         module.set_num_threads(int(threads))
         with contextlib.suppress(RuntimeError):
             module.set_num_interop_threads(int(threads))
-    if config.get("deterministic", True):
-        apply_flags(module, lazy_inductor=True)
-    seed_all(process_seed(config))
+    with observe.launching():
+        if config.get("deterministic", True):
+            apply_flags(module, lazy_inductor=True)
+        seed_all(process_seed(config))
     record["at_start"] = rng_fingerprints()
     if config.get("trail", "sampled") or os.environ.get("MANIFEST_OPS"):
         _install_step_hook(module)
@@ -465,6 +485,8 @@ def _on_torch(module: ModuleType) -> None:
         import _manifest_audit  # type: ignore[import-not-found]
 
         _manifest_audit.start(os.environ["MANIFEST_AUDIT"])
+    observe.note_launch_state(["python", "numpy", "torch_cpu"])
+    observe.on_torch(module)
 
 
 def _write_record() -> None:
@@ -483,6 +505,9 @@ def _write_record() -> None:
         record["log"] = list(_state["log"])
         if _state["ops"] is not None:
             _state["ops"].finish()
+        record["modules"] = observe.modules_imported()
+        torch = sys.modules.get("torch")
+        record["fp32_precision"] = observe.fp32_precision(torch) if torch is not None else None
         mp = sys.modules.get("multiprocessing")
         record["mp_child"] = bool(mp is not None and mp.parent_process() is not None)
     except Exception as exc:
@@ -540,9 +565,14 @@ def install() -> None:
         "errors": [],
         "exception": None,
     }
-    seed_python(process_seed(config))
-    sys.meta_path.insert(0, _AfterImport({"torch": _on_torch, "numpy": _on_numpy,
-                                          "torch._inductor.config": _on_inductor_config}))
+    observe.install(_state["record"], config.get("root"), sys.modules[__name__])
+    with observe.launching():
+        seed_python(process_seed(config))
+    observe.note_launch_state(["python"])
+    hooks: dict[str, Callable[[ModuleType], None]] = {"torch": _on_torch, "numpy": _on_numpy,
+             "torch._inductor.config": _on_inductor_config}
+    hooks.update(dict.fromkeys(observe.SEED_MODULES, observe.on_seed_module))
+    sys.meta_path.insert(0, _AfterImport(hooks))
     for name, callback in (("numpy", _on_numpy), ("torch", _on_torch)):
         if name in sys.modules:  # imported by an earlier sitecustomize
             _state["hooked"].add(name)

@@ -1,0 +1,93 @@
+"""Which differences the runs themselves made irrelevant: the facts behind the two
+labels in :data:`manifest.diff.rules.REFINED` (pure functions over two manifests).
+
+* **Seeds the script overrode.** ``--seed 0`` and ``--seed 1`` of a script
+  that calls ``L.seed_everything(7)`` before drawing anything give identical
+  weights: the launcher's seed never reached a draw. A generator counts as
+  overridden in a process when the first recorded call that reseeds it found
+  it not yet drawn from (the launcher compares fingerprints, exactly), and
+  both runs made the same calls with the same seeds at the same sites (the
+  calls themselves are compared as ``bits`` otherwise). A generator whose
+  state at start is absent in both runs (numpy never imported, CUDA never
+  initialised) does not count.
+* **Packages the run never imported.** Only distributions whose modules a
+  run imported, plus torch and its CUDA libraries, can change its bits; an
+  old manifest without the imported list keeps every package as ``bits``.
+"""
+
+from __future__ import annotations
+
+from manifest.models import Manifest, ProcessRandomness, SeedCall
+
+GENERATORS = ("python", "numpy", "torch_cpu", "cuda")
+ALWAYS_BITS_PREFIXES = ("torch", "nvidia-", "triton", "pytorch-triton")
+
+
+def _first_reseed(calls: list[SeedCall], generator: str) -> SeedCall | None:
+    for call in calls:
+        if generator in call.generators:
+            return call
+    return None
+
+
+def _same_calls(a: list[SeedCall], b: list[SeedCall]) -> bool:
+    return [(c.call, c.seed, c.site, c.generators) for c in a] == [
+        (c.call, c.seed, c.site, c.generators) for c in b]
+
+
+def _started(p: ProcessRandomness, generator: str) -> bool:
+    fp = p.at_start
+    if fp is None:
+        return False
+    value = getattr(fp, generator)
+    return bool(value)
+
+
+def overridden_generators(a: ProcessRandomness, b: ProcessRandomness) -> dict[str, str]:
+    """Generators the script reseeded before any draw in both runs -> the call and its site."""
+    calls_a, calls_b = a.reseeds or [], b.reseeds or []
+    if not calls_a or not _same_calls(calls_a, calls_b):
+        return {}
+    found: dict[str, str] = {}
+    for g in GENERATORS:
+        first_a, first_b = _first_reseed(calls_a, g), _first_reseed(calls_b, g)
+        if first_a is None or first_b is None:
+            continue
+        if g in first_a.drawn or g in first_b.drawn:
+            continue
+        found[g] = f"{first_a.call}({first_a.seed or ''}) at {first_a.site}"
+    return found
+
+
+def rank_seed_overridden(a: ProcessRandomness, b: ProcessRandomness) -> list[str] | None:
+    """Call sites that made this rank's launcher seed irrelevant, or None if it still counts."""
+    found = overridden_generators(a, b)
+    relevant = {g for g in GENERATORS if _started(a, g) or _started(b, g)}
+    if not relevant or not relevant <= found.keys():
+        return None
+    return list(dict.fromkeys(found[g] for g in GENERATORS if g in relevant))
+
+
+def seed_overridden(a: Manifest, b: Manifest) -> list[str] | None:
+    """Call sites that made the base seed irrelevant in every rank, or None."""
+    ranks_a = {p.rank: p for p in a.randomness.processes}
+    ranks_b = {p.rank: p for p in b.randomness.processes}
+    if not ranks_a or ranks_a.keys() != ranks_b.keys():
+        return None
+    sites: list[str] = []
+    for rank, pa in ranks_a.items():
+        found = rank_seed_overridden(pa, ranks_b[rank])
+        if found is None:
+            return None
+        sites.extend(s for s in found if s not in sites)
+    return sites
+
+
+def counts_for_bits(name: str, a: Manifest, b: Manifest) -> bool:
+    """Whether a difference in package ``name`` can change the bits of these runs."""
+    if name.startswith(ALWAYS_BITS_PREFIXES):
+        return True
+    imported = [m.env.imported for m in (a, b) if m.env.imported is not None]
+    if not imported:
+        return True  # neither run says what it imported: fail safe
+    return any(name in names for names in imported)

@@ -1,0 +1,483 @@
+"""In-process observation: what the run actually did, with where it did it.
+
+The launcher (``_manifest_launch``) sets seeds and switches before user code
+runs; a script is free to change them afterwards, and most real ones do
+(``L.seed_everything(7)``, ``torch.backends.cuda.matmul.allow_tf32 = True``,
+``with torch.autocast(...)``). Sampling the state at exit misses all of it,
+so this module watches the calls themselves and adds to the process record:
+
+* ``reseeds``: every call that reseeds a global generator (``random.seed``,
+  ``numpy.random.seed``, ``torch.manual_seed``, ``torch.cuda.manual_seed(_all)``,
+  Lightning's ``seed_everything``, transformers' ``set_seed``) or builds a
+  seeded ``numpy.random.default_rng``: value, call site, the generators it
+  covered and which of those had already been drawn from since the launcher
+  seeded them (fingerprint comparison, exact). A generator reseeded before any
+  draw makes the launcher's seed irrelevant to it: ``diff`` says so.
+* ``switches``: every recipe switch the script changes (deterministic
+  algorithms, cuDNN flags, TF32 old and new, matmul precision) and the first
+  entry into each kind of autocast region, with value and call site.
+* ``loaders``: the base seed of each multi-worker DataLoader iterator.
+* CUDA generator fingerprints at CUDA's first initialisation (queued with
+  torch's own lazy-init mechanism, so we never initialise CUDA ourselves).
+* ``opened``: files opened, from Python's audit hook ``open`` event (it sees
+  ``open``, ``os.open``, ``np.memmap``, ``torch.load``; not C libraries that
+  open files themselves). Files under the interpreter's own prefixes and
+  system directories are skipped in the hook; capture decides the rest.
+* ``modules``: top-level names of the modules imported, mapped by capture to
+  distributions (identity counts only those).
+
+Costs: the audit hook is one Python call per audited event (imports make
+most of them; about 1 µs each); a reseed hashes the generators it touches
+(a few KiB). Lists are capped so a script reseeding every step stays small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+MAX_RESEEDS = 32
+MAX_SWITCHES = 64
+MAX_LOADERS = 16
+MAX_OPENED = 20000
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_SYSTEM_DIRS = ("/usr/", "/lib/", "/lib64/", "/etc/", "/proc/", "/sys/", "/dev/", "/run/",
+                "/bin/", "/sbin/", "/var/lib/", "/var/cache/", "/snap/")
+
+_obs: dict[str, Any] = {
+    "launch": None,
+    "own": (),
+    "opened": {},
+    "record": None,
+    "root": None,
+    "skip": (),
+    "code_skip": (),
+    "launch_fp": {},
+    "depth": 0,
+    "outer": None,
+    "autocast_seen": set(),
+    "launching": False,
+}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _prefixes() -> tuple[str, ...]:
+    """Directories whose files are the interpreter's and libraries': never inputs."""
+    import site
+    import sysconfig
+
+    found: set[str] = set()
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
+        if p:
+            found.add(os.path.abspath(p) + os.sep)
+    with contextlib.suppress(Exception):
+        for p in sysconfig.get_paths().values():
+            found.add(os.path.abspath(p) + os.sep)
+    with contextlib.suppress(Exception):
+        for p in [*site.getsitepackages(), site.getusersitepackages()]:
+            found.add(os.path.abspath(p) + os.sep)
+    for p in sys.path:
+        if p and ("site-packages" in p or "dist-packages" in p):
+            found.add(os.path.abspath(p) + os.sep)
+    return tuple(sorted(found))
+
+
+def call_site() -> str:
+    """``file:line`` of the first frame outside the libraries and this tool.
+
+    Repo-relative inside the repository; elsewhere only the file name, so a
+    home directory never enters a manifest.
+    """
+    skip = _obs["code_skip"]
+    frame = sys._getframe(1)
+    fallback = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if fallback is None and not name.startswith(_obs["own"]):
+            fallback = frame
+        if not name.startswith(skip) and not name.startswith("<frozen"):
+            return _where(name, frame.f_lineno)
+        frame = frame.f_back  # type: ignore[assignment]
+    if fallback is not None:
+        return _where(fallback.f_code.co_filename, fallback.f_lineno)
+    return "?"
+
+
+def _where(name: str, line: int) -> str:
+    root = _obs["root"]
+    if root and name.startswith(root + os.sep):
+        return f"{os.path.relpath(name, root)}:{line}"
+    return f"{os.path.basename(name)}:{line}"
+
+
+def _append(key: str, item: dict[str, Any], cap: int) -> None:
+    record = _obs["record"]
+    if record is None:
+        return
+    items = record.setdefault(key, [])
+    if len(items) < cap:
+        items.append(item)
+
+
+# ------------------------------------------------------------- audit hook
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event != "open":
+        return
+    try:
+        path, mode, flags = args
+        if isinstance(path, int) or path is None:
+            return
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        elif not isinstance(path, str):
+            path = os.fspath(path)
+        if not path.startswith("/"):
+            path = os.path.join(os.getcwd(), path)
+        if path.startswith(_obs["skip"]):
+            return
+        if isinstance(mode, str):
+            kind = "rw" if "+" in mode else ("w" if any(c in mode for c in "wax") else "r")
+        elif isinstance(flags, int) and flags & _WRITE_FLAGS:
+            kind = "rw" if flags & os.O_RDWR else "w"
+        else:
+            kind = "r"
+        opened = _obs["opened"]
+        path = os.path.normpath(path)
+        previous = opened.get(path)
+        if previous is None:
+            if len(opened) < MAX_OPENED:
+                opened[path] = kind
+        elif previous == "r" and kind != "r":
+            opened[path] = "rw"
+    except Exception:  # never break the user's open()
+        return
+
+
+# ---------------------------------------------------------------- seeding
+
+
+def _fingerprints(generators: list[str]) -> dict[str, str | None]:
+    launch = _obs["launch"]
+    out: dict[str, str | None] = {}
+    for g in generators:
+        with contextlib.suppress(Exception):
+            if g == "python":
+                out[g] = launch.python_rng_fingerprint()
+            elif g == "numpy":
+                out[g] = launch.numpy_rng_fingerprint()
+            elif g == "torch_cpu":
+                out[g] = launch.torch_rng_fingerprints()[0]
+            elif g == "cuda":
+                torch = sys.modules.get("torch")
+                if torch is not None and torch.cuda.is_initialized():
+                    out[g] = ",".join(launch.torch_rng_fingerprints()[1])
+    return out
+
+
+def note_launch_state(generators: list[str]) -> None:
+    """Called by the launcher right after it seeds: the state a draw would move."""
+    _obs["launch_fp"].update(_fingerprints(generators))
+
+
+def _drawn(generators: list[str]) -> list[str]:
+    now = _fingerprints(generators)
+    launch = _obs["launch_fp"]
+    return [g for g in generators if g in now and g in launch and now[g] != launch[g]]
+
+
+_ALL = ["python", "numpy", "torch_cpu", "cuda"]
+
+
+def _seed_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    value = args[0] if args else kwargs.get("seed")
+    if value is None:
+        return None
+    with contextlib.suppress(Exception):
+        return str(int(value))
+    return None
+
+
+def _wrap_seed(fn: Callable[..., Any], call: str, generators: list[str]) -> Callable[..., Any]:
+    if getattr(fn, "__manifest_wrapped__", False):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _obs["launching"] or _obs["record"] is None:
+            return fn(*args, **kwargs)
+        outer = _obs["outer"]
+        if outer is not None:  # inside seed_everything: counts for the outer call
+            for g in generators:
+                if g not in outer["generators"]:
+                    outer["generators"].append(g)
+            return fn(*args, **kwargs)
+        # An umbrella call (no generators of its own) takes the state of all
+        # of them now, before its inner calls move any.
+        entry: dict[str, Any] = {"call": call, "seed": _seed_text(args, kwargs),
+                                 "site": call_site(), "generators": list(generators),
+                                 "drawn": _drawn(generators or _ALL)}
+        _obs["outer"] = entry
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _obs["outer"] = None
+            entry["drawn"] = [g for g in entry["drawn"] if g in entry["generators"]]
+            _append("reseeds", entry, MAX_RESEEDS)
+
+    wrapper.__manifest_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _patch(owner: Any, name: str, call: str, generators: list[str]) -> None:
+    fn = getattr(owner, name, None)
+    if callable(fn):
+        with contextlib.suppress(Exception):
+            setattr(owner, name, _wrap_seed(fn, call, generators))
+
+
+def on_numpy(np: ModuleType) -> None:
+    _patch(np.random, "seed", "numpy.random.seed", ["numpy"])
+    _patch(np.random, "default_rng", "numpy.random.default_rng", [])
+
+
+def on_seed_module(module: ModuleType) -> None:
+    """Lightning's ``seed_everything`` / transformers' ``set_seed``."""
+    for name in ("seed_everything", "set_seed"):
+        _patch(module, name, name, [])
+
+
+SEED_MODULES = ("lightning_fabric.utilities.seed", "lightning.fabric.utilities.seed",
+                "transformers.trainer_utils")
+
+
+# --------------------------------------------------------------- switches
+
+
+def _record_switch(switch: str, value: Any) -> None:
+    if _obs["launching"] or _obs["record"] is None:
+        return
+    _append("switches", {"switch": switch, "value": str(value), "site": call_site()},
+            MAX_SWITCHES)
+
+
+def _watch_setattr(obj: Any, prefix: str, names: frozenset[str]) -> None:
+    """Record assignments to ``names`` on ``obj`` (a module-like singleton)."""
+    cls = type(obj)
+    watched: dict[int, tuple[str, frozenset[str]]] | None = cls.__dict__.get(
+        "__manifest_watched__")
+    if watched is None:
+        original: Any = cls.__setattr__
+        watched = {}
+
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            assert watched is not None
+            where = watched.get(id(self))
+            if where is not None and name in where[1]:
+                _record_switch(f"{where[0]}.{name}", value)
+            original(self, name, value)
+
+        with contextlib.suppress(TypeError):
+            setattr(cls, "__setattr__", __setattr__)  # noqa: B010 - a class, not an instance
+            setattr(cls, "__manifest_watched__", watched)  # noqa: B010
+    watched[id(obj)] = (prefix, names)
+
+
+_FP32 = frozenset({"fp32_precision"})
+
+
+def _wrap_call(owner: Any, name: str, switch: str,
+               value: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> None:
+    fn = getattr(owner, name, None)
+    if fn is None or getattr(fn, "__manifest_wrapped__", False):
+        return
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _record_switch(switch, value(args, kwargs))
+        return fn(*args, **kwargs)
+
+    wrapper.__manifest_wrapped__ = True  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
+
+
+def _first(args: tuple[Any, ...], kwargs: dict[str, Any], key: str) -> Any:
+    return args[0] if args else kwargs.get(key)
+
+
+def on_torch(torch: Any) -> None:
+    """Watch torch's seeding calls, recipe switches, autocast, DataLoaders and CUDA init."""
+    for owner in (torch, getattr(torch, "random", None)):
+        if owner is not None:
+            _patch(owner, "manual_seed", "torch.manual_seed", ["torch_cpu", "cuda"])
+    for owner in (getattr(torch, "cuda", None), sys.modules.get("torch.cuda.random")):
+        if owner is not None:
+            _patch(owner, "manual_seed", "torch.cuda.manual_seed", ["cuda"])
+            _patch(owner, "manual_seed_all", "torch.cuda.manual_seed_all", ["cuda"])
+
+    def det_value(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        mode = _first(args, kwargs, "mode")
+        return f"{mode} (warn_only)" if kwargs.get("warn_only") else mode
+
+    _wrap_call(torch, "use_deterministic_algorithms", "torch.use_deterministic_algorithms",
+               det_value)
+    _wrap_call(torch, "set_float32_matmul_precision", "torch.set_float32_matmul_precision",
+               lambda a, k: _first(a, k, "precision"))
+    backends = torch.backends
+    with contextlib.suppress(Exception):
+        _watch_setattr(backends, "torch.backends", _FP32)
+    with contextlib.suppress(Exception):
+        _watch_setattr(backends.cudnn, "torch.backends.cudnn",
+                       frozenset({"deterministic", "benchmark", "allow_tf32", "enabled",
+                                  "fp32_precision"}))
+    with contextlib.suppress(Exception):
+        _watch_setattr(backends.cuda.matmul, "torch.backends.cuda.matmul",
+                       frozenset({"allow_tf32", "fp32_precision",
+                                  "allow_fp16_reduced_precision_reduction",
+                                  "allow_bf16_reduced_precision_reduction"}))
+    for path in ("cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn",
+                 "mkldnn"):
+        with contextlib.suppress(Exception):
+            obj: Any = backends
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            _watch_setattr(obj, f"torch.backends.{path}", _FP32)
+    with contextlib.suppress(Exception):
+        _watch_autocast(torch.amp.autocast_mode.autocast)
+    with contextlib.suppress(Exception):
+        _watch_loaders(sys.modules["torch.utils.data.dataloader"])
+    with contextlib.suppress(Exception):
+        torch.cuda._lazy_call(_on_cuda_init)
+
+
+def _watch_autocast(cls: Any) -> None:
+    original = cls.__enter__
+    if getattr(original, "__manifest_wrapped__", False):
+        return
+
+    def __enter__(self: Any) -> Any:
+        result = original(self)
+        with contextlib.suppress(Exception):
+            key = (str(self.device), str(self.fast_dtype), bool(self._enabled))
+            if key not in _obs["autocast_seen"]:
+                _obs["autocast_seen"].add(key)
+                state = "" if key[2] else " (disabled)"
+                _record_switch("torch.autocast", f"{key[0]} {key[1]}{state}")
+        return result
+
+    __enter__.__manifest_wrapped__ = True  # type: ignore[attr-defined]
+    cls.__enter__ = __enter__
+
+
+def _watch_loaders(module: ModuleType) -> None:
+    cls = module._BaseDataLoaderIter
+    original = cls.__init__
+    if getattr(original, "__manifest_wrapped__", False):
+        return
+
+    def __init__(self: Any, loader: Any) -> None:
+        original(self, loader)
+        with contextlib.suppress(Exception):
+            workers = int(getattr(self, "_num_workers", 0))
+            if workers > 0:
+                _append("loaders", {"base_seed": str(int(self._base_seed)), "workers": workers,
+                                    "site": call_site()}, MAX_LOADERS)
+
+    __init__.__manifest_wrapped__ = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+
+def _on_cuda_init() -> None:
+    """Runs inside torch's CUDA lazy init, after the queued seeding: the states at first use."""
+    launch = _obs["launch"]
+    record = _obs["record"]
+    torch = sys.modules.get("torch")
+    if record is None or torch is None:
+        return
+    digests = []
+    for gen in torch.cuda.default_generators:
+        digest = launch._blake3_hex([gen.get_state().numpy().tobytes()])
+        if digest:
+            digests.append(digest)
+    if isinstance(record.get("at_start"), dict):
+        record["at_start"]["cuda"] = digests
+    _obs["launch_fp"]["cuda"] = ",".join(digests)
+
+
+def fp32_precision(torch: Any) -> dict[str, str] | None:
+    """PyTorch's newer TF32 switches, where this torch has them."""
+    out: dict[str, str] = {}
+    b = torch.backends
+    for path in ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn",
+                 "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn"):
+        with contextlib.suppress(Exception):
+            obj: Any = b
+            for part in filter(None, path.split(".")):
+                obj = getattr(obj, part)
+            value = obj.fp32_precision
+            out[("torch.backends." + path).rstrip(".")] = str(value)
+    return out or None
+
+
+# ------------------------------------------------------------------ start
+
+
+def install(record: dict[str, Any], root: str | None, launch: ModuleType) -> None:
+    """Start observing this process (called by the launcher before user code)."""
+    _obs["launch"] = launch
+    # Modules the interpreter loaded before user code (site, .pth hooks such as
+    # setuptools' distutils shim): not imported by the run.
+    _obs["startup"] = frozenset(name.partition(".")[0] for name in list(sys.modules))
+    _obs["record"] = record
+    _obs["root"] = root
+    _obs["opened"] = {}
+    here = os.path.dirname(os.path.abspath(__file__))
+    tool = os.path.dirname(os.path.dirname(here))  # the manifest package
+    _obs["own"] = (here + os.sep, tool + os.sep)
+    libs = _prefixes()
+    records = os.environ.get("MANIFEST_LAUNCH_RECORDS")
+    own_files = (os.path.abspath(records) + os.sep,) if records else ()
+    _obs["skip"] = (*libs, *_SYSTEM_DIRS, here + os.sep, *own_files)
+    _obs["code_skip"] = (*libs, here + os.sep, tool + os.sep)
+    record["opened"] = _obs["opened"]
+    random = sys.modules["random"]
+    _patch(random, "seed", "random.seed", ["python"])
+    sys.addaudithook(_audit)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _after_fork_in_child() -> None:
+    """A forked multiprocessing child (a DataLoader worker) ends with ``os._exit``, which
+    skips atexit: its record (the files it read) is written by a multiprocessing finalizer."""
+    if "multiprocessing" not in sys.modules:
+        return
+    with contextlib.suppress(Exception):
+        import multiprocessing.util as util
+
+        util.Finalize(None, _obs["launch"]._write_record, exitpriority=0)
+
+
+def modules_imported() -> list[str]:
+    """Top-level names of every imported module (the launcher's own left out)."""
+    own = {"_manifest_launch", "_manifest_observe", "sitecustomize", "__main__"}
+    return sorted({name.partition(".")[0] for name in list(sys.modules)} - own
+                  - _obs.get("startup", frozenset()))
+
+
+@contextlib.contextmanager
+def launching() -> Any:
+    """The launcher's own seeding and switches are not the script's: not recorded."""
+    _obs["launching"] = True
+    try:
+        yield
+    finally:
+        _obs["launching"] = False
