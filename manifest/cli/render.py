@@ -33,13 +33,16 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
     for name, digest in code.lockfiles.items():
         add("", f"lockfile {name}", digest)
     for ds in manifest.data:
-        add("data", ds.name, f"{ds.root} ({ds.files} files, {ds.bytes} bytes)")
+        found = " discovered" if ds.source == "discovered" else ""
+        add("data", ds.name, f"{ds.root} ({ds.files} files, {ds.bytes} bytes{found})")
     env = manifest.env
     add("env", "python", f"{env.implementation} {env.python}")
     add("", "torch", env.torch or "-")
     add("", "torch CUDA build", env.torch_cuda or "-")
     add("", "cuDNN / NCCL", f"{env.cudnn or '-'} / {env.nccl or '-'}")
     add("", "packages", f"{len(env.packages)} ({env.packages_digest})")
+    if env.imported is not None:
+        add("", "imported by the run", " ".join(env.imported) or "-")
     for key, value in env.variables.items():
         add("", key, value)
     hw = manifest.hardware
@@ -49,8 +52,19 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
     add("", "ISA", " ".join(hw.cpu_isa) or "-")
     rnd, det = manifest.randomness, manifest.determinism
     add("randomness", "seed", "-" if rnd.seed is None else str(rnd.seed))
+    for proc in rnd.processes:
+        for call in proc.reseeds or []:
+            drawn = f", after draws from {', '.join(call.drawn)}" if call.drawn else (
+                ", before any draw" if call.generators else "")
+            add("", f"rank {proc.rank} {call.site}", f"{call.call}({call.seed or ''}){drawn}")
+        for loader in proc.loaders or []:
+            add("", f"rank {proc.rank} {loader.site}",
+                f"DataLoader base seed {loader.base_seed}, {loader.workers} workers")
     add("determinism", "enforced", str(det.requested))
     add("", "threads", "-" if det.num_threads is None else str(det.num_threads))
+    for dproc in det.processes:
+        for sw in dproc.switches or []:
+            add("", f"rank {dproc.rank} {sw.site}", f"{sw.switch} = {sw.value}")
     if manifest.command:
         add("command", "argv", shell_join(list(manifest.command.argv)))
     if manifest.outputs:
