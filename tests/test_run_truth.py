@@ -337,3 +337,22 @@ def test_large_untracked_file_is_named_not_packed(tmp_path: Path) -> None:
     assert doc["code"]["dirty"] is False
     assert doc["observed"]["large_untracked"] == {"mlruns/blob.bin": 2 << 20}
     assert "add to .gitignore: mlruns/" in proc.stderr.decode()
+
+
+def test_real_lightning_and_transformers_seeding_calls_are_named(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    pytest.importorskip("transformers")
+    text = ("import lightning as L\nimport torch\nL.seed_everything(7)\n"
+            "from transformers import set_seed\nset_seed(8)\n"
+            "import os\nos.makedirs('out', exist_ok=True)\n"
+            "torch.save({'w': torch.randn(3)}, 'out/w.pt')\n")
+    repo = make_repo(tmp_path / "r", {"train.py": text}, example=False)
+    doc = capture(repo)
+    calls = {c["call"]: c for c in doc["randomness"]["processes"][0]["reseeds"]}
+    assert calls["seed_everything"]["site"] == "train.py:3"
+    assert calls["seed_everything"]["seed"] == "7"
+    assert set(calls["seed_everything"]["generators"]) == {"python", "numpy", "torch_cpu", "cuda"}
+    # "drawn" is since the previous seeding: set_seed follows seed_everything directly.
+    assert calls["set_seed"]["site"] == "train.py:5" and calls["set_seed"]["drawn"] == []
+    # matplotlib's font cache (read at import) is not training data.
+    assert all(".cache" not in d["path"] for d in doc["data"])

@@ -49,6 +49,10 @@ _PATH_VARS = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE"})
 REPO_MARK = "{repo}"
 
 _NOT_DATA_SUFFIXES = (".py", ".pyc", ".pyi", ".so", ".pth")
+_TOOL_CACHES = (".cache/matplotlib", ".config/matplotlib", ".matplotlib", ".cache/fontconfig",
+                ".triton", ".nv", ".cache/torch/kernels", ".cache/torch_extensions")
+"""Per-user caches that libraries read at import (matplotlib's font list, compiled kernels):
+they differ per machine and never hold training data."""
 WRITTEN_FILE = "written-v1"
 _MAX_REMEMBERED = 10000
 
@@ -215,6 +219,8 @@ def discovered_inputs(
     code, not tracked, not in the code patch, not under a declared dataset,
     output or the store, and not one of the capture's own files.
     """
+    home = os.path.expanduser("~")
+    skip = [*skip, *(Path(home, c) for c in _TOOL_CACHES)]
     skip_text = tuple(os.path.abspath(p) + os.sep for p in skip)
     found: list[tuple[Path, int]] = []
     for path, kind in opened.items():

@@ -11,7 +11,8 @@ so this module watches the calls themselves and adds to the process record:
   Lightning's ``seed_everything``, transformers' ``set_seed``) or builds a
   seeded ``numpy.random.default_rng``: value, call site, the generators it
   covered and which of those had already been drawn from since the launcher
-  seeded them (fingerprint comparison, exact). A generator reseeded before any
+  seeded them, or since the script's previous seeding (fingerprint
+  comparison, exact). A generator reseeded before any
   draw makes the launcher's seed irrelevant to it: ``diff`` says so.
 * ``switches``: every recipe switch the script changes (deterministic
   algorithms, cuDNN flags, TF32 old and new, matmul precision) and the first
@@ -233,6 +234,8 @@ def _wrap_seed(fn: Callable[..., Any], call: str, generators: list[str]) -> Call
             _obs["outer"] = None
             entry["drawn"] = [g for g in entry["drawn"] if g in entry["generators"]]
             _append("reseeds", entry, MAX_RESEEDS)
+            # "drawn" means since the last seeding, the launcher's or the script's.
+            note_launch_state(entry["generators"])
 
     wrapper.__manifest_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
