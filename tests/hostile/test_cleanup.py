@@ -145,7 +145,8 @@ def _start_verify(repo: Path, manifest: Path, tmpdir: Path) -> subprocess.Popen[
                             cwd=repo, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while not list(tmpdir.glob("manifest-verify-*/tree/started")):
+    # The clone sits at <scratch>/w/[up/…]/tree (inputs outside the repository land in w/).
+    while not list(tmpdir.glob("manifest-verify-*/w/tree/started")):
         assert time.monotonic() < deadline and proc.poll() is None, "verify did not start"
         time.sleep(0.1)
     return proc
