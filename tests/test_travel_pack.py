@@ -229,3 +229,21 @@ def test_gate_reads_a_pack_like_its_manifest(packed: tuple[Path, bytes]) -> None
     finally:
         (repo / "pyproject.toml").unlink()
         (repo / "bad.mfpack").unlink(missing_ok=True)
+
+
+def test_op_streams_travel_in_the_pack(packed: tuple[Path, bytes]) -> None:
+    """A run captured with --fingerprint-ops names its op stream blobs: they travel too."""
+    from manifest.canonical import dumps, seal
+    from manifest.travel.pack import build_pack
+
+    pack = read_pack(packed[1])
+    doc = json.loads(pack.manifest)
+    stream = b"op stream bytes"
+    name = "blake3:" + blake3.blake3(stream).hexdigest()
+    doc["outputs"]["processes"] = [{"rank": 0, "at_exit": None, "trail": [],
+                                    "ops": {"digest": name, "steps": [1, 2], "ops": 7}}]
+    manifest = dumps(seal(doc))
+    again = read_pack(build_pack(manifest, {**pack.blobs, name: stream}))
+    assert again.blobs[name] == stream
+    with pytest.raises(PackError, match="is not available"):
+        build_pack(manifest, pack.blobs)

@@ -9,7 +9,8 @@ any unzip tool) whose entries are exactly
 
 * ``manifest.json``: the manifest's canonical bytes;
 * ``blobs/blake3-<hex>``: one per blob the manifest names (``code.diff_digest``,
-  each ``data[].listing``), each the bytes whose blake3 is ``<hex>``;
+  each ``data[].listing``, each ``outputs.processes[].ops`` op stream), each the
+  bytes whose blake3 is ``<hex>``;
 * ``signature.sigstore.json`` (optional): a signature over the manifest
   (``manifest sign``, see :mod:`manifest.travel.sign`).
 
@@ -75,8 +76,10 @@ def is_pack(data: bytes) -> bool:
 
 
 def referenced_blobs(manifest: Manifest) -> list[str]:
-    """Every blob name a manifest refers to (patch, dataset listings), in order, unique."""
+    """Every blob a manifest names (patch, dataset listings, op streams), in order, unique."""
     names = [manifest.code.diff_digest] + [ds.listing for ds in manifest.data]
+    if manifest.outputs is not None:
+        names += [p.ops.digest for p in manifest.outputs.processes if p.ops is not None]
     return list(dict.fromkeys(n for n in names if n is not None))
 
 

@@ -514,7 +514,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             spec = SandboxSpec(scratch=run_root, mount_at=root, ro_binds=ro,
                                network=options.network)
         return _rerun_and_compare(recorded, report, run_cwd, root, scratch, options, machine,
-                                  run_argv, spec, run_root)
+                                  run_argv, spec, run_root, blobs)
 
 
 def _sandbox_reason(options: VerifyOptions) -> str | None:
@@ -578,7 +578,8 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
                        scratch: Path, options: VerifyOptions,
                        machine: Machine, run_argv: list[str],
                        spec: SandboxSpec | None = None,
-                       run_root: Path | None = None) -> VerifyReport:
+                       run_root: Path | None = None,
+                       blobs: BlobStore | None = None) -> VerifyReport:
     from manifest.capture.run import LaunchSettings, build_run_manifest, run_under_launcher
     from manifest.capture.snapshot import take_snapshot
 
@@ -649,8 +650,9 @@ def _rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, 
             new_file=run_cwd / artifact.path))
     report.trail_compared, report.first_divergent_step = first_divergent_step(recorded, new)
     if result.op_streams:
-        report.first_divergent_op = _first_op_difference(recorded, result, store_for(recorded,
-                                                                                      root))
+        # ``blobs``: the local store, overlaid with a pack's op streams when verifying one.
+        report.first_divergent_op = _first_op_difference(
+            recorded, result, blobs if blobs is not None else store_for(recorded, root))
     identical = all(a.identical for a in report.artifacts)
     report.verdict = "identical" if identical else "differs"
     if identical and report.first_divergent_step is not None:
