@@ -35,7 +35,11 @@ SECRETS = {
 def _metadata_view(paths: list[str]) -> dict[str, str]:
     """importlib.metadata's answer: first distribution of each name on ``paths`` wins."""
     found: dict[str, str] = {}
-    for dist in importlib.metadata.distributions(path=paths):
+    # The standard library's finder alone: importing the importlib_metadata backport
+    # (mlflow and transformers do, in the integration tests) adds its own finder to
+    # sys.meta_path, whose distributions raise on an empty dist-info.
+    context = importlib.metadata.DistributionFinder.Context(path=paths)
+    for dist in importlib.metadata.MetadataPathFinder.find_distributions(context):
         name = dist.metadata["Name"]
         if name and dist.version:
             found.setdefault(normalise_name(name), dist.version)

@@ -117,11 +117,12 @@ def compute_record(
         energy.append({"index": index, "energy_j": round((b - a) / 1000, 3)})
     if not gpus and not unavailable:
         unavailable["energy"] = "no GPU visible to the run"
+    wall = round(max(0.0, wall_s), 6)  # GPU-hours from the recorded wall time, not a finer one
     return {
-        "wall_s": round(max(0.0, wall_s), 6),
+        "wall_s": wall,
         "ranks": ranks,
         "gpu_count": len(gpus),
-        "gpu_hours": round(len(gpus) * max(0.0, wall_s) / 3600, 9),
+        "gpu_hours": round(len(gpus) * wall / 3600, 9),
         "energy_j": round(sum(e["energy_j"] for e in energy), 3) if energy else None,
         "gpus": energy,
         "unavailable": unavailable,
