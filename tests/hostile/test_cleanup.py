@@ -146,8 +146,11 @@ def _start_verify(repo: Path, manifest: Path, tmpdir: Path) -> subprocess.Popen[
                             stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     # The clone sits at <scratch>/w/[up/…]/tree (inputs outside the repository land in w/).
-    while not list(tmpdir.glob("manifest-verify-*/w/tree/started")):
-        assert time.monotonic() < deadline and proc.poll() is None, "verify did not start"
+    while not list(tmpdir.glob("manifest-verify-*/**/started")):  # wherever the tree sits
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            _, err = proc.communicate()
+            raise AssertionError(f"verify did not start: {err.decode()}")
         time.sleep(0.1)
     return proc
 
