@@ -458,6 +458,11 @@ def capture_from_cli(
     compute = compute_record(wall_s=wall_s, records=result.records, before=energy_before,
                              after=read_energy(nvml), env=result.env)
     stale = observed.stale_outputs(before, outputs, cwd)
+    if stale and snap.code.root is not None:
+        # A committed file is code, not a leftover of an earlier run.
+        tracked = observed.tracked_files(snap.code.root)
+        stale = [rel for rel in stale
+                 if os.path.relpath(cwd / rel, snap.code.root) not in tracked]
     take, left = _inputs_and_writes(snap, cwd, result, datasets, outputs, manifest_file)
     inputs = observed.digest_inputs(take, root=snap.code.root, store=snap.store,
                                     no_cache=no_cache, quiet=quiet)
