@@ -75,12 +75,24 @@ def test_repository_policy_trusts_a_key_by_name(signed: tuple[Path, Path, Path, 
     (repo / "pyproject.toml").write_text(
         '[tool.manifest.trust]\nkeys = [{ name = "alice", path = "alice.pub" }]\n')
     try:
+        # A checked-out pull request could write this table: alone, it trusts nobody.
+        code, out, _ = cli(repo, "show", "run.json", home=tmp_path)
+        assert code == 0 and "not in your trust policy" in out
+        code, _, stderr = cli(repo, "verify", "run.json", "--no-rerun", home=tmp_path)
+        assert code == 2 and "which no trust policy lists" in stderr
+        # The user's own file opts in to the repository's table.
+        (tmp_path / "manifest").mkdir(exist_ok=True)
+        (tmp_path / "manifest" / "trust.toml").write_text("repository_policy = true\n")
         code, out, _ = cli(repo, "show", "run.json", home=tmp_path)
         assert code == 0 and "signed by alice (key; trusted by your policy)" in out
         code, _, stderr = cli(repo, "verify", "run.json", "--no-rerun", home=tmp_path)
         assert code == 0 and "signed by alice" in stderr
+        (tmp_path / "manifest" / "trust.toml").write_text("repository_policy = 1\n")
+        code, _, stderr = cli(repo, "verify", "run.json", "--no-rerun", home=tmp_path)
+        assert code == 2 and "repository_policy must be true or false" in stderr
     finally:
         (repo / "pyproject.toml").unlink()
+        (tmp_path / "manifest" / "trust.toml").unlink(missing_ok=True)
 
 
 def test_untrusted_key_is_exit_2_unless_trust(signed: tuple[Path, Path, Path, Path],

@@ -12,13 +12,19 @@ Two places, merged (either may be absent)::
     # $XDG_CONFIG_HOME/manifest/trust.toml (default ~/.config/manifest/trust.toml)
     keys = ["~/.keys/team.pub"]
     identities = [{ subject = "...", issuer = "..." }]
+    repository_policy = true   # also honour [tool.manifest.trust] of the repository
 
 ``keys`` are PEM public keys (ECDSA P-256/P-384 or Ed25519), paths relative
 to the file that names them; ``identities`` are Sigstore keyless signers, a
 certificate subject (e-mail or workflow URI) and the OIDC issuer, matched
-exactly. The repository's own table is as trusted as the repository's code
-(the code verify would run comes from it anyway); the user file is the place
-for keys that must not be taken from a clone.
+exactly.
+
+The repository's table is honoured only when the user file says
+``repository_policy = true``. A signer the policy lists re-runs a manifest
+without ``--trust``, and a pull request can edit the repository's
+pyproject.toml: checked out, it could list its own key and sign its own
+manifest. So by default only the user's file, which no clone can write,
+decides; a team that reviews changes to its pyproject.toml opts in.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from manifest.errors import ConfigError
 
 USER_POLICY = Path("manifest") / "trust.toml"
 KNOWN_KEYS = frozenset({"keys", "identities"})
+USER_ONLY_KEYS = frozenset({"repository_policy"})
 
 
 @dataclass(frozen=True)
@@ -91,13 +98,14 @@ def normalise_public_pem(data: bytes, origin: str) -> bytes:
     return pem
 
 
-def _parse_table(table: Any, origin: Path, where: str) -> TrustPolicy:
+def _parse_table(table: Any, origin: Path, where: str,
+                 allowed: frozenset[str] = KNOWN_KEYS) -> TrustPolicy:
     if not isinstance(table, dict):
         raise ConfigError(f"{where} in {origin} must be a table.")
-    unknown = sorted(set(table) - KNOWN_KEYS)
+    unknown = sorted(set(table) - allowed)
     if unknown:
         raise ConfigError(f"{where} in {origin} has unknown key(s): {', '.join(unknown)} "
-                          "(known: keys, identities).")
+                          f"(known: {', '.join(sorted(allowed))}).")
     keys = []
     raw_keys = table.get("keys", [])
     if not isinstance(raw_keys, list):
@@ -153,10 +161,19 @@ def user_policy_path() -> Path:
 
 
 def load_policy(start: Path) -> TrustPolicy:
-    """The merged policy: ``[tool.manifest.trust]`` above ``start`` and the user file."""
+    """The user file, merged with ``[tool.manifest.trust]`` above ``start`` if it opts in."""
     from manifest.config import find_pyproject
 
     policy = TrustPolicy()
+    user = user_policy_path()
+    user_doc = _read_toml(user)
+    with_repository = False
+    if user_doc is not None:
+        opt_in = user_doc.get("repository_policy", False)
+        if not isinstance(opt_in, bool):
+            raise ConfigError(f"the trust policy {user}: repository_policy must be true or false.")
+        with_repository = opt_in
+        policy = _parse_table(user_doc, user, "the trust policy", KNOWN_KEYS | USER_ONLY_KEYS)
     project = find_pyproject(start)
     if project is not None:
         doc = _read_toml(project) or {}
@@ -164,9 +181,8 @@ def load_policy(start: Path) -> TrustPolicy:
         table = tool.get("manifest", {}).get("trust") if isinstance(tool, dict) and isinstance(
             tool.get("manifest"), dict) else None
         if table is not None:
-            policy = policy.merged(_parse_table(table, project, "[tool.manifest.trust]"))
-    user = user_policy_path()
-    user_doc = _read_toml(user)
-    if user_doc is not None:
-        policy = policy.merged(_parse_table(user_doc, user, "the trust policy"))
+            # Parsed either way, so a broken table is reported, not silently skipped.
+            repo_policy = _parse_table(table, project, "[tool.manifest.trust]")
+            if with_repository:
+                policy = repo_policy.merged(policy)
     return policy
