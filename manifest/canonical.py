@@ -7,7 +7,12 @@ package. On top of it:
 * ``run_id`` = ``blake3:<hex>`` of the canonical JSON of the object holding
   only the identity sections (:data:`IDENTITY_SECTIONS`). It names *what was
   run*: the same inputs give the same run_id on any machine that records the
-  same facts; ``outputs`` and ``observed`` are outside it.
+  same facts; ``outputs`` and ``observed`` are outside it. When ``env``
+  records which distributions the run imported (``env.imported``), only
+  those and torch's family (:data:`~manifest.models.ALWAYS_BITS_PREFIXES`)
+  enter the run_id, and the digest of the whole installed set stays out: a
+  package nobody imported cannot change the bits, so installing one must not
+  rename the run. It is still recorded (and covered by ``digest``).
 * ``digest`` = ``blake3:<hex>`` of the canonical JSON of the whole document
   minus the ``digest`` field (``run_id`` included). It is tamper evidence:
   any edit anywhere changes it.
@@ -42,7 +47,7 @@ from manifest.errors import (
     UnsupportedSchemaError,
     UsageError,
 )
-from manifest.models import SCHEMA_V1, Manifest
+from manifest.models import ALWAYS_BITS_PREFIXES, SCHEMA_V1, Manifest
 
 IDENTITY_SECTIONS = (
     "schema",
@@ -72,9 +77,25 @@ def blake3_name(data: bytes) -> str:
     return "blake3:" + blake3.blake3(data).hexdigest()
 
 
+def identity_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """The object whose canonical bytes the run_id names (see the module docstring)."""
+    identity = {k: doc[k] for k in IDENTITY_SECTIONS if k in doc}
+    env = identity.get("env")
+    if isinstance(env, dict) and isinstance(env.get("imported"), list):
+        used = {name for name in env["imported"] if isinstance(name, str)}
+        packages = env.get("packages")
+        if isinstance(packages, dict):
+            identity["env"] = {
+                **{k: v for k, v in env.items() if k != "packages_digest"},
+                "packages": {name: version for name, version in packages.items()
+                             if name in used or name.startswith(ALWAYS_BITS_PREFIXES)},
+            }
+    return identity
+
+
 def compute_run_id(doc: dict[str, Any]) -> str:
     """run_id of a manifest given as a JSON-compatible dict."""
-    return blake3_name(canonical_bytes({k: doc[k] for k in IDENTITY_SECTIONS if k in doc}))
+    return blake3_name(canonical_bytes(identity_of(doc)))
 
 
 def compute_digest(doc: dict[str, Any]) -> str:

@@ -116,6 +116,11 @@ class Container(Model):
     source: str | None
 
 
+ALWAYS_BITS_PREFIXES = ("torch", "nvidia-", "triton", "pytorch-triton")
+"""Distributions that count for the bits whether or not a module of theirs was imported:
+torch, and the CUDA libraries torch loads as shared objects (never imported)."""
+
+
 class Env(Model):
     python: str
     implementation: str

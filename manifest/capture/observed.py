@@ -303,11 +303,6 @@ def untracked_files(root: Path) -> list[str]:
 # ------------------------------------------------------------ distributions
 
 
-ALWAYS_BITS_PREFIXES = ("torch", "nvidia-", "triton", "pytorch-triton")
-"""torch and its CUDA libraries count for the bits whether or not a module was imported:
-the CUDA libraries are loaded by torch as shared objects, never imported."""
-
-
 def imported_distributions(modules: Iterable[str]) -> list[str]:
     """Normalised names of the distributions providing these top-level modules."""
     import importlib.metadata

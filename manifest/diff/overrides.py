@@ -17,10 +17,9 @@ labels in :data:`manifest.diff.rules.REFINED` (pure functions over two manifests
 
 from __future__ import annotations
 
-from manifest.models import Manifest, ProcessRandomness, SeedCall
+from manifest.models import ALWAYS_BITS_PREFIXES, Manifest, ProcessRandomness, SeedCall
 
 GENERATORS = ("python", "numpy", "torch_cpu", "cuda")
-ALWAYS_BITS_PREFIXES = ("torch", "nvidia-", "triton", "pytorch-triton")
 
 
 def _first_reseed(calls: list[SeedCall], generator: str) -> SeedCall | None:
