@@ -99,23 +99,44 @@ def describe(spec: SandboxSpec) -> str:
 
 
 def interpreter_binds(mount_at: Path) -> list[Path]:
-    """The Python environments the re-run needs that the sandbox would otherwise hide.
+    """The Python environment the re-run needs that the sandbox would otherwise hide.
 
-    The scratch tree is mounted over the repository and ``/tmp`` is private, so a
-    virtual environment inside the repository (``.venv``, ignored by git and so
-    absent from the scratch clone) or under ``/tmp`` would vanish, and the re-run
-    would fail to import torch. They are bound back read-only, like the system.
+    The scratch tree is mounted over the repository and ``/tmp`` is private, so
+    a virtual environment inside the repository (``.venv``, ignored by git and
+    so absent from the scratch clone) or under ``/tmp`` would vanish, and so
+    would this package itself when it is installed from a checkout under
+    ``/tmp`` (an editable install, as CI makes): the launcher's
+    ``sitecustomize`` would not load and ``import manifest`` would fail. They
+    are bound back read-only, like the system. Other ``sys.path`` entries under
+    ``/tmp`` are bound too; entries inside the repository never are (the
+    scratch tree's own files must win), and nothing that would cover the
+    scratch tree's mount point is bound.
     """
     import sys
 
+    import manifest
+
     found: list[Path] = []
-    for raw in (sys.prefix, sys.base_prefix, os.environ.get("VIRTUAL_ENV")):
+
+    def add(raw: str | None, *, inside_ok: bool) -> None:
         if not raw:
-            continue
-        prefix = Path(os.path.realpath(raw))
-        hidden = prefix.is_relative_to(mount_at) or prefix.is_relative_to("/tmp")  # noqa: S108
-        if hidden and prefix.is_dir() and prefix not in found:
-            found.append(prefix)
+            return
+        path = Path(os.path.realpath(raw))
+        inside = path.is_relative_to(mount_at)
+        if inside and not inside_ok:
+            return
+        if not (inside or path.is_relative_to("/tmp")):  # noqa: S108
+            return
+        if not inside and mount_at.is_relative_to(path):
+            return  # binding it would hide the scratch tree
+        if path.is_dir() and path not in found:
+            found.append(path)
+
+    for prefix in (sys.prefix, sys.base_prefix, os.environ.get("VIRTUAL_ENV")):
+        add(prefix, inside_ok=True)
+    add(str(Path(manifest.__file__).resolve().parent.parent), inside_ok=False)
+    for entry in sys.path:
+        add(entry, inside_ok=False)
     return found
 
 
