@@ -67,3 +67,19 @@ class StepRecorder:
         doc = {**self.tags, "trail": [{"step": s, "digest": d} for s, d in self.points]}
         atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode())
         return path
+
+
+class CallbackState:
+    """What both framework callbacks hold: the recorder, the trail file it wrote, the run_id."""
+
+    def __init__(self, every: int = 1, *, snapshot: bool = True) -> None:
+        self.recorder = StepRecorder(every, snapshot=snapshot)
+        self.trail_file: str | None = None
+
+    @property
+    def points(self) -> list[tuple[int, str]]:
+        return self.recorder.live_points()
+
+    @property
+    def run_id(self) -> str | None:
+        return self.recorder.manifest.run_id if self.recorder.manifest else None

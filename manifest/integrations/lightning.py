@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from manifest.integrations._steps import StepRecorder
+from manifest.integrations._steps import CallbackState
 
 
 def _callback_base() -> type:
@@ -28,20 +28,8 @@ def _callback_base() -> type:
     return base
 
 
-class _Recorder:
+class _Recorder(CallbackState):
     """Methods of :class:`ManifestCallback`, mixed into Lightning's Callback at first use."""
-
-    def __init__(self, every: int = 1, *, snapshot: bool = True) -> None:
-        self.recorder = StepRecorder(every, snapshot=snapshot)
-        self.trail_file: str | None = None
-
-    @property
-    def points(self) -> list[tuple[int, str]]:
-        return self.recorder.live_points()
-
-    @property
-    def run_id(self) -> str | None:
-        return self.recorder.manifest.run_id if self.recorder.manifest else None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         tags = self.recorder.start(pl_module)

@@ -13,22 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from manifest.integrations._steps import StepRecorder
+from manifest.integrations._steps import CallbackState
 
 
-class _Recorder:
-    def __init__(self, every: int = 1, *, snapshot: bool = True) -> None:
-        self.recorder = StepRecorder(every, snapshot=snapshot)
-        self.trail_file: str | None = None
-
-    @property
-    def points(self) -> list[tuple[int, str]]:
-        return self.recorder.live_points()
-
-    @property
-    def run_id(self) -> str | None:
-        return self.recorder.manifest.run_id if self.recorder.manifest else None
-
+class _Recorder(CallbackState):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         tags = self.recorder.start(model)
