@@ -173,7 +173,10 @@ def test_sysfs_tree_is_refused_quickly(tmp_path: Path, capsys: pytest.CaptureFix
     code, err = _main(capsys, "hash", "-q", "--no-cache", "--store", str(tmp_path),
                       "/sys/kernel/mm")
     elapsed = time.monotonic() - started
-    assert code == 2 and "pseudo-file" in err
+    # Root reads every file and meets the pseudo-files; another user is refused some
+    # entries first. Either way: one sentence, exit 2, quickly.
+    assert code == 2
+    assert "pseudo-file" in err or (os.geteuid() != 0 and "permission denied" in err), err
     assert elapsed < 5  # it was 0.15 s of retry sleep per file: 40 s for 290 files
 
 
