@@ -66,7 +66,6 @@ DRIVER_COMMANDS = frozenset({"add", "apply", "checkout", "diff", "diff-files", "
 
 DIFF_COMMANDS = frozenset({"diff", "diff-files", "diff-index", "diff-tree"})
 
-_DRIVER_KEYS = r"^filter\..*\.(clean|smudge|process)$"
 _driver_cache: dict[str, tuple[str, ...]] = {}
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
@@ -134,28 +133,28 @@ def run_git(
     return proc
 
 
-def repo_drivers(cwd: Path) -> tuple[str, ...]:
-    """``-c`` overrides that blank every driver the repository's own config defines.
+CONFIG_KEYS = r"^(remote\..*\.url|filter\..*\.(clean|smudge|process))$"
+"""What capture reads from git config: remote URLs and filter drivers, in one call."""
 
-    Keyed by directory for the life of the process: capture and verify ask
-    about one or two repositories, and a repository does not rewrite its
-    config while we read it.
+
+def read_config(cwd: Path) -> list[tuple[bytes, bytes, bytes]]:
+    """(scope, key, value) of every remote URL and filter driver git config sees in ``cwd``.
+
+    One ``git config`` call answers both the code probe (remote URLs, the
+    repository's own filters) and :func:`repo_drivers`, which it primes. With
+    a git older than 2.26 (no ``--show-scope``) every entry counts as
+    ``local``: the repository's own, so every driver is switched off. Raises
+    ``FileNotFoundError`` when git is missing and ``NotADirectoryError`` for a
+    bad ``cwd``, as ``subprocess`` does.
     """
-    key = os.fspath(cwd)
-    cached = _driver_cache.get(key)
-    if cached is not None:
-        return cached
-    try:
-        proc = subprocess.run(
-            ["git", *HARDENING, "config", "-z", "--show-scope", "--get-regexp", _DRIVER_KEYS],
-            cwd=cwd, env=git_env(), capture_output=True, check=False)
-    except (FileNotFoundError, NotADirectoryError):
-        return ()
-    scoped = proc.returncode != 129  # git < 2.26 has no --show-scope: blank every driver
+    proc = subprocess.run(
+        ["git", *HARDENING, "config", "-z", "--show-scope", "--get-regexp", CONFIG_KEYS],
+        cwd=cwd, env=git_env(), capture_output=True, check=False)
+    scoped = proc.returncode != 129
     if not scoped:
-        proc = subprocess.run(["git", *HARDENING, "config", "-z", "--get-regexp", _DRIVER_KEYS],
+        proc = subprocess.run(["git", *HARDENING, "config", "-z", "--get-regexp", CONFIG_KEYS],
                               cwd=cwd, env=git_env(), capture_output=True, check=False)
-    blanked: list[str] = []
+    entries: list[tuple[bytes, bytes, bytes]] = []
     scope = b"local"
     for item in proc.stdout.split(b"\0"):
         if not item:
@@ -163,12 +162,36 @@ def repo_drivers(cwd: Path) -> tuple[str, ...]:
         if scoped and b"\n" not in item:
             scope = item
             continue
-        name = item.partition(b"\n")[0].decode("utf-8", "surrogateescape")
-        if scope not in (b"local", b"worktree"):
+        key, _, value = item.partition(b"\n")
+        entries.append((scope, key, value))
+    _driver_cache[os.fspath(cwd)] = _blanking(entries)
+    return entries
+
+
+def _blanking(entries: list[tuple[bytes, bytes, bytes]]) -> tuple[str, ...]:
+    blanked: list[str] = []
+    for scope, key, _ in entries:
+        if scope not in (b"local", b"worktree") or not key.startswith(b"filter."):
             continue
+        name = key.decode("utf-8", "surrogateescape")
         for override in (f"{name}=", f"{name.rsplit('.', 1)[0]}.required=false"):
             if override not in blanked:
                 blanked.append(override)
-    result = tuple(blanked)
-    _driver_cache[key] = result
-    return result
+    return tuple(blanked)
+
+
+def repo_drivers(cwd: Path) -> tuple[str, ...]:
+    """``-c`` overrides that blank every driver the repository's own config defines.
+
+    Keyed by directory for the life of the process: capture and verify ask
+    about one or two repositories, and a repository does not rewrite its
+    config while we read it. :func:`read_config` refreshes the entry.
+    """
+    cached = _driver_cache.get(os.fspath(cwd))
+    if cached is not None:
+        return cached
+    try:
+        read_config(cwd)
+    except (FileNotFoundError, NotADirectoryError):
+        return ()
+    return _driver_cache[os.fspath(cwd)]

@@ -12,11 +12,11 @@ import pytest
 
 from manifest.gitrun import HARDENING, git_env, run_git
 from manifest.probes.code import (
-    _not_a_repo_reason,
     find_lockfiles,
     probe_code,
     strip_credentials,
 )
+from manifest.probes.repo import _not_a_repo_reason, _pending, prefetch
 from manifest.store import BlobStore
 from tests.conftest import GitRepo, RepoFactory
 
@@ -102,6 +102,45 @@ def test_inherited_git_variables_are_ignored(
     assert probe.root == repo.path
     assert probe.code.commit == repo.head()
     assert "GIT_DIR" not in git_env()
+
+
+@pytest.mark.parametrize("untracked", [False, True])
+def test_prefetched_facts_give_the_same_code(repo: GitRepo, untracked: bool) -> None:
+    """``manifest capture`` starts the git calls on a thread; the probe's answer is unchanged."""
+    repo.write("train.py", "print('edited')\n")
+    if untracked:
+        repo.write("new_module.py", "X = 1\n")
+    direct = probe_code(repo.path)
+    prefetch(repo.path)
+    assert os.path.abspath(repo.path) in _pending
+    fetched = probe_code(repo.path)
+    assert not _pending, "the prefetched answer is taken once"
+    assert fetched.code == direct.code
+    assert fetched.patch == direct.patch
+    assert fetched.code.dirty is True
+    assert fetched.code.untracked_files == (1 if untracked else 0)
+
+
+def test_prefetched_facts_are_not_reused(repo: GitRepo) -> None:
+    """A second probe reads git again: a change after the first is seen."""
+    prefetch(repo.path)
+    assert probe_code(repo.path).code.dirty is False
+    repo.write("train.py", "print('edited')\n")
+    assert probe_code(repo.path).code.dirty is True
+
+
+def test_prefetch_outside_a_repository_and_without_git(
+    tmp_path: Path, home: Path, repo: GitRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    prefetch(plain)
+    assert probe_code(plain).code.unavailable == {"commit": "not inside a git repository"}
+    empty_bin = tmp_path / "empty-bin"
+    empty_bin.mkdir()
+    monkeypatch.setenv("PATH", str(empty_bin))
+    prefetch(repo.path)  # the thread's GitMissingError reaches the probe
+    assert probe_code(repo.path).code.unavailable == {"commit": "git is not installed"}
 
 
 def test_dubious_ownership_reason_is_specific() -> None:
