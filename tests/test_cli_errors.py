@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from manifest.cli import app as cli
+from manifest.cli import verbs_record
 
 
 def _boom(exc: BaseException) -> object:
@@ -26,7 +27,7 @@ def test_unexpected_errors_become_one_sentence(
     exc: BaseException, code: int, text: str,
 ) -> None:
     monkeypatch.delenv("MANIFEST_DEBUG", raising=False)
-    monkeypatch.setattr(cli, "_cmd_schema", _boom(exc))
+    monkeypatch.setattr(verbs_record, "_cmd_schema", _boom(exc))
     assert cli.main(["schema"]) == code
     err = capsys.readouterr().err
     assert text in err
@@ -36,6 +37,6 @@ def test_unexpected_errors_become_one_sentence(
 
 def test_debug_variable_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MANIFEST_DEBUG", "1")
-    monkeypatch.setattr(cli, "_cmd_schema", _boom(RuntimeError("surprise")))
+    monkeypatch.setattr(verbs_record, "_cmd_schema", _boom(RuntimeError("surprise")))
     with pytest.raises(RuntimeError, match="surprise"):
         cli.main(["schema"])

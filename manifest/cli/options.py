@@ -3,6 +3,13 @@
 One helper per convention, so a new verb gets the same spelling, help text
 and defaults by calling it, and a test can walk the parser once for all verbs:
 
+* every parser is a :class:`Parser`, so a usage error is one sentence on
+  stderr and exit 2, never argparse's usage dump;
+* ``--seed`` takes :func:`seed_value` (0 … 2**53-1, the largest integer a
+  JSON reader keeps exact) and ``--threads``, ``--runs``, ``--step``,
+  ``--fingerprint-ops`` take :func:`positive_int`, so the same bad value gets
+  the same sentence from every verb;
+
 * every verb that reports takes ``--format table|json|markdown`` (``table``
   for people, ``json`` for machines, ``markdown`` for a pull-request comment
   or a job summary) and ``--json`` as an alias of ``--format json``;
@@ -15,6 +22,9 @@ from __future__ import annotations
 
 import argparse
 from enum import StrEnum
+from typing import NoReturn
+
+from manifest.errors import UsageError
 
 
 class ReportFormat(StrEnum):
@@ -56,3 +66,34 @@ def add_verbosity_options(parser: argparse.ArgumentParser, *, quiet_help: str | 
                        "on a CPU machine …) on stderr")
     group.add_argument("-q", "--quiet", action="store_true",
                        help=quiet_help or "no progress output and no notes on stderr")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one sentence and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help').")
+
+
+def seed_value(text: str) -> int:
+    """``--seed``: an integer (any base ``int(text, 0)`` reads) a JSON reader keeps exact."""
+    from manifest.models import MAX_SAFE_INT
+
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed must be an integer, not {text!r}") from None
+    if not 0 <= value <= MAX_SAFE_INT:
+        raise argparse.ArgumentTypeError(f"seed must be between 0 and 2**53-1, not {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count: 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {value}")
+    return value

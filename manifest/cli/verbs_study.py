@@ -1,0 +1,142 @@
+"""Verbs that study why and how much runs differ: explain, lab.
+
+Both train several times and report on the runs. explain runs the recorded
+command twice to find the first optimizer step where the runs part, then
+both again up to that step recording every aten op, and names the first op
+whose inputs matched and outputs differ (about 2 full runs plus 2 short
+ones). lab runs a command 2 × ``--runs`` + 1 times (5 by default): under
+PyTorch's default switches, under the recipe, and once more to audit the
+ops that are nondeterministic on CUDA; it reports the noise floor, whether
+the recipe runs are bit-identical, and what the recipe costs. Every run is
+a whole training (about 2 s each on the bundled example), so these are the
+slow verbs, where diff answers in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from manifest.cli.files import read_manifest_file, write_output
+from manifest.cli.options import (
+    Parser,
+    ReportFormat,
+    add_format_option,
+    add_verbosity_options,
+    positive_int,
+    seed_value,
+)
+from manifest.errors import OutputError
+
+
+def register_explain(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "explain", help="where two runs part: the step, the op, the module and the line",
+        description="Re-run the recorded command twice in a scratch clone, find the first "
+        "optimizer step where the runs (or the recorded trail) part, re-run up to that step "
+        "recording every aten op, and name the first op whose inputs matched and outputs "
+        "differ, or the value that entered from outside torch.",
+        epilog="Exit status: 0 the runs do not part, 1 they part (explained), 2 bad input, "
+        "3 no verdict.")
+    p.add_argument("file", help="manifest file ('-' for stdin)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="run B with this thread count (A keeps the recorded one)")
+    p.add_argument("--step", type=positive_int, default=None,
+                   help="explain this optimizer step (skip locating the first divergent one)")
+    p.add_argument("--trust", action="store_true",
+                   help="run the command even if the commit or patch is not known locally")
+    p.add_argument("--in-place", action="store_true",
+                   help="run in the current tree instead of a scratch clone")
+    p.add_argument("--keep", action="store_true", help="keep the scratch tree and op streams")
+    add_format_option(p)
+    p.set_defaults(func=_cmd_explain)
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from manifest.cli.render import render_command
+    from manifest.cli.render_explain import render_explain
+    from manifest.explain.pipeline import ExplainOptions, explain_run
+
+    options = ExplainOptions(trust=args.trust, in_place=args.in_place, threads=args.threads,
+                             keep=args.keep, step=args.step)
+    report = explain_run(read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
+                         options=options, announce=render_command)
+    if args.format is ReportFormat.JSON:
+        from manifest.cli.text import json_text
+
+        sys.stdout.write(json_text(report.to_json()) + "\n")
+    elif args.format is ReportFormat.MARKDOWN:
+        import io
+
+        from manifest.cli.render_markdown import text_markdown
+
+        text = io.StringIO()
+        render_explain(report, text)
+        sys.stdout.write(text_markdown(f"Explain: {report.verdict}", text.getvalue()))
+    else:
+        render_explain(report)
+    return report.exit_code
+
+
+def register_lab(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "lab", help="noise floor, bit-exact under the recipe, cost, op catalogue, checklist",
+        description="Run CMD N times under PyTorch's default switches and N times under the "
+        "recipe (same seed), compare the runs tensor by tensor, price the recipe, audit one "
+        "more run for the ops that are nondeterministic on CUDA, and check code, data, "
+        "environment, random state, hardware and numerics. Defaults from [tool.manifest].",
+        epilog="Exit status: 0 bit-identical under the recipe, 1 the recipe runs differ, "
+        "2 bad usage, 3 a run failed.")
+    p.add_argument("--runs", type=positive_int, default=2, help="runs per mode (default 2)")
+    p.add_argument("--seed", type=seed_value, default=None, help="base seed (default: config or 0)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="pin the torch/OpenMP thread count (default: config or the count here)")
+    p.add_argument("--data", action="append", default=None, metavar="[NAME=]PATH",
+                   help="dataset to digest (repeatable)")
+    p.add_argument("--artifact", "--output", dest="outputs", action="append", default=None,
+                   metavar="GLOB", help="file(s) each run writes, compared tensor by tensor "
+                   "between runs (repeatable; default: config outputs)")
+    p.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
+    p.add_argument("--no-cache", action="store_true", help="re-read every data file")
+    add_format_option(p, what="the report (json: schemas/lab.v1.schema.json; markdown: with "
+                      "plots when matplotlib is installed)")
+    p.add_argument("--report", metavar="FILE.md",
+                   help="also write the self-contained Markdown report (with plots) here")
+    add_verbosity_options(p, quiet_help="no progress output on stderr")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
+    p.set_defaults(func=_cmd_lab)
+
+
+def _cmd_lab(args: argparse.Namespace) -> int:
+    from manifest.lab.runs import LabOptions, run_lab
+
+    if args.report and not Path(args.report).parent.is_dir():
+        raise OutputError(f"cannot write {args.report}: its directory does not exist.")
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+
+    def progress(text: str) -> None:
+        if not args.quiet:
+            sys.stderr.write(f"manifest: lab: {text}\n")
+
+    options = LabOptions(runs=args.runs, seed=args.seed, threads=args.threads, data=args.data,
+                         outputs=args.outputs, store_dir=args.store, no_cache=args.no_cache,
+                         quiet=args.quiet)
+    report = run_lab(Path.cwd(), command, options, progress=progress)
+    if args.report:
+        from manifest.cli.render_lab import render_lab_markdown
+
+        write_output(render_lab_markdown(report).encode(), args.report)
+    if args.format is ReportFormat.JSON:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    elif args.format is ReportFormat.MARKDOWN:
+        from manifest.cli.render_lab import render_lab_markdown
+
+        sys.stdout.write(render_lab_markdown(report))
+    else:
+        from manifest.cli.render_lab import render_lab
+
+        render_lab(report)
+    return report.exit_code
