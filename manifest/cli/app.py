@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from manifest import __version__
 from manifest.cli import verbs_check, verbs_record, verbs_study, verbs_travel
 from manifest.cli.options import Parser
+from manifest.cli.startup import keep_pydantic_plugins_out
 from manifest.errors import EXIT_BAD_INPUT, EXIT_NO_VERDICT, ManifestError
 
 _VERBS: list[Callable[[argparse._SubParsersAction[Parser]], None]] = [
@@ -61,6 +62,7 @@ def _silence_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``manifest`` console script."""
+    keep_pydantic_plugins_out()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
