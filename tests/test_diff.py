@@ -18,16 +18,10 @@ from pydantic import BaseModel
 
 from manifest.canonical import dumps, seal
 from manifest.cli import main
-from manifest.diff.engine import (
-    DERIVED_FIELDS,
-    JSON_FORMAT,
-    KEYED_LISTS,
-    SET_LISTS,
-    ChangeKind,
-    diff_manifests,
-    rule_for,
-)
+from manifest.diff.engine import DERIVED_FIELDS, diff_manifests
+from manifest.diff.result import JSON_FORMAT, ChangeKind
 from manifest.diff.rules import FALLBACK_RULE, RULES, Impact
+from manifest.diff.walk import KEYED_LISTS, SET_LISTS, rule_for
 from manifest.models import Manifest
 from tests.golden.diff import make_pairs
 

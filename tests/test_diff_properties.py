@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from manifest.canonical import seal
-from manifest.diff.engine import ChangeKind, ManifestDiff, diff_manifests
+from manifest.diff.engine import diff_manifests
+from manifest.diff.result import ChangeKind, ManifestDiff
 from manifest.models import Manifest
 from tests.golden.diff import make_pairs
 

@@ -1,4 +1,4 @@
-"""Human and JSON renderings of a :class:`~manifest.diff.engine.ManifestDiff` (CLI only).
+"""Human and JSON renderings of a :class:`~manifest.diff.result.ManifestDiff` (CLI only).
 
 The table lists ``bits`` rows first. A long run of rows from one rule (every
 tensor of a model differs after a seed change) is folded after
@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import TextIO
 
 from manifest.cli.text import json_text
-from manifest.diff.engine import Difference, ManifestDiff, show_value
+from manifest.diff.reasons import show_value
+from manifest.diff.result import Difference, ManifestDiff
 from manifest.diff.rules import Impact
 
 FOLD_AFTER = 12
@@ -23,7 +24,7 @@ FOLD_KEEP = 8
 def diff_json_bytes(
     result: ManifestDiff, *, a_file: str, b_file: str, only: Impact | None = None
 ) -> bytes:
-    """The ``--json`` document (shape in ``manifest.diff.engine``), UTF-8, newline-ended."""
+    """The ``--json`` document (shape in ``manifest.diff.result``), UTF-8, newline-ended."""
     doc = result.to_json(a_file=a_file, b_file=b_file, only=only)
     # One difference per line: greppable, and json's C encoder (indent= falls
     # back to the pure-Python one, 4x slower on 10,000 differing tensors).

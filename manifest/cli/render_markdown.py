@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from manifest.cli.text import printable
 
 if TYPE_CHECKING:
-    from manifest.diff.engine import ManifestDiff
+    from manifest.diff.result import ManifestDiff
     from manifest.diff.rules import Impact
     from manifest.verify.pipeline import VerifyReport
 
@@ -75,7 +75,7 @@ def verify_markdown(report: VerifyReport) -> str:
 
 def diff_markdown(result: ManifestDiff, *, a_file: str, b_file: str,
                   only: Impact | None = None) -> str:
-    from manifest.diff.engine import show_value
+    from manifest.diff.reasons import show_value
 
     n_bits = len(result.bits)
     head = "can change the bits" if n_bits else "no difference that can change the bits"

@@ -1,1 +1,2 @@
-"""Structural diff of two manifests (``engine``), labelled by the impact table (``rules``)."""
+"""Structural diff of two manifests (``engine``: ``walk``, ``refine``, ``result``), labelled by
+the impact table (``rules``) and worded by ``reasons``."""

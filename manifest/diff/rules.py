@@ -1,7 +1,7 @@
 """The impact table: which manifest fields can change a run's bits, and why.
 
 :data:`RULES` is the one place that labels a difference ``bits`` or
-``benign`` and words its reason; the diff engine (``manifest.diff.engine``),
+``benign`` and words its reason; the diff's walk (``manifest.diff.walk``),
 verify's drift report and the gate all read it. A path is looked up
 concretely first (``env.variables[OMP_NUM_THREADS]``), then with keys as
 ``[*]``; a field missing from the table falls back to :data:`FALLBACK_RULE`
@@ -377,7 +377,7 @@ REFINED: Mapping[str, Rule] = {
     "rng-overridden": Rule(N, "rank {key} {keys[-1]} RNG state at start",
                            "reseeded by the script before any draw", show_values=False),
 }
-"""Labels that depend on both manifests, applied by ``manifest.diff.engine`` on top of
+"""Labels that depend on both manifests, applied by ``manifest.diff.refine`` on top of
 :data:`RULES`: a package neither run imported (the installed set is kept, benign), and a
 seed the script's own seeding replaced before any draw (the call sites are named)."""
 

@@ -1,0 +1,184 @@
+"""The result of a diff: its differences, the verdict, and the ``--json`` document.
+
+Kept apart from the walk (``manifest.diff.walk``) because the terminal and
+Markdown renderers in ``manifest.cli`` read a result without diffing anything.
+A :class:`ManifestDiff` is plain frozen dataclasses over the models; its
+``to_json`` is the one place the documented shape below is produced.
+
+``--json`` shape (``format`` is bumped on any incompatible change)::
+
+    {
+      "format": "manifest-diff/v1",
+      "a": {"file": "a.json", "run_id": "blake3:…", "digest": "blake3:…"},
+      "b": {"file": "b.json", "run_id": "blake3:…", "digest": "blake3:…"},
+      "same_run_id": false,
+      "verdict": "bits" | "benign" | "identical",
+      "counts": {"bits": 2, "benign": 1},          # over all differences
+      "only": null | "bits" | "benign",            # the filter applied below
+      "nondeterminism": null | {
+        "message": "same inputs, different weights: the run is not deterministic here",
+        "tensors": [{"artifact": "model.safetensors", "tensor": "fc.weight"}],
+        "artifacts": ["model.safetensors"],        # artifacts whose bytes differ
+        "first_divergent_step": null | 120         # from the step trail, if any
+      },
+      "differences": [                             # bits first, then by section
+        {
+          "section": "env",
+          "path": "env.cudnn",                     # keys shown in [brackets]
+          "location": ["env", "cudnn"],            # the same path, unambiguous
+          "rule": "env.cudnn",                     # the RULES entry that applied
+          "change": "changed" | "added" | "removed",   # added: only in b
+          "impact": "bits" | "benign",
+          "reason": "cuDNN 9.1.0 → 9.3.0: convolution kernels may change",
+          "before": <JSON value in a, null if absent>,
+          "after": <JSON value in b, null if absent>
+        }
+      ]
+    }
+
+This module never prints or exits; ``manifest.cli`` renders the result and
+turns :attr:`ManifestDiff.has_bits` into the exit status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+from manifest.diff.rules import Impact
+
+JSON_FORMAT = "manifest-diff/v1"
+
+
+class ChangeKind(StrEnum):
+    CHANGED = "changed"
+    ADDED = "added"
+    """Present only in the second manifest."""
+    REMOVED = "removed"
+    """Present only in the first manifest."""
+
+
+Key = str | int
+JsonValue = Any
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """One field that differs between manifest ``a`` and manifest ``b``."""
+
+    location: tuple[Key, ...]
+    path: str
+    rule: str
+    change: ChangeKind
+    impact: Impact
+    reason: str
+    before: Any = field(repr=False)
+    """The value in ``a`` (a model, a scalar, a list or dict, or None)."""
+    after: Any = field(repr=False)
+
+    @property
+    def section(self) -> str:
+        return str(self.location[0])
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "section": self.section,
+            "path": self.path,
+            "location": list(self.location),
+            "rule": self.rule,
+            "change": self.change.value,
+            "impact": self.impact.value,
+            "reason": self.reason,
+            "before": _jsonable(self.before),
+            "after": _jsonable(self.after),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NonDeterminism:
+    """Same ``run_id``, different outputs: the inputs were the same, the bits were not."""
+
+    message: str
+    tensors: tuple[tuple[str, str], ...]
+    """(artifact path, tensor name) of every tensor that differs or exists in one run only."""
+    artifacts: tuple[str, ...]
+    """Artifacts whose bytes differ (with or without a tensor table)."""
+    first_divergent_step: int | None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "message": self.message,
+            "tensors": [{"artifact": a, "tensor": t} for a, t in self.tensors],
+            "artifacts": list(self.artifacts),
+            "first_divergent_step": self.first_divergent_step,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestDiff:
+    """Every difference between two manifests, ``bits`` first."""
+
+    a_run_id: str
+    b_run_id: str
+    a_digest: str
+    b_digest: str
+    differences: tuple[Difference, ...]
+    nondeterminism: NonDeterminism | None
+
+    @property
+    def same_run_id(self) -> bool:
+        return self.a_run_id == self.b_run_id
+
+    @property
+    def bits(self) -> tuple[Difference, ...]:
+        return tuple(d for d in self.differences if d.impact is Impact.BITS)
+
+    @property
+    def benign(self) -> tuple[Difference, ...]:
+        return tuple(d for d in self.differences if d.impact is Impact.BENIGN)
+
+    @property
+    def has_bits(self) -> bool:
+        return any(d.impact is Impact.BITS for d in self.differences)
+
+    @property
+    def verdict(self) -> str:
+        """``bits``, ``benign`` (only benign differences) or ``identical``."""
+        if self.has_bits:
+            return Impact.BITS.value
+        return Impact.BENIGN.value if self.differences else "identical"
+
+    def selected(self, only: Impact | None = None) -> tuple[Difference, ...]:
+        if only is None:
+            return self.differences
+        return tuple(d for d in self.differences if d.impact is only)
+
+    def to_json(
+        self, *, a_file: str | None = None, b_file: str | None = None, only: Impact | None = None
+    ) -> dict[str, JsonValue]:
+        """The documented ``--json`` document (see the module docstring)."""
+        return {
+            "format": JSON_FORMAT,
+            "a": {"file": a_file, "run_id": self.a_run_id, "digest": self.a_digest},
+            "b": {"file": b_file, "run_id": self.b_run_id, "digest": self.b_digest},
+            "same_run_id": self.same_run_id,
+            "verdict": self.verdict,
+            "counts": {"bits": len(self.bits), "benign": len(self.benign)},
+            "only": None if only is None else only.value,
+            "nondeterminism": None if self.nondeterminism is None
+            else self.nondeterminism.to_json(),
+            "differences": [d.to_json() for d in self.selected(only)],
+        }
+
+
+def _jsonable(value: Any) -> JsonValue:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
