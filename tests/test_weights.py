@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from manifest.weights.compare import compare_artifacts, numeric_delta
-from manifest.weights.tables import RawTensor, digest_artifact, hash_bytes
+from manifest.weights.raw import RawTensor, hash_bytes
+from manifest.weights.tables import digest_artifact
 
 
 def _model() -> nn.Module:

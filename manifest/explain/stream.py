@@ -60,7 +60,7 @@ class OpStream:
             self._tensors = {}
             if self.values is not None and self.values.is_file():
                 from manifest.weights.compare import _tensors
-                from manifest.weights.tables import RawTensor
+                from manifest.weights.raw import RawTensor
 
                 loaded = _tensors(self.values)
                 if loaded is not None:

@@ -1,1 +1,2 @@
-"""Weight files as tensor tables: read safely (``tables``), compared (``compare``)."""
+"""Weight files as tensor tables: read safely (``tables``, one reader per format, the limits in
+``bounds``), compared (``compare``)."""

@@ -18,13 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from manifest.models import Artifact
-from manifest.weights.tables import (
-    MappedFile,
-    RawTensor,
-    WeightFileError,
-    detect_format,
-    iter_tensors,
-)
+from manifest.weights.bounds import WeightFileError
+from manifest.weights.raw import RawTensor
+from manifest.weights.tables import MappedFile, detect_format, iter_tensors
 
 _INT_VIEWS = {"float64": ("<i8", 63), "float32": ("<i4", 31), "float16": ("<i2", 15),
               "bfloat16": ("<i2", 15)}
@@ -111,7 +107,7 @@ def numeric_delta(a: RawTensor, b: RawTensor) -> TensorDelta:
 
 
 def _itemsize(dtype: str) -> int:
-    from manifest.weights.tables import ITEMSIZE
+    from manifest.weights.raw import ITEMSIZE
 
     return ITEMSIZE.get(dtype, 1)
 
@@ -174,7 +170,7 @@ def _numbers(
     if recorded_file is None or not recorded_file.is_file():
         return None
     try:
-        from manifest.weights.tables import hash_bytes
+        from manifest.weights.raw import hash_bytes
 
         old = _tensors(recorded_file)
         if old is None:
