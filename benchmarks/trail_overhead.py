@@ -34,7 +34,7 @@ def train(steps: int, mode: str) -> float:
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from train import SmallCNN  # type: ignore[import-not-found]
 
-    from manifest.launch.boot import _manifest_launch, _manifest_ops
+    from manifest.launch.boot import _manifest_ops, _manifest_trail
 
     torch.manual_seed(0)
     images = torch.randn(512, 1, 16, 16)
@@ -45,7 +45,7 @@ def train(steps: int, mode: str) -> float:
     handle = None
     if mode == "trail":
         handle = register_optimizer_step_post_hook(
-            lambda o, a, k: points.append(_manifest_launch.optimizer_fingerprint(o)))
+            lambda o, a, k: points.append(_manifest_trail.optimizer_fingerprint(o)))
     recorder = _manifest_ops.OpRecorder(points.append) if mode == "ops" else None
     start = time.perf_counter()
     if recorder is not None:
@@ -68,14 +68,14 @@ def fingerprint_alone(calls: int = 2000) -> float:
     import torch
     from train import SmallCNN
 
-    from manifest.launch.boot import _manifest_launch
+    from manifest.launch.boot import _manifest_trail
 
     model = SmallCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    _manifest_launch.optimizer_fingerprint(opt)
+    _manifest_trail.optimizer_fingerprint(opt)
     start = time.perf_counter()
     for _ in range(calls):
-        _manifest_launch.optimizer_fingerprint(opt)
+        _manifest_trail.optimizer_fingerprint(opt)
     return (time.perf_counter() - start) / calls
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from manifest.explain.align import first_divergence
 from manifest.explain.stream import Op, parse_stream
-from manifest.launch.boot import _manifest_launch
+from manifest.launch.boot import _manifest_trail
 
 
 def op(row: int, name: str, ins: tuple[str, ...], outs: tuple[str, ...],
@@ -62,26 +62,26 @@ def test_stream_document_round_trips() -> None:
 
 
 def test_trail_keeps_every_step_to_1000_then_thins() -> None:
-    kept = [s for s in range(1, 100_001) if _manifest_launch._keep_point(s, "sampled")]
+    kept = [s for s in range(1, 100_001) if _manifest_trail.keep_point(s, "sampled")]
     assert kept[:1000] == list(range(1, 1001))
     assert 1010 in kept and 1011 not in kept and 10_100 in kept and 10_110 not in kept
     assert len(kept) < 3000
-    assert all(_manifest_launch._keep_point(s, "all") for s in (1001, 12345))
+    assert all(_manifest_trail.keep_point(s, "all") for s in (1001, 12345))
 
 
 def test_step_fingerprint_sees_one_ulp() -> None:
     torch = pytest.importorskip("torch")
     model = torch.nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    before = _manifest_launch.optimizer_fingerprint(opt)
-    assert _manifest_launch.optimizer_fingerprint(opt) == before
+    before = _manifest_trail.optimizer_fingerprint(opt)
+    assert _manifest_trail.optimizer_fingerprint(opt) == before
     with torch.no_grad():
         model.weight.view(torch.int32)[2, 3] += 1
-    assert _manifest_launch.optimizer_fingerprint(opt) != before
+    assert _manifest_trail.optimizer_fingerprint(opt) != before
     # A parameter replaced by a new tensor (p.data = ...) is seen too, not a stale view.
     with torch.no_grad():
         model.bias.data = model.bias.data.clone() + 1
-    assert _manifest_launch.optimizer_fingerprint(opt) != before
+    assert _manifest_trail.optimizer_fingerprint(opt) != before
 
 
 def test_an_in_place_write_through_a_view_is_blamed_on_the_extra_op() -> None:

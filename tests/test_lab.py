@@ -106,18 +106,18 @@ def test_lab_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_log_outside_the_launcher_does_nothing() -> None:
     import manifest
-    from manifest.launch.boot import _manifest_launch
+    from manifest.launch.boot._manifest_state import state
 
     manifest.log(loss=0.5)
-    assert _manifest_launch._state["log"] == []
+    assert state["log"] == []
     # Positive control: with a process record (as under the launcher) it is kept.
-    _manifest_launch._state["record"] = {}
+    state["record"] = {}
     try:
         manifest.log(loss=0.25, acc=1)
-        assert _manifest_launch._state["log"] == [{"step": 0, "loss": 0.25, "acc": 1.0}]
+        assert state["log"] == [{"step": 0, "loss": 0.25, "acc": 1.0}]
     finally:
-        _manifest_launch._state["record"] = None
-        _manifest_launch._state["log"].clear()
+        state["record"] = None
+        state["log"].clear()
 
 
 def _validate(doc: dict[str, Any]) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from manifest.launch.boot import _manifest_launch as launch
+from manifest.launch.boot import _manifest_rng as rng
+from manifest.launch.boot import _manifest_switches as switches
 
 pytestmark = pytest.mark.fake_gpu
 
@@ -43,7 +44,7 @@ def _fake_torch(initialised: bool) -> Any:
 
 def test_loaded_versions_read_cudnn_nccl_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(initialised=True))
-    got = launch.loaded_versions()
+    got = switches.loaded_versions()
     assert got == {"cuda_runtime": "12.4", "cudnn": "9.1.0", "nccl": "2.21.5",
                    "devices": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]}
 
@@ -52,15 +53,15 @@ def test_cuda_rng_states_are_fingerprinted_only_once_cuda_is_initialised(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(initialised=False))
-    cpu, cuda = launch.torch_rng_fingerprints()
+    cpu, cuda = rng.torch_rng_fingerprints()
     assert cpu is not None and cuda == []
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(initialised=True))
-    cpu2, cuda2 = launch.torch_rng_fingerprints()
+    cpu2, cuda2 = rng.torch_rng_fingerprints()
     assert cpu2 == cpu
     assert len(cuda2) == 2 and cuda2[0] != cuda2[1]
 
 
 def test_cudnn_version_encodings() -> None:
-    assert launch._cudnn_text(90100) == "9.1.0"
-    assert launch._cudnn_text(90300) == "9.3.0"
-    assert launch._cudnn_text(8902) == "8.9.2"
+    assert switches._cudnn_text(90100) == "9.1.0"
+    assert switches._cudnn_text(90300) == "9.3.0"
+    assert switches._cudnn_text(8902) == "8.9.2"

@@ -1,4 +1,4 @@
-"""Op streams as written by ``manifest/launch/boot/_manifest_ops.py`` (``manifest-ops/v1``).
+"""Op streams as written by ``manifest/launch/boot/_manifest_opstream.py`` (``manifest-ops/v1``).
 
 One stream per process: a list of ops, each with the optimizer step it ran
 in, the aten op name, the module path and type, the user's ``file:line``,

@@ -5,16 +5,18 @@
     with manifest.deterministic():
         train()
 
-The steps are the launcher's own (``manifest.launch.boot._manifest_launch``), so
-a script that calls these and a script run under ``manifest capture`` are
-prepared identically. Under the launcher, ``trail`` points go into the
-process record that the capture merges into ``outputs``.
+The steps are the launcher's own (``manifest.launch.boot``: ``_manifest_rng``,
+``_manifest_switches``, ``_manifest_trail``), so a script that calls these and a
+script run under ``manifest capture`` are prepared identically. Under the
+launcher, ``trail`` points go into the process record that the capture merges
+into ``outputs``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -26,14 +28,16 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _runtime() -> ModuleType:
-    """The launcher's runtime module: the instance sitecustomize loaded, if any."""
-    loaded = sys.modules.get("_manifest_launch")
+def _runtime(name: str) -> ModuleType:
+    """A launcher module (``_manifest_rng`` …): the instance sitecustomize loaded, if any.
+
+    Under the launcher that instance shares the state the process record is
+    written from; elsewhere the package's copy is imported.
+    """
+    loaded = sys.modules.get(name)
     if loaded is not None:
         return loaded
-    from manifest.launch.boot import _manifest_launch
-
-    return _manifest_launch
+    return importlib.import_module(f"manifest.launch.boot.{name}")
 
 
 def seed_everything(seed: int, *, check_hashseed: bool = True) -> None:
@@ -54,7 +58,7 @@ def seed_everything(seed: int, *, check_hashseed: bool = True) -> None:
             RuntimeWarning,
             stacklevel=2,
         )
-    rt = _runtime()
+    rt = _runtime("_manifest_rng")
     with contextlib.suppress(ImportError):
         import numpy  # noqa: F401  - seed numpy only if it is installed
     rt.seed_all(seed)
@@ -70,14 +74,14 @@ class _Deterministic(AbstractContextManager[None]):
     def __enter__(self) -> None:
         import torch
 
-        rt = _runtime()
+        rt = _runtime("_manifest_switches")
         self._saved.append(rt.snapshot_flags(torch))
         rt.apply_flags(torch, warn_only=self.warn_only)
 
     def __exit__(self, *exc: object) -> None:
         import torch
 
-        _runtime().restore_flags(torch, self._saved.pop())
+        _runtime("_manifest_switches").restore_flags(torch, self._saved.pop())
 
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(func)
@@ -145,7 +149,7 @@ class Trail:
             self.mark(self.steps)
 
     def mark(self, step: int) -> None:
-        rt = _runtime()
+        rt = _runtime("_manifest_trail")
         digest = rt.parameters_fingerprint(self.model)
         if digest is not None:
             self.points.append((step, digest))
@@ -164,7 +168,7 @@ def log(**values: Any) -> None:
     ``float()`` (a 0-dim tensor does, at the cost of one device sync).
     """
     # detach(): float() of a tensor that requires grad warns (and would under -W error).
-    _runtime().record_log({str(k): float(v.detach() if hasattr(v, "detach") else v)
+    _runtime("_manifest_trail").record_log({str(k): float(v.detach() if hasattr(v, "detach") else v)
                            for k, v in values.items()})
 
 

@@ -40,7 +40,15 @@ import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
+    from manifest.launch.boot import _manifest_rng as rng
+else:
+    try:  # under the launcher this directory is on sys.path; as a package module otherwise
+        import _manifest_rng as rng
+    except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
+        from manifest.launch.boot import _manifest_rng as rng
 
 MAX_RESEEDS = 32
 MAX_SWITCHES = 64
@@ -168,20 +176,19 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 
 
 def _fingerprints(generators: list[str]) -> dict[str, str | None]:
-    launch = _obs["launch"]
     out: dict[str, str | None] = {}
     for g in generators:
         with contextlib.suppress(Exception):
             if g == "python":
-                out[g] = launch.python_rng_fingerprint()
+                out[g] = rng.python_rng_fingerprint()
             elif g == "numpy":
-                out[g] = launch.numpy_rng_fingerprint()
+                out[g] = rng.numpy_rng_fingerprint()
             elif g == "torch_cpu":
-                out[g] = launch.torch_rng_fingerprints()[0]
+                out[g] = rng.torch_rng_fingerprints()[0]
             elif g == "cuda":
                 torch = sys.modules.get("torch")
                 if torch is not None and torch.cuda.is_initialized():
-                    out[g] = ",".join(launch.torch_rng_fingerprints()[1])
+                    out[g] = ",".join(rng.torch_rng_fingerprints()[1])
     return out
 
 
@@ -401,14 +408,13 @@ def _watch_loaders(module: ModuleType) -> None:
 
 def _on_cuda_init() -> None:
     """Runs inside torch's CUDA lazy init, after the queued seeding: the states at first use."""
-    launch = _obs["launch"]
     record = _obs["record"]
     torch = sys.modules.get("torch")
     if record is None or torch is None:
         return
     digests = []
     for gen in torch.cuda.default_generators:
-        digest = launch._blake3_hex([gen.get_state().numpy().tobytes()])
+        digest = rng.blake3_hex([gen.get_state().numpy().tobytes()])
         if digest:
             digests.append(digest)
     if isinstance(record.get("at_start"), dict):
@@ -471,7 +477,9 @@ def _after_fork_in_child() -> None:
 
 def modules_imported() -> list[str]:
     """Top-level names of every imported module (the launcher's own left out)."""
-    own = {"_manifest_launch", "_manifest_observe", "sitecustomize", "__main__"}
+    own = {"_manifest_launch", "_manifest_observe", "_manifest_rng", "_manifest_state",
+           "_manifest_switches", "_manifest_trail", "_manifest_opstream", "sitecustomize",
+           "__main__"}
     return sorted({name.partition(".")[0] for name in list(sys.modules)} - own
                   - _obs.get("startup", frozenset()))
 

@@ -1,8 +1,9 @@
 """Op-level fingerprint stream: every aten op, the module and source line it ran in.
 
-Loaded by the launcher only when ``MANIFEST_OPS`` is set (``manifest explain``,
-``capture --fingerprint-ops``), so a normal capture never imports it. It can
-also be used on its own, e.g. for an audit of the ops a model hits::
+Loaded by the launcher only for an op window (``MANIFEST_OPS``: ``manifest
+explain``, ``capture --fingerprint-ops``) or the lab's audit, so a normal
+capture never imports it. It can also be used on its own, e.g. for an audit
+of the ops a model hits::
 
     from manifest.launch.boot._manifest_ops import OpRecorder
     with OpRecorder(events.append, fingerprint=False):
@@ -23,29 +24,20 @@ on an accelerator, two 64-bit integer sums over the bit view (plain and
 position-weighted) computed on the device and fetched once per step, so
 recording does not sync per op. Measured on an H100 (a GPT of 10.7M
 parameters, 650 ops per step): fingerprinting every op makes a step ~4.5x
-slower, which is why only a window of steps is ever recorded.
+slower, which is why only a window of steps is ever recorded
+(``_manifest_opstream``, which also writes the stream file).
 
-Stream file (JSON, one per process, ``<dir>/ops-<rank>-<pid>.json``)::
-
-    {"format": "manifest-ops/v1", "rank", "pid", "steps": [lo, hi],
-     "ops": [[step, op, module, module_type, where, [inputs], [outputs], [meta], device]]}
-
-With ``values`` set, the recorded outputs (and inputs no recorded op
-produced) of the window's ops are also kept on the host, up to a byte
-budget, and saved beside the stream (``values-<rank>-<pid>.safetensors``) so a
-comparison can count differing elements and ULPs.
+One recorder, three users: the op window of ``manifest explain``
+(``_manifest_opstream``), the lab's op audit (``_manifest_audit``, without
+fingerprints) and ``benchmarks/trail_overhead.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
-
-OPS_VAR = "MANIFEST_OPS"
-FORMAT = "manifest-ops/v1"
 
 _TORCH_DIR = ""
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -144,7 +136,8 @@ def _blake3_16(buffer: Any) -> str:
         return hashlib.blake2b(buffer, digest_size=8).hexdigest()
 
 
-def _text(fp: Any) -> str:
+def fingerprint_text(fp: Any) -> str:
+    """An op's fingerprint as text (a device sum's slot once :meth:`resolve` has run)."""
     return fp[0] if isinstance(fp, list) else str(fp)
 
 
@@ -376,137 +369,3 @@ def OpRecorder(on_op: Callable[[OpEvent], None], *, fingerprint: bool = True,
     when the recorder exits or :func:`resolve` is called on it (``rec.fp.resolve()``).
     """
     return make_recorder_class()(on_op, fingerprint=fingerprint, step=step)
-
-
-# ----------------------------------------------- launcher side (MANIFEST_OPS)
-
-
-class StepWindow:
-    """Records ops during steps [lo, hi] of this process; stops it after ``stop``.
-
-    Steps are counted by the launcher's optimizer-step hook: step k is every
-    op after the (k-1)-th ``optimizer.step()`` returned, up to and including
-    the k-th.
-    """
-
-    def __init__(self, config: dict[str, Any], rank: int | None) -> None:
-        self.lo = int(config.get("from", 1))
-        self.hi = int(config.get("to", self.lo))
-        self.stop = config.get("stop")
-        self.dir = str(config["dir"])
-        self.budget = int(config.get("values_budget", 0))
-        self.rank = rank or 0
-        self.rows: list[list[Any]] = []
-        self.values: dict[int, tuple[list[Any], list[Any]]] = {}
-        self.kept = 0
-        self.produced: set[int] = set()
-        self.recorder: Any = None
-        self.current = 0
-        self.done = False
-
-    @property
-    def paused(self) -> bool:
-        return bool(self.recorder is not None and self.recorder.paused)
-
-    @paused.setter
-    def paused(self, value: bool) -> None:
-        if self.recorder is not None:
-            self.recorder.paused = value
-
-    def _on_op(self, ev: OpEvent) -> None:
-        self.rows.append([ev.step, ev.op, ev.module, ev.module_type, ev.where,
-                          list(ev.inputs), list(ev.outputs), list(ev.meta), ev.device])
-
-    def _keep(self, index: int, ins: list[Any], outs: list[Any]) -> None:
-        if self.kept >= self.budget:
-            return
-        copies_in = []
-        for t in ins:
-            copies_in.append(self._copy(t) if t.numel() and id(t) not in self.produced else None)
-        copies_out = [self._copy(t) for t in outs]
-        for t in outs:
-            self.produced.add(id(t))
-        self.values[len(self.rows)] = (copies_in, copies_out)
-
-    def _copy(self, t: Any) -> Any:
-        try:
-            c = t.detach().to("cpu", copy=True)
-        except Exception:
-            return None
-        self.kept += c.numel() * c.element_size()
-        return c
-
-    def begin(self) -> None:
-        recorder_class = make_recorder_class()
-        keep = self._keep if self.budget else None
-        self.recorder = recorder_class(self._on_op, step=lambda: self.current, keep=keep)
-        self.recorder.__enter__()
-
-    def on_step_start(self, step: int) -> None:
-        """Called with the number of the step about to run (1 at torch import)."""
-        self.current = step
-        if self.done:
-            return
-        if step == self.lo and self.recorder is None:
-            self.begin()
-
-    def on_step_end(self, step: int) -> bool:
-        """After ``optimizer.step()`` number ``step``; True when the process should stop."""
-        if self.recorder is not None and step >= self.hi and not self.done:
-            self.finish()
-        return self.stop is not None and step >= int(self.stop)
-
-    def finish(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        if self.recorder is not None:
-            self.recorder.__exit__(None, None, None)
-        for row in self.rows:
-            row[5] = [_text(f) for f in row[5]]
-            row[6] = [_text(f) for f in row[6]]
-        name = f"{self.rank}-{os.getpid()}"
-        doc = {"format": FORMAT, "rank": self.rank, "pid": os.getpid(),
-               "steps": [self.lo, self.hi], "ops": self.rows}
-        path = os.path.join(self.dir, f"ops-{name}.json")
-        with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, separators=(",", ":"))
-        os.replace(path + ".tmp", path)
-        if self.values:
-            tensors: dict[str, Any] = {}
-            for at, (ins, outs) in self.values.items():
-                tensors.update({f"i.{at}.{k}": t for k, t in enumerate(ins) if t is not None})
-                tensors.update({f"o.{at}.{k}": t for k, t in enumerate(outs) if t is not None})
-            write_safetensors(os.path.join(self.dir, f"values-{name}.safetensors"), tensors)
-
-
-_SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-                       "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
-                       "uint8": "U8", "bool": "BOOL"}
-
-
-def write_safetensors(path: str, tensors: dict[str, Any]) -> None:
-    """The safetensors layout written with the standard library (the child may lack the package)."""
-    import struct
-
-    import torch
-
-    header: dict[str, Any] = {}
-    blobs: list[bytes] = []
-    offset = 0
-    for name, t in tensors.items():
-        code = _SAFETENSORS_DTYPES.get(str(t.dtype).removeprefix("torch."))
-        if code is None:
-            continue
-        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": code, "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path + ".tmp", "wb") as fh:
-        fh.write(struct.pack("<Q", len(text)) + text)
-        for blob in blobs:
-            fh.write(blob)
-    os.replace(path + ".tmp", path)
