@@ -1,4 +1,5 @@
 """``manifest capture``: a snapshot of machine and tree (``snapshot``).
 
-And a command run under the launcher, its outputs digested (``run``).
+And a command run under the launcher (``launcher``), its records and outputs
+made into the run's manifest (``run``).
 """

@@ -58,7 +58,7 @@ def write_pack(manifest_bytes: bytes, output: str, cwd: Path,
     """A pack of the manifest and the blobs it references, from the run's store."""
     from manifest.canonical import load_manifest
     from manifest.travel.pack import pack_from_store
-    from manifest.verify.pipeline import repo_root_of, store_for
+    from manifest.verify.tree import repo_root_of, store_for
 
     store = store_for(load_manifest(manifest_bytes), repo_root_of(cwd) or cwd)
     write_output(pack_from_store(manifest_bytes, store, signature), output)

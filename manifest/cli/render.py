@@ -11,7 +11,7 @@ from manifest.models import Manifest, Outputs
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from manifest.verify.pipeline import VerifyReport
+    from manifest.verify.report import VerifyReport
 
 
 def _console(file: TextIO | None = None) -> Console:

@@ -18,7 +18,7 @@ from manifest.cli.text import printable
 if TYPE_CHECKING:
     from manifest.diff.result import ManifestDiff
     from manifest.diff.rules import Impact
-    from manifest.verify.pipeline import VerifyReport
+    from manifest.verify.report import VerifyReport
 
 
 def cell(text: str) -> str:

@@ -112,7 +112,8 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from manifest.cli.render import render_command, render_verify
-    from manifest.verify.pipeline import VerifyOptions, verify_run
+    from manifest.verify.pipeline import verify_run
+    from manifest.verify.report import VerifyOptions
 
     data = read_manifest_file(args.file)
     check = signature_check(args.file, data, args.signature, accept_untrusted=args.trust)

@@ -35,17 +35,10 @@ from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UntrustedMani
 from manifest.explain.findings import Finding, compare_streams
 from manifest.explain.stream import OpStream, parse_stream, streams_in
 from manifest.models import Manifest
-from manifest.verify.pipeline import (
-    Drift,
-    _argv_to_run,
-    dataset_binds,
-    environment_drift,
-    link_data,
-    materialise,
-    numerics_env,
-    repo_root_of,
-    store_for,
-)
+from manifest.verify.pipeline import environment_drift
+from manifest.verify.report import Drift
+from manifest.verify.rerun import argv_to_run, numerics_env
+from manifest.verify.tree import dataset_binds, link_data, materialise, repo_root_of, store_for
 
 
 @dataclass(frozen=True)
@@ -161,7 +154,7 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
         raise UntrustedManifestError(
             f"{decision.reason}.",
             hint="Inspect the command (manifest show) and pass --trust to run it anyway.")
-    run_argv = _argv_to_run(argv)
+    run_argv = argv_to_run(argv)
     if announce is not None:
         announce(argv)
     from manifest.verify.scratch import scratch_dir
@@ -179,7 +172,7 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
 
 def _explain_in(recorded: Manifest, report: ExplainReport, run_cwd: Path, scratch: Path,
                 options: ExplainOptions, store: Any, argv: list[str]) -> None:
-    from manifest.capture.run import LaunchSettings, run_under_launcher
+    from manifest.capture.launcher import LaunchSettings, run_under_launcher
 
     base = LaunchSettings(
         seed=recorded.randomness.seed or 0,

@@ -129,7 +129,8 @@ def _check_determinism(project: Project, manifest: Manifest,
     """Verify the fresh capture once; (result or None when disabled, data changes)."""
     if not _enabled(project, "determinism"):
         return None, []
-    from manifest.verify.pipeline import VerifyOptions, verify_run
+    from manifest.verify.pipeline import verify_run
+    from manifest.verify.report import VerifyOptions
 
     try:
         # The gate captured this manifest itself a moment ago: its code is ours.
@@ -263,7 +264,8 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
     """Validate committed manifests without training (``--no-rerun``)."""
     from manifest.canonical import load_manifest, read_manifest_file
     from manifest.travel.pack import manifest_bytes_of
-    from manifest.verify.pipeline import VerifyOptions, verify_run
+    from manifest.verify.pipeline import verify_run
+    from manifest.verify.report import VerifyOptions
 
     for name in ("determinism", "baseline"):
         if _enabled(project, name):

@@ -45,13 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from manifest.capture.run import (
-    LaunchSettings,
-    _config_int,
-    build_run_manifest,
-    default_threads,
-    run_under_launcher,
-)
+from manifest.capture.launcher import LaunchSettings, default_threads, run_under_launcher
+from manifest.capture.run import _config_int, build_run_manifest
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, NoVerdictError, UsageError
 from manifest.lab.catalogue import base_name, load_table

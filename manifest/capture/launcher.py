@@ -1,0 +1,165 @@
+"""The parent side of the launcher: start the command with every Python process prepared.
+
+``manifest capture -- CMD``, verify's re-run, explain's two runs and the lab's
+runs all start a command here, so the child-process handling is one module
+that none of them has to copy, apart from how a finished run becomes a
+manifest (``manifest.capture.run``):
+
+1. The child gets ``manifest/launch/boot`` first on ``PYTHONPATH``; its
+   ``sitecustomize`` prepares every Python process the command starts
+   (seeds, flags, thread count; see ``manifest.launch.boot._manifest_launch``),
+   plus ``PYTHONHASHSEED``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` and the
+   OpenMP/MKL thread counts in its environment. ``python -I``/``-S`` skip
+   ``PYTHONPATH``/site and so escape the launcher: don't use them under it.
+2. The child's stdout is sent to our stderr, so stdout carries only the
+   manifest.
+3. Each prepared process writes a JSON record (and, with an op window, an
+   op stream) at exit into a private directory that lives only as long as
+   the run. Ranks are processes with a ``RANK`` variable (torchrun); without
+   any, every prepared process that is not a multiprocessing child, in start
+   order (``select_ranks``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from manifest.errors import UsageError
+
+LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch" / "boot"
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+def default_threads() -> int:
+    """The thread count torch would use here: OMP_NUM_THREADS, else the CPUs we may run on."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Everything the launcher needs; verify rebuilds it from a manifest."""
+
+    seed: int
+    derivation: str
+    threads: int
+    deterministic: bool
+    trail: str = "sampled"
+    """Automatic step trail: ``sampled`` (every step to 1000, then thinner), ``all``, ``off``."""
+    ops: dict[str, Any] | None = None
+    """Op-stream window for ``_manifest_ops.StepWindow`` (``MANIFEST_OPS``), or None."""
+    root: str | None = None
+    """The repository root: call sites inside it are recorded repo-relative."""
+    hashseed: str | None = None
+    """PYTHONHASHSEED unless the environment sets one (default ``0``: it is a switch, not a
+    seed to vary, so two captures with different ``--seed`` hash strings alike)."""
+
+    def child_env(self, records_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        existing = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(LAUNCH_DIR) + (os.pathsep + existing if existing else "")
+        env["MANIFEST_LAUNCH"] = json.dumps({
+            "seed": self.seed, "derivation": self.derivation,
+            "threads": self.threads, "deterministic": self.deterministic,
+            "trail": "" if self.trail == "off" else self.trail,
+            "root": self.root,
+        })
+        env.pop("MANIFEST_OPS", None)
+        if self.ops is not None:
+            env["MANIFEST_OPS"] = json.dumps({"dir": str(records_dir), **self.ops})
+        env["MANIFEST_LAUNCH_RECORDS"] = str(records_dir)
+        env.setdefault("PYTHONHASHSEED", self.hashseed or "0")
+        if self.deterministic:
+            env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+        env["OMP_NUM_THREADS"] = str(self.threads)
+        env["MKL_NUM_THREADS"] = str(self.threads)
+        return env
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    exit_code: int
+    records: list[dict[str, Any]]
+    env: dict[str, str]
+    op_streams: dict[str, bytes] = field(default_factory=dict)
+    """File name → bytes of each op stream the processes wrote (``ops-<rank>-<pid>.json``)."""
+    opened: dict[str, str] = field(default_factory=dict)
+    """Every process's files opened (absolute path -> ``r``/``w``/``rw``, first use wins)."""
+    modules: frozenset[str] = frozenset()
+    """Top-level modules imported by any process."""
+    started_ns: int = 0
+
+
+def run_under_launcher(
+    argv: list[str], cwd: Path, settings: LaunchSettings, *, base_env: dict[str, str] | None = None,
+    wrap: Callable[[list[str], Path], list[str]] | None = None,
+) -> LaunchResult:
+    """Run ``argv`` with every Python process prepared; return its records.
+
+    ``wrap(argv, records_dir)`` returns the command line that actually runs
+    (verify's sandbox: it must leave ``records_dir`` writable).
+    """
+    with tempfile.TemporaryDirectory(prefix="manifest-records-") as tmp:
+        env = settings.child_env(Path(tmp), base_env)
+        full = wrap(argv, Path(tmp)) if wrap is not None else argv
+        started_ns = time.time_ns()
+        try:
+            proc = subprocess.run(full, cwd=cwd, env=env, stdout=sys.stderr.fileno(),
+                                  stdin=subprocess.DEVNULL, check=False)
+            code = proc.returncode
+        except FileNotFoundError as exc:
+            raise UsageError(f"command not found: {argv[0]}.") from exc
+        except PermissionError as exc:
+            raise UsageError(f"command is not executable: {argv[0]}.") from exc
+        records = []
+        streams: dict[str, bytes] = {}
+        for name in sorted(os.listdir(tmp)):
+            if name.startswith("ops-") and name.endswith(".json"):
+                streams[name] = Path(tmp, name).read_bytes()
+            elif name.endswith(".json"):
+                try:
+                    records.append(json.loads(Path(tmp, name).read_text(encoding="utf-8")))
+                except (OSError, ValueError):
+                    continue
+    opened: dict[str, str] = {}
+    modules: set[str] = set()
+    for r in records:  # every process, DataLoader workers too
+        for path, kind in (r.get("opened") or {}).items():
+            opened[path] = kind if opened.get(path, kind) == kind else "rw"
+        modules.update(r.get("modules") or ())
+    return LaunchResult(code, select_ranks(records), env, streams, opened, frozenset(modules),
+                        started_ns)
+
+
+def select_ranks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that stand for ranks, each with its ``rank`` set."""
+    records = [r for r in records if not r.get("mp_child")]
+    ranked = [r for r in records if isinstance(r.get("rank"), int)]
+    if ranked:
+        return sorted(ranked, key=lambda r: int(r["rank"]))
+    ordered = sorted(records, key=lambda r: (int(r.get("start_ns") or 0), int(r.get("pid") or 0)))
+    return [dict(r, rank=i) for i, r in enumerate(ordered)]
+
+
+def stream_ranks(result: LaunchResult) -> dict[str, int]:
+    """Stream file name → rank of the process that wrote it (by pid, as ranks were assigned)."""
+    by_pid = {int(r["pid"]): int(r["rank"]) for r in result.records if r.get("pid")}
+    out: dict[str, int] = {}
+    for name in result.op_streams:
+        pid = name.removesuffix(".json").rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) in by_pid:
+            out[name] = by_pid[int(pid)]
+    return out

@@ -1,0 +1,127 @@
+"""What ``manifest verify`` found (``VerifyReport``), how it was asked (``VerifyOptions``).
+
+The report is filled in by two stages, the pipeline (``manifest.verify.pipeline``:
+integrity, drift, data, trust) and the re-run (``manifest.verify.rerun``), and
+read by four consumers that never run anything: the terminal and Markdown
+renderers, the gate and explain. Holding it apart keeps the re-run stage
+below the pipeline (no import cycle between them) and lets a renderer name the
+type without importing git, the store or the sandbox.
+
+A mismatch is a result, not an exception: the verdict (``identical``,
+``differs``, ``no-verdict``, ``checked``) becomes the exit status here, in
+one place (0, 1, 3, 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
+from manifest.weights.compare import ArtifactDelta
+
+if TYPE_CHECKING:
+    from manifest.probes.hardware import NvmlFacts
+
+Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
+"""(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    path: str
+    impact: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DataChange:
+    name: str
+    path: str
+    detail: str
+    files: list[str]
+
+
+@dataclass
+class VerifyReport:
+    """What verify found. ``verdict`` decides the exit status."""
+
+    file: str
+    run_id: str
+    command: list[str]
+    verdict: str = "no-verdict"
+    """``identical``, ``differs``, ``no-verdict``, or ``checked`` (--no-rerun)."""
+    reason: str | None = None
+    drift: list[Drift] = field(default_factory=list)
+    data: list[DataChange] = field(default_factory=list)
+    artifacts: list[ArtifactDelta] = field(default_factory=list)
+    first_divergent_step: int | None = None
+    first_divergent_op: Any = None
+    """Where the re-run's op stream parts from the one stored at capture (a
+    ``manifest.explain.findings.Finding``), when the capture stored one."""
+    trail_compared: bool = False
+    rerun_exit_code: int | None = None
+    workdir: str | None = None
+    trust: str | None = None
+    """Why the command was allowed to run: ``sealed here``, ``signed by …``, ``--trust``."""
+    confinement: str | None = None
+    """How the re-run was confined, or ``not confined (why)``."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know about how the re-run was set up."""
+    code_check: str | None = None
+    """``--in-place``: ``the recorded code`` or ``not checked: …`` (no git)."""
+
+    @property
+    def bits_drift(self) -> list[Drift]:
+        return [d for d in self.drift if d.impact == "bits"]
+
+    @property
+    def exit_code(self) -> int:
+        if self.verdict in ("identical", "checked"):
+            return EXIT_OK
+        if self.verdict == "differs":
+            return EXIT_FAILED
+        return EXIT_NO_VERDICT
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "manifest-verify/v1",
+            "file": self.file,
+            "run_id": self.run_id,
+            "command": self.command,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "drift": [d.__dict__ for d in self.drift],
+            "data": [d.__dict__ for d in self.data],
+            "artifacts": [
+                {"path": a.path, "identical": a.identical, "detail": a.detail,
+                 "tensors": [t.__dict__ for t in a.tensors]}
+                for a in self.artifacts
+            ],
+            "first_divergent_step": self.first_divergent_step,
+            **({"first_divergent_op": dict(self.first_divergent_op.__dict__)}
+               if self.first_divergent_op is not None else {}),
+            "rerun_exit_code": self.rerun_exit_code,
+            "trust": self.trust,
+            "code_check": self.code_check,
+            "confinement": self.confinement,
+            "notes": self.notes,
+        }
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    strict: bool = False
+    trust: bool = False
+    in_place: bool = False
+    no_rerun: bool = False
+    threads: int | None = None
+    keep: bool = False
+    no_cache: bool = False
+    quiet: bool = False
+    signer: str | None = None
+    """Identity of a signature over the manifest that the user's policy trusts (see trust.py)."""
+    network: bool = False
+    sandbox: bool = True
+    """Confine the re-run when bubblewrap works here (``--no-sandbox`` turns it off)."""
+    require_sandbox: bool = False
