@@ -53,6 +53,24 @@ def test_the_walk_finds_a_missing_help() -> None:
     assert [a for a in _options(verbs["show"]) if not a.help]
 
 
+def test_a_verb_on_the_command_line_gets_the_same_parser_alone() -> None:
+    """``build_parser(argv)`` registers only the verb argv names: the same parser as in the
+    full set (help and defaults), and no other verb; no verb, or an unknown one, gets all."""
+    full = _verbs()
+    for verb, parser in full.items():
+        alone = build_parser([verb, "--help"])
+        sub = next(a for a in alone._actions if isinstance(a, argparse._SubParsersAction))
+        assert list(sub.choices) == [verb]
+        assert sub.choices[verb].format_help() == parser.format_help()
+        assert sub.choices[verb]._defaults == parser._defaults  # the verb's func
+        assert [(a.dest, a.default) for a in sub.choices[verb]._actions] == [
+            (a.dest, a.default) for a in parser._actions]
+    for argv in ([], ["--help"], ["nosuchverb"], ["--version", "capture"]):
+        sub = next(a for a in build_parser(argv)._actions
+                   if isinstance(a, argparse._SubParsersAction))
+        assert list(sub.choices) == list(full)
+
+
 @pytest.mark.parametrize("verb", sorted(REPORTING))
 def test_reporting_verbs_take_format_and_the_json_alias(verb: str) -> None:
     parser = _verbs()[verb]
