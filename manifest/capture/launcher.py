@@ -60,7 +60,7 @@ class LaunchSettings:
     trail: str = "sampled"
     """Automatic step trail: ``sampled`` (every step to 1000, then thinner), ``all``, ``off``."""
     ops: dict[str, Any] | None = None
-    """Op-stream window for ``_manifest_ops.StepWindow`` (``MANIFEST_OPS``), or None."""
+    """Op-stream window for ``_manifest_opstream.StepWindow`` (``MANIFEST_OPS``), or None."""
     root: str | None = None
     """The repository root: call sites inside it are recorded repo-relative."""
     hashseed: str | None = None
