@@ -141,9 +141,14 @@ def slow_run(tmp_path: Path) -> tuple[Path, Path]:
 def _start_verify(repo: Path, manifest: Path, tmpdir: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TMPDIR": str(tmpdir), "SLOW": "1"}
     env.pop("PYTHONHASHSEED", None)
+    # A test run started in the background by a non-interactive shell (nohup
+    # ... &) inherits SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler: the verify under test must start with SIGINT's
+    # default, as from a terminal.
     proc = subprocess.Popen([sys.executable, "-m", "manifest", "verify", str(manifest)],
                             cwd=repo, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     # The clone sits at <scratch>/w/[up/…]/tree (inputs outside the repository land in w/).
     while not list(tmpdir.glob("manifest-verify-*/**/started")):  # wherever the tree sits
@@ -164,7 +169,12 @@ def test_stopped_verify_removes_its_scratch_clone(slow_run: tuple[Path, Path], t
     tmpdir.mkdir()
     proc = _start_verify(repo, manifest, tmpdir)
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, stderr = proc.communicate()
+        raise AssertionError(f"verify did not stop on signal {signum}: {stderr.decode()}") from None
     assert proc.returncode in (128 + signum, 130), stderr.decode()
     assert "Traceback" not in stderr.decode()
     assert list(tmpdir.glob("manifest-verify-*")) == []
