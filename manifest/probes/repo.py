@@ -22,27 +22,21 @@ from pathlib import Path
 from manifest.gitrun import EMPTY_TREE, read_config, run_git
 
 
-def working_patch(root: Path, head: str | None, git_dir: Path | None = None,
-                  untracked: list[bytes] | None = None,
+def working_patch(root: Path, head: str | None, git_dir: Path, untracked: list[bytes],
                   no_filters: Sequence[str] = ()) -> tuple[bytes, int]:
     """The binary patch from ``head`` (or the empty tree) to the working tree.
 
-    ``untracked`` (the untracked, not-ignored paths) is listed with git when
-    not given; the filter drivers in ``no_filters`` are switched off for the
-    diff. Returns (patch bytes, number of untracked files included).
+    ``untracked`` are the untracked, not-ignored paths to include as
+    additions (:func:`index_listing` lists them); the filter drivers in
+    ``no_filters`` are switched off for the diff. Returns (patch bytes,
+    number of untracked files included).
     """
     config = [f"filter.{name}.{kind}=" for name in no_filters for kind in ("clean", "process")]
-    if untracked is None:
-        listing = run_git(["ls-files", "--others", "--exclude-standard", "-z"], root).stdout
-        untracked = [p for p in listing.split(b"\0") if p]
     base = head or EMPTY_TREE
     diff_args = ["diff", "--binary", "--no-ext-diff", "--no-textconv", "--no-color",
                  "--full-index", "--ignore-submodules=none", base, "--"]
     if not untracked:
         return run_git(diff_args, root, config=config).stdout, 0
-    if git_dir is None:
-        git_dir = Path(os.fsdecode(
-            run_git(["rev-parse", "--absolute-git-dir"], root).stdout.strip()))
     # A private index: copy of the user's, plus intent-to-add entries, so the
     # user's own index is never written. ``add -N`` also writes the empty blob
     # into the object store: a private object directory (the repository's own
