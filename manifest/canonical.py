@@ -21,19 +21,17 @@ Loading (:func:`load_manifest`) refuses anything this module would not have
 written: non-UTF-8, NaN/Infinity, duplicate keys, integers beyond 4300
 digits, lone surrogates, NUL characters (outside ``outputs.error``), unknown
 schema, wrong types, and a ``run_id`` or ``digest`` that does not match the
-content. Files are read by :func:`read_manifest_file` only, the one place
-that decides what a manifest file may be: a regular file (a FIFO would block
-forever, ``/dev/zero`` would never end) of at most ``MANIFEST_MAX_BYTES``
-(default 64 MiB: a manifest of 100,000 tensors is about 25 MiB).
+content. Files are read by :func:`read_manifest_file`, which hands them to
+the one bounded reader (:mod:`manifest.bounded`): a regular file (a FIFO
+would block forever, ``/dev/zero`` would never end) of at most
+``MANIFEST_MAX_BYTES`` (default 64 MiB: a manifest of 100,000 tensors is
+about 25 MiB).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,6 @@ from manifest.errors import (
     InvalidManifestError,
     TamperedManifestError,
     UnsupportedSchemaError,
-    UsageError,
 )
 from manifest.models import ALWAYS_BITS_PREFIXES, SCHEMA_V1, Manifest
 
@@ -134,77 +131,17 @@ def dumps(manifest: Manifest) -> bytes:
     return canonical_bytes(to_document(manifest))
 
 
-MAX_BYTES_VARIABLE = "MANIFEST_MAX_BYTES"
-DEFAULT_MAX_BYTES = 64 * 2**20
-
-
-def max_manifest_bytes() -> int:
-    """The size cap on manifest and baseline files (``MANIFEST_MAX_BYTES``, default 64 MiB)."""
-    raw = os.environ.get(MAX_BYTES_VARIABLE, "")
-    if not raw:
-        return DEFAULT_MAX_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise UsageError(f"{MAX_BYTES_VARIABLE} must be a positive number of bytes, "
-                         f"not {raw!r}.")
-    return value
-
-
 def read_manifest_file(path: str | Path, *, what: str = "manifest file") -> bytes:
-    """The bytes of a manifest (or baseline) file; ``-`` reads stdin.
+    """The bytes of a manifest file or pack (``-`` reads stdin), through the bounded reader.
 
-    Refuses (exit 2) anything that is not a regular file, and anything over
-    :func:`max_manifest_bytes`, before reading more than the cap plus one byte.
-    The file is opened non-blocking, so a FIFO given by name is refused
-    instead of waiting forever for a writer.
+    A regular file under ``MANIFEST_MAX_BYTES`` (64 MiB), or one sentence and
+    exit 2: see :mod:`manifest.bounded`, which reads every file the tool reads
+    for a user. ``what="baseline manifest"`` names a gate baseline.
     """
-    cap = max_manifest_bytes()
-    name = os.fsdecode(path)
-    if name == "-":
-        data = sys.stdin.buffer.read(cap + 1)
-        if len(data) > cap:
-            raise UsageError(f"the {what} on stdin is larger than {cap} bytes "
-                             f"({MAX_BYTES_VARIABLE}); refusing to read it.")
-        return data
-    if not name:
-        raise UsageError(f"the {what} name is empty.")
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError as exc:
-        raise UsageError(f"{what} {name} does not exist.") from exc
-    except IsADirectoryError as exc:
-        raise UsageError(f"{name} is a directory, not a {what}.") from exc
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UsageError(f"cannot read {name!r}: {reason}.") from exc
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"{name} is a directory, not a {what}.")
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else
-                    "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
-                    "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise UsageError(f"{name} is {kind}, not a regular {what}; refusing to read it.")
-        if st.st_size > cap:
-            raise UsageError(f"{name} is {st.st_size} bytes, over the {cap}-byte limit for a "
-                             f"{what} ({MAX_BYTES_VARIABLE}); refusing to read it.")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=True) as fh:
-            fd = -1
-            data = fh.read(cap + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read {name}: {exc.strerror or exc}.") from exc
-    finally:
-        if fd != -1:
-            os.close(fd)
-    if len(data) > cap:  # it grew while we read
-        raise UsageError(f"{name} is over the {cap}-byte limit for a {what} "
-                         f"({MAX_BYTES_VARIABLE}); refusing to read it.")
-    return data
+    from manifest.bounded import InputKind, read_user_file
+
+    kind = InputKind.BASELINE if what == "baseline manifest" else InputKind.MANIFEST
+    return read_user_file(path, kind)
 
 
 def _reject_constant(name: str) -> Any:

@@ -16,6 +16,7 @@ Recognised keys (all optional)::
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,9 @@ def find_pyproject(start: Path) -> Path | None:
     """The nearest pyproject.toml at or above ``start``."""
     for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
-        if candidate.is_file():
+        # Anything by that name counts, so a FIFO or a symlink to a device is refused
+        # by the bounded reader instead of passed over for a parent's file.
+        if os.path.lexists(candidate):
             return candidate
     return None
 
@@ -44,10 +47,12 @@ def load_config(start: Path) -> tuple[dict[str, Any], Path | None]:
     path = find_pyproject(start)
     if path is None:
         return {}, None
+    from manifest.bounded import InputKind, read_user_text
+
+    text = read_user_text(path, InputKind.CONFIG)
+    assert text is not None
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}.") from exc
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}.") from exc
     table = data.get("tool", {}).get("manifest", {})

@@ -33,14 +33,9 @@ VERDICTS = ("identical", "differs", "checked", "no-verdict")
 
 def read_manifest(path: str | Path) -> Manifest:
     """Load (and digest-check) a manifest file; the project's errors on failure."""
-    from manifest.canonical import load_manifest
-    from manifest.errors import UsageError
+    from manifest.canonical import load_manifest, read_manifest_file
 
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read the manifest {path}: {exc.strerror or exc}.") from exc
-    return load_manifest(raw)
+    return load_manifest(read_manifest_file(path))
 
 
 def manifest_tags(manifest: Manifest, verdict: str | None = None) -> dict[str, str]:

@@ -32,7 +32,11 @@ def _digests(path: Path) -> tuple[str, str]:
     """(blake3 name, sha256 hex) of a file, read once."""
     b3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
     sha = hashlib.sha256()
-    with path.open("rb") as fh:
+    from manifest.bounded import InputKind, open_user_file
+
+    # A recorded output may be a committed symlink to a device or a FIFO: refused,
+    # not hashed forever.
+    with open_user_file(path, InputKind.ARTIFACT) as fh:
         while chunk := fh.read(_CHUNK):
             b3.update(chunk)
             sha.update(chunk)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from manifest.bounded import InputKind, read_user_file, read_user_text
 from manifest.errors import ConfigError
 
 USER_POLICY = Path("manifest") / "trust.toml"
@@ -99,7 +100,9 @@ def normalise_public_pem(data: bytes, origin: str) -> bytes:
 
 
 def _parse_table(table: Any, origin: Path, where: str,
-                 allowed: frozenset[str] = KNOWN_KEYS) -> TrustPolicy:
+                 allowed: frozenset[str] = KNOWN_KEYS, *, open_keys: bool = True) -> TrustPolicy:
+    """The policy a table states; ``open_keys=False`` checks its shape but opens no key
+    file (a repository's table the user did not opt into: its paths are the clone's)."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} in {origin} must be a table.")
     unknown = sorted(set(table) - allowed)
@@ -119,13 +122,14 @@ def _parse_table(table: Any, origin: Path, where: str,
         else:
             raise ConfigError(f"{where} in {origin}: each key is a path or "
                               "{ name = \"…\", path = \"…\" }.")
+        if not open_keys:
+            continue
         path = Path(os.path.expanduser(rel))
         path = path if path.is_absolute() else origin.parent / path
         try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"{where} in {origin}: cannot read the key {rel} "
-                              f"({exc.strerror or exc}).") from exc
+            data = read_user_file(path, InputKind.TRUSTED_KEY)
+        except ConfigError as exc:
+            raise ConfigError(f"{where} in {origin}: the key {rel}: {exc.message}") from exc
         pem = normalise_public_pem(data, f"the key {rel} named in {origin}")
         hint = hashlib.sha256(pem).hexdigest()
         keys.append(TrustedKey(name or key_name(hint), pem))
@@ -142,13 +146,10 @@ def _parse_table(table: Any, origin: Path, where: str,
     return TrustPolicy(tuple(keys), tuple(identities), (str(origin),))
 
 
-def _read_toml(path: Path) -> dict[str, Any] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+def _read_toml(path: Path, kind: InputKind = InputKind.POLICY) -> dict[str, Any] | None:
+    text = read_user_text(path, kind, missing_ok=True)
+    if text is None:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the trust policy {path}: {exc}.") from exc
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -176,13 +177,15 @@ def load_policy(start: Path) -> TrustPolicy:
         policy = _parse_table(user_doc, user, "the trust policy", KNOWN_KEYS | USER_ONLY_KEYS)
     project = find_pyproject(start)
     if project is not None:
-        doc = _read_toml(project) or {}
+        doc = _read_toml(project, InputKind.CONFIG) or {}
         tool = doc.get("tool", {})
         table = tool.get("manifest", {}).get("trust") if isinstance(tool, dict) and isinstance(
             tool.get("manifest"), dict) else None
         if table is not None:
-            # Parsed either way, so a broken table is reported, not silently skipped.
-            repo_policy = _parse_table(table, project, "[tool.manifest.trust]")
+            # Checked either way, so a broken table is reported, not silently skipped;
+            # its key files are opened only when the user opted in: a clone names them.
+            repo_policy = _parse_table(table, project, "[tool.manifest.trust]",
+                                       open_keys=with_repository)
             if with_repository:
                 policy = repo_policy.merged(policy)
     return policy

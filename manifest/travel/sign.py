@@ -94,10 +94,9 @@ def load_private_key(path: Path) -> Any:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read the key {path}: {exc.strerror or exc}.") from exc
+    from manifest.bounded import InputKind, read_user_file
+
+    data = read_user_file(path, InputKind.KEY)
     password = os.environ.get(KEY_PASSWORD_ENV)
     try:
         key = serialization.load_pem_private_key(
@@ -406,26 +405,21 @@ def signature_covers(manifest_canonical: bytes, signature: bytes) -> bool:
 def find_signature(file: str, data: bytes, explicit: str | None) -> tuple[bytes, str] | None:
     """The signature of an input and where it came from: ``--signature FILE``, the
     pack's own entry, or ``FILE.sig`` beside a manifest file; None if unsigned."""
+    from manifest.bounded import InputKind, read_user_file, read_user_file_if_exists
     from manifest.travel.pack import is_pack, read_pack
 
     if explicit is not None:
-        try:
-            return Path(explicit).read_bytes(), explicit
-        except OSError as exc:
-            raise UsageError(f"cannot read the signature {explicit}: "
-                             f"{exc.strerror or exc}.") from exc
+        return read_user_file(explicit, InputKind.SIGNATURE), explicit
     if is_pack(data):
         embedded = read_pack(data).signature
         return (embedded, f"{file} (embedded)") if embedded is not None else None
     if file == "-":
         return None
+    # The sidecar may be committed next to a received manifest: a symlink to a device
+    # or a FIFO there is refused like one given by name, and a dangling one too.
     sibling = sibling_signature(Path(file))
-    try:
-        return sibling.read_bytes(), str(sibling)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise UsageError(f"cannot read the signature {sibling}: {exc.strerror or exc}.") from exc
+    found = read_user_file_if_exists(sibling, InputKind.SIGNATURE)
+    return (found, str(sibling)) if found is not None else None
 
 
 def check_input_signature(file: str, data: bytes, *, cwd: Path, explicit: str | None = None,

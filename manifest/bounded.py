@@ -1,0 +1,230 @@
+"""The one bounded reader: every file the tool reads on a user's behalf goes through here.
+
+The tool reads files someone else chose: a manifest or pack received by mail,
+the ``FILE.sig`` committed beside it, a key named on the command line or in a
+trust policy, a baseline and a pyproject.toml checked out from a pull request.
+Read with a plain ``open()``:
+
+* a FIFO blocks forever waiting for a writer (``verify run.json`` never returns);
+* ``/dev/zero`` or ``/dev/urandom`` never ends: the read grows until
+  ``MemoryError`` ("internal error") or the kernel's OOM killer;
+* a committed symlink (``run.json.sig -> /dev/zero``) is the same device under
+  an innocent name, and a directory raises ``IsADirectoryError`` mid-verb.
+
+So :func:`read_user_file` is the only place that opens such a file, and it
+refuses without blocking anything that is not a regular file: the path is
+``stat``-ed first (a device is never opened: opening a tape or serial device
+has effects of its own), then opened ``O_NONBLOCK | O_NOCTTY`` and
+``fstat``-ed again (a FIFO swapped in between is still refused, and the
+non-blocking open cannot wait for a writer). A symlink is followed, but only
+to a regular file; a dangling one is refused, not taken for "absent". Each
+:class:`InputKind` has a size cap, checked against ``st_size`` before a byte
+is read and again while reading (cap + 1 bytes at most, for files whose size
+lies, such as ``/proc`` and ``/sys``). Each refusal is one sentence with exit
+status 2 (:class:`~manifest.errors.UsageError`, or
+:class:`~manifest.errors.ConfigError` for configuration), reached in
+milliseconds: nothing waits or retries.
+
+The caps are far above any real file of the kind and far below what would
+hurt: a manifest of 100,000 tensors is about 25 MiB (cap 64 MiB,
+``MANIFEST_MAX_BYTES``); a Sigstore bundle is about 5 KiB (cap 1 MiB); a PEM
+key under 4 KiB (cap 64 KiB); a trust policy or pyproject.toml a few KiB (cap
+4 MiB).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import BinaryIO
+
+from manifest.errors import ConfigError, DataError, ManifestError, UsageError
+
+MAX_BYTES_VARIABLE = "MANIFEST_MAX_BYTES"
+DEFAULT_MAX_BYTES = 64 * 2**20
+"""The cap on manifests, packs and baselines (``MANIFEST_MAX_BYTES`` overrides it)."""
+
+
+@dataclass(frozen=True)
+class _Rule:
+    what: str
+    """How a refusal names the file: ``{path} is a FIFO, not a regular {what}``."""
+    cap: int | None
+    """Bytes; None: :func:`max_manifest_bytes`."""
+    error: type[ManifestError]
+    stdin: bool = False
+    """Whether ``-`` means standard input."""
+
+
+class InputKind(Enum):
+    """What a file is for: picks its size cap and the words of a refusal."""
+
+    MANIFEST = _Rule("manifest file", None, UsageError, stdin=True)
+    """A manifest or a pack (``show``, ``verify``, ``diff``, ``pack`` …)."""
+    BASELINE = _Rule("baseline manifest", None, UsageError)
+    SIGNATURE = _Rule("signature", 1 << 20, UsageError)
+    """``--signature FILE`` and the ``FILE.sig`` sidecar."""
+    KEY = _Rule("private key", 64 << 10, UsageError)
+    """``sign --key``."""
+    POLICY = _Rule("trust policy", 4 << 20, ConfigError)
+    """``trust.toml``, and a repository's pyproject.toml read for its trust table."""
+    TRUSTED_KEY = _Rule("public key", 64 << 10, ConfigError)
+    """A key file a trust policy names."""
+    CONFIG = _Rule("pyproject.toml", 4 << 20, ConfigError)
+    """The pyproject.toml whose ``[tool.manifest]`` gives defaults."""
+    ARTIFACT = _Rule("output file", 1 << 50, DataError)
+    """A recorded output hashed by ``attest`` (streamed: regular file only, no practical cap)."""
+
+
+def max_manifest_bytes() -> int:
+    """The size cap on manifest, pack and baseline files (``MANIFEST_MAX_BYTES``, 64 MiB)."""
+    raw = os.environ.get(MAX_BYTES_VARIABLE, "")
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise UsageError(f"{MAX_BYTES_VARIABLE} must be a positive number of bytes, "
+                         f"not {raw!r}.")
+    return value
+
+
+def cap_of(kind: InputKind) -> int:
+    """The size cap of a kind, in bytes."""
+    return kind.value.cap if kind.value.cap is not None else max_manifest_bytes()
+
+
+def _cap_words(kind: InputKind, cap: int) -> str:
+    return f"{cap}-byte limit for a {kind.value.what}" + (
+        f" ({MAX_BYTES_VARIABLE})" if kind.value.cap is None else "")
+
+
+def _file_type(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def _refuse_type(name: str, mode: int, kind: InputKind, linked: bool) -> ManifestError:
+    rule = kind.value
+    if stat.S_ISDIR(mode):
+        return rule.error(f"{name} is a directory, not a {rule.what}.")
+    via = " (through a symlink)" if linked else ""
+    return rule.error(f"{name} is {_file_type(mode)}{via}, not a regular {rule.what}; "
+                      "refusing to read it.")
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def read_user_file(path: str | Path, kind: InputKind) -> bytes:
+    """The bytes of a file the user named (or a tool-found file read for them).
+
+    Refuses, with one sentence and exit 2, anything missing, not a regular
+    file (FIFO, device, socket, directory, also behind a symlink), or over
+    the kind's cap; see the module docstring.
+    """
+    data = _read(path, kind, missing_ok=False)
+    assert data is not None
+    return data
+
+
+def read_user_file_if_exists(path: str | Path, kind: InputKind) -> bytes | None:
+    """As :func:`read_user_file`, but None when nothing is at ``path``.
+
+    A dangling symlink is not "nothing": it is refused, so a committed
+    ``run.json.sig -> /missing`` cannot pass for an unsigned manifest.
+    """
+    return _read(path, kind, missing_ok=True)
+
+
+def read_user_text(path: str | Path, kind: InputKind, *, missing_ok: bool = False) -> str | None:
+    """The UTF-8 text of such a file (configuration, policies); None if absent and allowed."""
+    data = _read(path, kind, missing_ok=missing_ok)
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise kind.value.error(f"{os.fsdecode(path)} is not UTF-8 text "
+                               f"(byte {exc.start}), not a {kind.value.what}.") from exc
+
+
+def open_user_file(path: str | Path, kind: InputKind) -> BinaryIO:
+    """A regular file opened for streaming (an output artifact being hashed): the same
+    refusals as :func:`read_user_file`; the caller reads it in chunks, up to its cap."""
+    opened = _open(path, kind, missing_ok=False)
+    assert opened is not None
+    return os.fdopen(opened[0], "rb", closefd=True)
+
+
+def _open(path: str | Path, kind: InputKind, *,
+          missing_ok: bool) -> tuple[int, os.stat_result] | None:
+    """An fd open on a regular file within the kind's cap, and its fstat; None if absent."""
+    rule = kind.value
+    cap = cap_of(kind)
+    name = os.fsdecode(path)
+    if not name:
+        raise rule.error(f"the {rule.what} name is empty.")
+    try:
+        linked = os.path.islink(name)
+        # Looked at before it is opened: a device is refused without an open() of it.
+        st = os.stat(name)
+    except FileNotFoundError as exc:
+        if linked:
+            raise rule.error(f"{name} is a symlink to nothing, not a {rule.what}.") from exc
+        if missing_ok:
+            return None
+        raise rule.error(f"{rule.what} {name} does not exist.") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise rule.error(f"cannot read the {rule.what} {name!r}: {_reason(exc)}.") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse_type(name, st.st_mode, kind, linked)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:
+        raise rule.error(f"cannot read the {rule.what} {name!r}: {_reason(exc)}.") from exc
+    try:
+        st = os.fstat(fd)  # what was opened, whatever the name points at now
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse_type(name, st.st_mode, kind, linked)
+        if st.st_size > cap:
+            raise rule.error(f"{name} is {st.st_size} bytes, over the {_cap_words(kind, cap)}; "
+                             "refusing to read it.")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read(path: str | Path, kind: InputKind, *, missing_ok: bool) -> bytes | None:
+    rule = kind.value
+    cap = cap_of(kind)
+    name = os.fsdecode(path)
+    if name == "-" and rule.stdin:
+        data = sys.stdin.buffer.read(cap + 1)
+        if len(data) > cap:
+            raise rule.error(f"the {rule.what} on stdin is larger than {cap} bytes"
+                             + (f" ({MAX_BYTES_VARIABLE})" if rule.cap is None else "")
+                             + "; refusing to read it.")
+        return data
+    opened = _open(path, kind, missing_ok=missing_ok)
+    if opened is None:
+        return None
+    try:
+        with os.fdopen(opened[0], "rb", closefd=True) as fh:
+            data = fh.read(cap + 1)
+    except OSError as exc:
+        raise rule.error(f"cannot read the {rule.what} {name}: {_reason(exc)}.") from exc
+    if len(data) > cap:  # it grew while we read, or its size lied
+        raise rule.error(f"{name} is over the {_cap_words(kind, cap)}; refusing to read it.")
+    return data
