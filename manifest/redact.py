@@ -17,7 +17,13 @@ is published. Three things go through this module, and nothing else redacts:
 * free text stored from a failed child (``outputs.error``) and anything else
   a child prints that the manifest keeps (:func:`redact_text`): the same
   shapes, plus the literal values withheld from the argv and the values of
-  secret-named variables in the environment, wherever they appear.
+  secret-named variables in the environment, wherever they appear, plus
+  secrets written as prose (``… failed with password hunter2``, ``the api key
+  is S``, ``token: S``; :data:`_PROSE_VALUE`). A value after ``is``, ``:`` or
+  ``=`` goes unless it is a word about the secret (``password is required``);
+  a value right after the word only if it has a secret's shape (a digit or
+  symbol mixed in, mixed case, 20+ characters): ``secret santa``, ``token
+  limit``, ``tokenizer: gpt2``, ``max tokens: 100`` and ``pad token: 0`` stay.
 * remote URLs (:func:`strip_url_credentials`): userinfo, query and fragment
   dropped entirely, as the URL is only an observed fact.
 
@@ -120,6 +126,61 @@ _FLAG_VALUE = re.compile(
 _COLON_VALUE = re.compile(
     r"(?i)(?<![\w-])([\w.-]*(?:token|secret|password|passwd|api[-_]?key|credentials?))"
     r"(\"?\s*[:=]\s*\"?)([^\s\"',;]+)")
+_PROSE_VALUE = re.compile(
+    r"(?i)(?<![\w.-])("
+    r"(?:aws[\s_-]+)?secret[\s_-]+access[\s_-]+key|access[\s_-]+key(?:[\s_-]+id)?"
+    r"|(?:secret|private|api|signing|encryption)[\s_-]*key|apikey"
+    r"|(?:access|auth|api|bearer|refresh|session|id)[\s_-]+token"
+    r"|password|passwd|passphrase|secret|token|credentials?"
+    r")(?![\w-])"
+    r"(\s*[:=]\s*|\s+(?:is|was|are|were|set\s+to)\s*[:=]?\s+|\s+)"
+    r"(\"[^\"\s]{1,200}\"|'[^'\s]{1,200}'|`[^`\s]{1,200}`|[^\s\"'`,;()\[\]{}<>]+)")
+"""A secret written as prose: ``… failed with password hunter2``, ``the api key is S``,
+``token: S``. With ``:``/``=``/``is`` between, the value goes unless it is a word that
+says something about the secret (:data:`_PROSE_WORDS`); right after the word, only a
+value that looks like one (:func:`_looks_secret`): ``secret santa``, ``token limit``
+stay."""
+_PROSE_WORDS = frozenset({
+    "a", "an", "the", "is", "was", "are", "not", "no", "none", "null", "nil", "true",
+    "false", "yes", "empty", "blank", "unset", "set", "missing", "required", "needed",
+    "invalid", "incorrect", "wrong", "bad", "expired", "revoked", "rejected", "denied",
+    "accepted", "valid", "correct", "ok", "too", "must", "should", "may", "can", "cannot",
+    "will", "for", "from", "to", "of", "in", "on", "at", "by", "with", "and", "or", "but",
+    "if", "then", "has", "have", "had", "been", "being", "be", "provided", "given", "found",
+    "supplied", "specified", "configured", "length", "mismatch", "error", "failed",
+    "failure", "file", "path", "env", "variable", "limit", "count", "id", "type", "format",
+    "field", "value", "here", "there", "this", "that", "it", "its", "your", "my", "our",
+    "their", "his", "her", "auth", "authentication", "check", "verification", "hidden",
+    "redacted", "unknown", "changed", "updated", "reset", "stored", "saved", "used", "see",
+    "please", "via", "using", "when", "while", "after", "before", "as", "also", "only",
+})
+_PROSE_HARMLESS_BEFORE = frozenset({
+    "max", "min", "num", "n", "total", "pad", "eos", "bos", "sep", "unk", "mask", "cls",
+    "special", "start", "end", "first", "last", "next", "per", "each", "every", "new",
+    "santa", "top", "public", "no",
+})
+"""A word before the keyword that makes it a count or vocabulary term (``max token 42``,
+``pad token: 0``, ``public key: …``)."""
+
+
+def _looks_secret(value: str) -> bool:
+    """Whether a bare value right after a secret word has a secret's shape: a digit or a
+    symbol mixed in, mixed case at 8+, or 20+ characters; not a word, path or number."""
+    if len(value) < 4 or value.lower() in _PROSE_WORDS or "/" in value:
+        return False
+    if value.isdigit():
+        return len(value) >= 6
+    has_digit = any(c.isdigit() for c in value)
+    has_symbol = any(c in "!@#$%^&*+=~?|" for c in value)
+    mixed = any(c.isupper() for c in value) and any(c.islower() for c in value)
+    return has_digit or has_symbol or (mixed and len(value) >= 8) or len(value) >= 20
+
+
+def _word_before(text: str, start: int) -> str:
+    m = re.search(r"([A-Za-z]+)[\s_-]*$", text[max(0, start - 40):start])
+    return m.group(1).lower() if m else ""
+
+
 _USER_FLAGS = frozenset({"-u", "--user", "--username", "-h", "--host", "-U", "--url", "--uri",
                          "--endpoint", "--server", "--db", "--database", "--dsn", "--registry",
                          "--remote", "--login"})
@@ -199,9 +260,37 @@ class Redactor:
         text = _AUTH_SCHEME.sub(scheme, text)
         text = _FLAG_VALUE.sub(named, text)
         text = _ASSIGNMENT.sub(named, text)
-        text = _COLON_VALUE.sub(
-            lambda m: m.group(1) + m.group(2) + self._withhold(m.group(3), m.group(1), numbered),
-            text)
+        def colon(m: re.Match[str]) -> str:
+            # ``eos_token: </s>``, ``pad token: 0``, ``secret: true`` name no secret value.
+            if (not is_secret_name(m.group(1))
+                    or _word_before(m.string, m.start()) in _PROSE_HARMLESS_BEFORE
+                    or m.group(3).lower() in ("true", "false", "none", "null")):
+                return m.group(0)
+            return m.group(1) + m.group(2) + self._withhold(m.group(3), m.group(1), numbered)
+
+        text = _COLON_VALUE.sub(colon, text)
+
+        def prose(m: re.Match[str]) -> str:
+            word, between, value = m.group(1, 2, 3)
+            bare = value.strip("\"'`")
+            if _PLACEHOLDER.search(value) or _word_before(m.string, m.start()) in (
+                    _PROSE_HARMLESS_BEFORE):
+                return m.group(0)
+            if between.strip() or value[0] in "\"'`":
+                keep = bare.lower().rstrip(".:!?") in _PROSE_WORDS or not bare.strip(".:!?")
+            else:
+                keep = not _looks_secret(bare.rstrip(".:!?"))
+            if keep:
+                return m.group(0)
+            # A sentence's full stop is not part of the secret.
+            tail = value[len(value.rstrip(".")):] if value[0] not in "\"'`" else ""
+            core = value[:len(value) - len(tail)] if tail else value
+            return word + between + quoted(core, word.lower()) + tail
+
+        if not numbered:
+            # Free text only: in an argv, each word is its own argument, and a false
+            # positive there would cost a MANIFEST_SECRET_N at every re-run.
+            text = _PROSE_VALUE.sub(prose, text)
         return _TOKEN_SHAPES.sub(lambda m: self._withhold(m.group(1), "token", numbered), text)
 
     # ------------------------------------------------------------- argv
