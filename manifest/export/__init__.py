@@ -35,4 +35,30 @@ def export_manifest(manifest: Manifest, fmt: ExportFormat) -> bytes:
         from manifest.export.spdx3 import spdx3_document
 
         doc = spdx3_document(manifest)
-    return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
+    return (safe_json(doc) + "\n").encode()
+
+
+def safe_json(doc: object) -> str:
+    """JSON with no character that acts on a terminal or reorders text, same data.
+
+    A manifest's strings are someone else's (a dataset name, a package version,
+    a hostname); a reviewer reads an export with ``cat`` or in a web view. JSON
+    escapes only C0 controls, so bidi overrides (U+202A–U+202E, U+2066–U+2069),
+    line and paragraph separators (U+2028, U+2029), DEL, C1 controls and other
+    format characters would pass raw. Each becomes ``\\uXXXX``, which JSON reads
+    back as the same character: the rule ``show --json`` applies
+    (``manifest.cli.text.json_text``), kept here because a library does not
+    import the CLI.
+    """
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    if text.replace("\n", "").isprintable():
+        return text
+    return "".join(ch if ch == "\n" or ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
