@@ -90,6 +90,33 @@ class Code(Model):
 # --------------------------------------------------------------------- data
 
 
+Strength = Literal["content-digest", "version-pin", "change-detector"]
+"""What a remote dataset's pin proves (``manifest.data.remote``): the provider's
+digest of every object's full bytes; an immutable version of every object, whose
+bytes are not known here; or only facts that change when an object is rewritten."""
+
+
+class RemotePin(Model):
+    """How a dataset in a bucket or on the Hub was pinned (``manifest.data.remote``).
+
+    Pinned from metadata, no object body read, unless ``mode`` is ``deep``.
+    """
+
+    provider: Literal["s3", "gcs", "hf"]
+    endpoint: str | None
+    """The service's base URL when it is not the provider's default, never with userinfo."""
+    revision: str | None
+    """The Hub commit the revision resolved to; None for buckets."""
+    mode: Literal["listing", "checksums", "deep"]
+    strength: Strength
+    pins: Digest
+    """Blob of the per-object pins (``manifest-remote/v1``): key, size, version, checksum."""
+    checksums: dict[str, Count]
+    """How many objects carry each kind of provider checksum (``none`` for those without)."""
+    versioned: Count
+    """How many objects are pinned to a version id, generation or commit."""
+
+
 class Dataset(Model):
     """One dataset: the Merkle root of its bytes (see ``manifest.data``)."""
 
@@ -105,6 +132,10 @@ class Dataset(Model):
     from_repo: str | None = later(
         "for a path outside the repository: where it lies relative to the repository root "
         "(e.g. ../../data/x), so verify can make it reachable from the scratch clone")
+    remote: RemotePin | None = later(
+        "for data in a bucket or on the Hub (path is its s3://, gs:// or hf:// URL): how it "
+        "was pinned and what that proves; root is then the pins' root, or with mode 'deep' "
+        "the same BLAKE3 root a local copy of the objects gives")
 
 
 # ---------------------------------------------------------------------- env

@@ -83,12 +83,32 @@ def recorded_path(path: Path, repo_root: Path | None) -> str:
     return path_text(os.fsencode(absolute))
 
 
+def _remote_spec(spec: str) -> tuple[str, str] | None:
+    """``[NAME=]s3://…``, ``gs://…`` or ``hf://…`` -> (name, URL); None for a local path."""
+    from manifest.data.remote.url import is_remote
+
+    name, sep, rest = spec.partition("=")
+    if sep and name and "/" not in name and is_remote(rest):
+        return path_text(os.fsencode(name)), rest
+    if not is_remote(spec):
+        return None
+    from manifest.data.remote.url import parse_url
+
+    url = parse_url(spec)
+    base = url.prefix.rstrip("/").rsplit("/", 1)[-1] or url.bucket.rsplit("/", 1)[-1]
+    return path_text(os.fsencode(base)), spec
+
+
 def digest_datasets(specs: list[str], *, repo_root: Path | None, store: BlobStore,
-                    no_cache: bool, quiet: bool, base: Path | None = None) -> list[Dataset]:
+                    no_cache: bool, quiet: bool, base: Path | None = None,
+                    remote_mode: str = "listing") -> list[Dataset]:
     """Digest each ``[NAME=]PATH``; store each listing blob; return the data section.
 
     Relative paths are taken from ``base`` (default: the working directory);
     pass the pyproject.toml folder for paths from ``[tool.manifest] data``.
+    ``s3://``, ``gs://`` and ``hf://`` URLs are pinned by
+    :mod:`manifest.data.remote` in ``remote_mode`` (``listing``, ``checksums``
+    or ``deep``).
     """
     from manifest.models import Dataset
 
@@ -97,6 +117,17 @@ def digest_datasets(specs: list[str], *, repo_root: Path | None, store: BlobStor
     datasets: list[Dataset] = []
     names: set[str] = set()
     for spec in specs:
+        remote = _remote_spec(spec)
+        if remote is not None:
+            if remote[0] in names:
+                raise DataError(f"two datasets are named {remote[0]!r}.",
+                                hint="Name them apart with NAME=URL.")
+            names.add(remote[0])
+            from manifest.data.remote import pin_dataset
+
+            datasets.append(pin_dataset(remote[0], remote[1], store=store, mode=remote_mode,
+                                        quiet=quiet))
+            continue
         name, path = parse_data_spec(spec)
         if name in names:
             raise DataError(f"two datasets are named {name!r}.",

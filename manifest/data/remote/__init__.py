@@ -1,0 +1,171 @@
+"""Data in buckets and on the Hub, pinned from metadata and re-checked before a re-run.
+
+Pinning (:func:`pin_dataset`) lists the objects under a prefix and writes
+one line per object (key, size, version, provider checksum and its kind,
+ETag) to a ``manifest-remote/v1`` blob as the listing streams in; the
+dataset's ``root`` is the keyed BLAKE3 of those lines (``pins``), so any
+change to any object changes the ``run_id``. No object body is read unless
+``mode`` is ``deep``, which streams every object and records the same BLAKE3
+tree root a local copy gives (``deep``). Each pin carries its strength
+(``pins``): content digest, version pin, or change detector only.
+
+:func:`recheck` re-lists a recorded dataset and names each object that was
+added, removed or changed, and whether a pinned version is still readable or
+gone, before a re-run spends any compute.
+
+Providers, each an optional extra imported only here, lazily: ``s3``
+(boto3), ``gcs`` (google-cloud-storage), ``hf`` (huggingface_hub). Modules:
+``url`` (what a URL names, which endpoint) ← ``pins`` (the format, the
+root, the strength) ← ``source`` (the provider interface) ← ``s3``/``gcs``/
+``hf`` ← ``deep`` (bodies) ← this module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from manifest.data.listing import path_bytes
+from manifest.data.remote.pins import ObjectPin, PinSink, describe_change, parse_pins
+from manifest.data.remote.url import endpoint_for, is_remote, parse_url, strip_userinfo
+from manifest.errors import DataError
+
+if TYPE_CHECKING:
+    from manifest.data.remote.source import Source
+    from manifest.models import Dataset
+    from manifest.store import BlobStore
+
+__all__ = ["is_remote", "pin_dataset", "recheck"]
+
+MODES = ("listing", "checksums", "deep")
+
+
+def pin_dataset(name: str, url_text: str, *, store: BlobStore, mode: str = "listing",
+                quiet: bool = True) -> Dataset:
+    """Pin the remote dataset at ``url_text``; its pins go to a blob in ``store``.
+
+    Raises :class:`DataError` (one sentence, exit 2) when the data cannot be
+    listed or read, or the prefix holds no object.
+    """
+    import sys
+
+    from manifest.data.remote.source import Progress, open_source
+    from manifest.models import Dataset, RemotePin
+
+    if mode not in MODES:
+        raise DataError(f"unknown remote pinning mode {mode!r}.")
+    url = parse_url(url_text)
+    label = url.text()
+    endpoint = endpoint_for(url.provider)
+    source = open_source(url, endpoint)
+    progress = Progress(f"listing {label}", enabled=not quiet and sys.stderr.isatty())
+    writer = store.writer()
+    sink = PinSink(writer, label)
+    kept: list[ObjectPin] | None = [] if mode == "deep" else None
+
+    def add(pin: ObjectPin) -> None:
+        sink.add(pin)
+        if kept is not None:
+            kept.append(pin)
+        progress(1, pin.size)
+
+    try:
+        revision = source.list_pins(add, checksums=mode == "checksums")
+        if not sink.objects:
+            raise DataError(f"no objects under {label}.",
+                            hint="Check the bucket, the prefix (a folder: keys below "
+                                 "PREFIX/) and the revision.")
+        pins_blob = writer.commit()
+    except BaseException:
+        writer.discard()
+        raise
+    finally:
+        progress.close()
+    root, listing, strength = sink.root_text(), pins_blob, sink.strength()
+    if kept is not None:
+        from manifest.data.remote.deep import deep_listing, deep_root
+
+        deep_progress = Progress(f"reading {label}", enabled=not quiet, total=len(kept))
+        try:
+            tree = deep_listing(source, kept, label=label, progress=deep_progress)
+        finally:
+            deep_progress.close()
+        root, listing, strength = deep_root(tree), store.put(tree), "content-digest"
+    remote = RemotePin(
+        provider=url.provider,  # type: ignore[arg-type]
+        endpoint=strip_userinfo(endpoint) if endpoint else None, revision=revision,
+        mode=mode,  # type: ignore[arg-type]
+        strength=strength,  # type: ignore[arg-type]
+        pins=pins_blob, checksums=dict(sorted(sink.kinds.items())), versioned=sink.versioned)
+    return Dataset(name=name, path=label, root=root, files=sink.objects,
+                   bytes=sink.total_bytes, listing=listing, remote=remote)
+
+
+def recheck(dataset: Dataset, store: BlobStore) -> list[str]:
+    """Re-list a recorded remote dataset: one line per object that changed (empty: same).
+
+    Each line names the object and what happened: ``changed: KEY (version a → b;
+    the pinned version is still readable)``, ``removed: KEY (pinned version
+    gone)``, ``added: KEY``. Problems that stop the check (no access, no
+    library, a different endpoint) are one line too; nothing is raised for them.
+    """
+    pin = dataset.remote
+    if pin is None:
+        return []
+    recorded_blob = store.get(pin.pins)
+    if recorded_blob is None:
+        return [f"the pins of {dataset.path} are not in the store ({pin.pins[:19]}…): "
+                "cannot name what changed."]
+    try:
+        recorded = parse_pins(recorded_blob)
+        return _compare(dataset, recorded, store)
+    except DataError as exc:
+        return [exc.diagnostics()]
+
+
+def _compare(dataset: Dataset, recorded: dict[str, ObjectPin], store: BlobStore) -> list[str]:
+    from manifest.data.remote.source import open_source
+
+    pin = dataset.remote
+    assert pin is not None
+    url = parse_url(dataset.path)
+    endpoint = endpoint_for(url.provider)
+    today_endpoint = strip_userinfo(endpoint) if endpoint else None
+    if today_endpoint != pin.endpoint:
+        # Never follow a manifest's endpoint: it would receive this user's credentials.
+        return [f"{dataset.path} was pinned at endpoint {pin.endpoint or 'the default'}, "
+                f"today's is {today_endpoint or 'the default'}: set the provider's endpoint "
+                "variable to recheck it there."]
+    source = open_source(url, endpoint, revision=pin.revision)
+    changes: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def add(today: ObjectPin) -> None:
+        seen.add(today.key)
+        before = recorded.get(today.key)
+        if before is None:
+            changes.append((today.key, f"added: {today.key} ({today.size} bytes)"))
+        elif _differs(before, today):
+            changes.append((today.key, f"changed: {today.key} ({describe_change(before, today)}"
+                                       f"{_still_there(source, before)})"))
+
+    source.list_pins(add, checksums=pin.mode == "checksums")
+    for key in recorded.keys() - seen:
+        changes.append((key, f"removed: {key}{_still_there(source, recorded[key], True)}"))
+    return [line for _, line in sorted(changes, key=lambda item: path_bytes(item[0]))]
+
+
+def _differs(before: ObjectPin, today: ObjectPin) -> bool:
+    if before.version and today.version:
+        return before.version != today.version or before.size != today.size
+    return before != today
+
+
+def _still_there(source: Source, before: ObjectPin, removed: bool = False) -> str:
+    if not before.version:
+        return ""
+    readable = source.version_readable(before)
+    prefix = " (" if removed else "; "
+    suffix = ")" if removed else ""
+    if readable:
+        return f"{prefix}the pinned version is still readable{suffix}"
+    return f"{prefix}the pinned version is gone{suffix}"

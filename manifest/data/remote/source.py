@@ -1,0 +1,90 @@
+"""What every provider offers the pinning, the deep read and the re-check.
+
+One class per provider (``s3``, ``gcs``, ``hf``), each importing its client
+library only when constructed, so ``manifest --help`` and ``diff`` never
+load boto3, google-cloud-storage or huggingface_hub.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from manifest.data.remote.pins import ObjectPin
+from manifest.data.remote.url import RemoteURL
+from manifest.errors import DataError
+
+CHUNK = 1 << 20
+"""Bytes per read of an object body under ``--deep``: memory is workers × CHUNK."""
+
+
+class Source(Protocol):
+    url: RemoteURL
+    endpoint: str | None
+
+    def list_pins(self, add: Callable[[ObjectPin], None], *, checksums: bool) -> str | None:
+        """Call ``add`` with every object's pin in key order; return the resolved revision."""
+
+    def read(self, pin: ObjectPin) -> Iterator[bytes]:
+        """The bytes of exactly the pinned object (its version, or its ETag), in chunks."""
+
+    def version_readable(self, pin: ObjectPin) -> bool:
+        """Whether the pinned version of an object can still be read (no body is read)."""
+
+
+def open_source(url: RemoteURL, endpoint: str | None, revision: str | None = None) -> Source:
+    """The provider's source; :class:`DataError` naming the extra if its library is missing."""
+    extra = {"s3": "s3", "gcs": "gcs", "hf": "hf"}[url.provider]
+    try:
+        if url.provider == "s3":
+            from manifest.data.remote.s3 import S3Source
+
+            return S3Source(url, endpoint)
+        if url.provider == "gcs":
+            from manifest.data.remote.gcs import GCSSource
+
+            return GCSSource(url, endpoint)
+        from manifest.data.remote.hf import HubSource
+
+        return HubSource(url, endpoint, revision)
+    except ImportError as exc:
+        raise DataError(f"pinning {url.text()} needs the '{extra}' extra ({exc.name} is not "
+                        "installed).",
+                        hint=f"pip install 'torch-manifest[{extra}]'") from None
+
+
+class Progress:
+    """Objects and bytes on stderr, at most once a second, after the first second."""
+
+    def __init__(self, label: str, enabled: bool, total: int | None = None) -> None:
+        self.label = label
+        self.enabled = enabled
+        self.total = total
+        self.objects = 0
+        self.bytes = 0
+        self.started = time.monotonic()
+        self._next = self.started + 1.0
+        self._shown = False
+
+    def __call__(self, objects: int, nbytes: int) -> None:
+        self.objects += objects
+        self.bytes += nbytes
+        now = time.monotonic()
+        if self.enabled and now >= self._next:
+            self._next = now + 1.0
+            self._show(now)
+
+    def _show(self, now: float) -> None:
+        of = f"/{self.total:,}" if self.total is not None else ""
+        rate = self.bytes / max(now - self.started, 1e-9) / 1e6
+        end = "\r" if sys.stderr.isatty() else "\n"
+        sys.stderr.write(f"manifest: {self.label}: {self.objects:,}{of} objects, "
+                         f"{self.bytes / 1e9:.2f} GB, {rate:.0f} MB/s{end}")
+        sys.stderr.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown and sys.stderr.isatty():
+            sys.stderr.write("\n")

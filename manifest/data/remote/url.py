@@ -1,0 +1,132 @@
+"""What a remote ``--data`` URL names, and the endpoint it is read from.
+
+``s3://BUCKET/PREFIX``, ``gs://BUCKET/PREFIX`` and
+``hf://datasets/ORG/NAME@REVISION[/PATH]`` (``REVISION`` defaults to ``main``
+and is resolved to a commit at capture). A non-empty bucket prefix is a
+folder: ``s3://b/data`` pins the keys under ``data/``, never ``data-old/x``.
+
+The endpoint is never taken from a manifest. It comes from the same variables
+the provider's own tools read (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``,
+``STORAGE_EMULATOR_HOST``, ``HF_ENDPOINT``), so a crafted manifest cannot send
+this user's credentials (a GCS or Hub bearer token travels in full) to a host
+it chose. It is recorded without userinfo, query or fragment; verify compares
+today's with the recorded one and names a difference instead of following it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import NamedTuple
+
+from manifest.errors import DataError
+
+SCHEMES = ("s3://", "gs://", "hf://")
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HF_REV = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+
+
+class RemoteURL(NamedTuple):
+    provider: str
+    """``s3``, ``gcs`` or ``hf``."""
+    bucket: str
+    """The bucket, or the Hub repository id ``ORG/NAME``."""
+    prefix: str
+    """Keys below this (``""`` or ending in ``/``); a path inside the Hub repository."""
+    revision: str | None
+    """The Hub revision as written (branch, tag or commit)."""
+
+    def text(self) -> str:
+        """The canonical URL, as recorded in ``Dataset.path``."""
+        if self.provider == "hf":
+            tail = f"/{self.prefix.rstrip('/')}" if self.prefix else ""
+            return f"hf://datasets/{self.bucket}@{self.revision}{tail}"
+        scheme = "s3" if self.provider == "s3" else "gs"
+        return f"{scheme}://{self.bucket}/{self.prefix}"
+
+
+def is_remote(spec: str) -> bool:
+    """Whether a ``--data`` value (after any ``NAME=``) names remote data."""
+    return spec.startswith(SCHEMES)
+
+
+def parse_url(text: str) -> RemoteURL:
+    """Parse a remote data URL; :class:`DataError` with one sentence if malformed."""
+    if "\0" in text or any(ord(ch) < 0x20 for ch in text):
+        raise DataError(f"remote dataset {text!r} contains a control character.")
+    if text.startswith("hf://"):
+        return _parse_hf(text)
+    scheme, rest = text.split("://", 1)
+    bucket, _, prefix = rest.partition("/")
+    if not _BUCKET.match(bucket):
+        raise DataError(f"{text} does not name a valid bucket.",
+                        hint=f"Write {scheme}://BUCKET/PREFIX.")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    if any(part in ("", ".", "..") for part in prefix.split("/")[:-1]):
+        raise DataError(f"the prefix of {text} has an empty, '.' or '..' component.")
+    return RemoteURL("s3" if scheme == "s3" else "gcs", bucket, prefix, None)
+
+
+def _parse_hf(text: str) -> RemoteURL:
+    rest = text.removeprefix("hf://")
+    if not rest.startswith("datasets/"):
+        raise DataError(f"{text} is not a Hub dataset URL.",
+                        hint="Write hf://datasets/ORG/NAME@REVISION.")
+    rest = rest.removeprefix("datasets/")
+    org, _, tail = rest.partition("/")
+    name, _, path = tail.partition("/")
+    revision = "main"
+    if "@" in name:
+        name, _, revision = name.partition("@")
+    elif "@" in path:
+        raise DataError(f"{text}: write the revision after the dataset name (NAME@REV).")
+    repo = f"{org}/{name}"
+    if not _HF_ID.match(repo) or ".." in repo:
+        raise DataError(f"{text} does not name a Hub dataset ORG/NAME.")
+    if not _HF_REV.match(revision) or ".." in revision:
+        raise DataError(f"{text} has an invalid revision {revision!r}.")
+    path = path.strip("/")
+    if path and any(part in ("", ".", "..") for part in path.split("/")):
+        raise DataError(f"the path of {text} has an empty, '.' or '..' component.")
+    return RemoteURL("hf", repo, path + "/" if path else "", revision)
+
+
+def strip_userinfo(url: str) -> str:
+    """``scheme://host[:port]/path`` of ``url``: no user, password, query or fragment.
+
+    Through the project's one redactor (``manifest.redact``).
+    """
+    from manifest.redact import strip_url_credentials
+
+    return strip_url_credentials(url).rstrip("/")
+
+
+def scrub(message: str) -> str:
+    """A provider's error text fit for the user: secrets and URL userinfo withheld."""
+    import re
+
+    from manifest.redact import redact_text
+
+    message = re.sub(r"(?<=://)[^/@\s]+@", "", message)  # a custom endpoint's userinfo
+    return redact_text(message)
+
+
+_ENDPOINT_VARS = {
+    "s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "gcs": ("STORAGE_EMULATOR_HOST",),
+    "hf": ("HF_ENDPOINT",),
+}
+
+
+def endpoint_for(provider: str) -> str | None:
+    """Today's endpoint for ``provider`` from its standard variables (None: the default)."""
+    for var in _ENDPOINT_VARS[provider]:
+        value = os.environ.get(var)
+        if value:
+            if "://" not in value:
+                value = "http://" + value  # STORAGE_EMULATOR_HOST may be host:port
+            return value
+    return None
