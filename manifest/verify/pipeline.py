@@ -78,6 +78,14 @@ def check_data(recorded: Manifest, root: Path, store: BlobStore, *, no_cache: bo
 
     changes: list[DataChange] = []
     for ds in recorded.data:
+        if ds.remote is not None:  # a bucket or the Hub: re-listed, no body read
+            from manifest.data.remote import recheck
+
+            objects = recheck(ds, store)
+            if objects:
+                changes.append(DataChange(ds.name, ds.path, f"remote dataset {ds.name} "
+                                          f"({ds.path}) no longer matches its pins", objects))
+            continue
         path = Path(ds.path)
         full = path if path.is_absolute() else root / path
         try:
