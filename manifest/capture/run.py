@@ -277,8 +277,13 @@ def capture_from_cli(
     nvml: Any | None = None,
     fingerprint_ops: int | None = None,
     trail: bool = True,
+    remote_mode: str = "listing",
 ) -> tuple[Manifest, int]:
-    """What ``manifest capture`` does; returns the manifest and the exit status."""
+    """What ``manifest capture`` does; returns the manifest and the exit status.
+
+    ``remote_mode`` is how s3://, gs:// and hf:// datasets are pinned
+    (``manifest.data.remote``): ``listing``, ``checksums`` or ``deep``.
+    """
     table, origin = load_config(cwd)
     if not command:
         configured = table.get("command")
@@ -302,7 +307,8 @@ def capture_from_cli(
         from manifest.data.datasets import digest_datasets
 
         found = digest_datasets(data, repo_root=snap.code.root, store=snap.store,
-                                no_cache=no_cache, quiet=quiet, base=data_base)
+                                no_cache=no_cache, quiet=quiet, base=data_base,
+                                remote_mode=remote_mode)
         # Sorted by name: the order of --data flags must not change the run's identity.
         datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
         root = snap.code.root

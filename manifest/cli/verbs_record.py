@@ -71,6 +71,13 @@ def register_capture(sub: argparse._SubParsersAction[Parser]) -> None:
     cap.add_argument("--pack", metavar="FILE",
                      help="also write a pack (manifest + its blobs) here, see 'manifest pack'")
     cap.add_argument("--no-cache", action="store_true", help="re-read every data file")
+    remote = cap.add_mutually_exclusive_group()
+    remote.add_argument("--checksums", action="store_true",
+                        help="s3:// data: also ask each object's full-object checksum (one HEAD "
+                        "per object, no body read)")
+    remote.add_argument("--deep", action="store_true",
+                        help="s3://, gs://, hf:// data: read every object and record the BLAKE3 "
+                        "root a local copy of it gives")
     add_verbosity_options(cap)
     cap.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
     cap.set_defaults(func=_cmd_capture)
@@ -111,6 +118,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         manifest_file=Path(args.output) if args.output and args.output != "-" else None,
         fingerprint_ops=args.fingerprint_ops,
         trail=not args.no_trail,
+        remote_mode="deep" if args.deep else "checksums" if args.checksums else "listing",
     )
     write_output(dumps(manifest), args.output)
     if args.pack:
