@@ -34,6 +34,14 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
         add("", f"lockfile {name}", digest)
     for ds in manifest.data:
         found = " discovered" if ds.source == "discovered" else ""
+        if ds.remote is not None:
+            pin = ds.remote
+            kinds = ", ".join(f"{n} {kind}" for kind, n in pin.checksums.items())
+            add("data", ds.name, f"{ds.path} {ds.root} ({ds.files} objects, {ds.bytes} bytes)")
+            add("", f"{ds.name} pinned by", f"{pin.strength.replace('-', ' ')} ({pin.mode}; "
+                f"{kinds}; {pin.versioned} versioned"
+                f"{'; commit ' + pin.revision if pin.revision else ''})")
+            continue
         add("data", ds.name, f"{ds.root} ({ds.files} files, {ds.bytes} bytes{found})")
     env = manifest.env
     add("env", "python", f"{env.implementation} {env.python}")
