@@ -2,9 +2,10 @@
 
 What S3 offers without reading an object (AWS S3 API reference, checked):
 
-* ``ListObjectVersions`` gives, per object, key, size, ETag and version id
-  (``"null"`` in a bucket that never had versioning), 1000 to a page, keys in
-  UTF-8 binary order. One call per 1000 objects: pinning costs what a bare
+* ``ListObjectVersions`` gives, per object, key, size, ETag and version id,
+  1000 to a page, keys in UTF-8 binary order; a bucket that never had
+  versioning (``GetBucketVersioning``) is listed with ``ListObjectsV2``, the
+  same facts without version ids. One call per 1000 objects: pinning costs what a bare
   paginated listing costs (``benchmarks/remote_pinning.py``).
 * A version id names bytes that never change: a *version pin*. It is gone once
   the version is deleted or expired by a lifecycle rule.
@@ -62,12 +63,27 @@ class S3Source:
     def _fail(self, exc: BaseException, what: str) -> DataError:
         return s3_error(exc, self.url, what)
 
+    def _versioned(self) -> bool:
+        """Whether the bucket keeps versions (asked once; unknown counts as yes)."""
+        try:
+            status = self.client.get_bucket_versioning(Bucket=self.url.bucket).get("Status")
+        except Exception as exc:
+            if _code(exc) in _DENIED:
+                return True  # no s3:GetBucketVersioning: list versions anyway
+            raise
+        return status in ("Enabled", "Suspended")
+
     def list_pins(self, add: Callable[[ObjectPin], None], *, checksums: bool) -> str | None:
-        paginator = self.client.get_paginator("list_object_versions")
         prefix = self.url.prefix
         try:
+            # A bucket that never kept versions is listed with ListObjectsV2 (the same
+            # facts, version ids all "null"); a suspended one may still hold versions.
+            versioned = self._versioned()
+            operation = "list_object_versions" if versioned else "list_objects_v2"
+            paginator = self.client.get_paginator(operation)
             for page in paginator.paginate(Bucket=self.url.bucket, Prefix=prefix):
-                current = [v for v in page.get("Versions", ()) if v.get("IsLatest")]
+                current = ([v for v in page.get("Versions", ()) if v.get("IsLatest")]
+                           if versioned else page.get("Contents", []))
                 if checksums:
                     with concurrent.futures.ThreadPoolExecutor(HEAD_WORKERS) as pool:
                         pins = list(pool.map(self._head_pin, current))
