@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from manifest.verify.sandbox import unavailable_reason
+    from manifest.rerun.sandbox import unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:
@@ -76,7 +76,7 @@ def main() -> None:
         print(f"verify --no-sandbox            {b:8.3f} s  median of {args.runs} "
               f"(min {min(open_):.3f}, max {max(open_):.3f})")
         print(f"ratio confined / unconfined    {a / b:8.3f}x  (+{a - b:.3f} s)")
-        from manifest.verify.sandbox import SandboxSpec, wrap
+        from manifest.rerun.sandbox import SandboxSpec, wrap
 
         spec = SandboxSpec(scratch=repo, mount_at=repo)
         bare = [py, "-c", "pass"]

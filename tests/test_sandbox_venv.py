@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import manifest
-from manifest.verify.sandbox import SandboxSpec, interpreter_binds, wrap
+from manifest.rerun.sandbox import SandboxSpec, interpreter_binds, wrap
 
 
 def _ro_binds(args: list[str]) -> list[tuple[str, str]]:

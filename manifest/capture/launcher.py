@@ -117,9 +117,7 @@ def run_under_launcher(
         full = wrap(argv, Path(tmp)) if wrap is not None else argv
         started_ns = time.time_ns()
         try:
-            proc = subprocess.run(full, cwd=cwd, env=env, stdout=sys.stderr.fileno(),
-                                  stdin=subprocess.DEVNULL, check=False)
-            code = proc.returncode
+            code = _run_to_end(full, cwd, env)
         except FileNotFoundError as exc:
             raise UsageError(f"command not found: {argv[0]}.") from exc
         except PermissionError as exc:
@@ -142,6 +140,25 @@ def run_under_launcher(
         modules.update(r.get("modules") or ())
     return LaunchResult(code, select_ranks(records), env, streams, opened, frozenset(modules),
                         started_ns)
+
+
+def _run_to_end(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Run ``argv`` to its end; if we are interrupted (Ctrl-C, SIGTERM turned into an
+    exception), stop it first with SIGTERM, so a keeper between us and the command
+    (the re-run's guard, bubblewrap) can take down everything the command started,
+    then with SIGKILL if it has not stopped within 10 s."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=sys.stderr.fileno(),
+                            stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
 
 
 def select_ranks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -352,7 +352,7 @@ def capture_from_cli(
                                   not_digested=left)
     assert manifest.outputs is not None
     # Verify runs a command without --trust only if this tool sealed it here.
-    from manifest.verify.trust import record_sealed
+    from manifest.rerun.trust import record_sealed
 
     record_sealed(manifest.digest)
     return manifest, 0 if manifest.outputs.status == "ok" else 3

@@ -57,8 +57,8 @@ def write_pack(manifest_bytes: bytes, output: str, cwd: Path,
                signature: bytes | None = None) -> None:
     """A pack of the manifest and the blobs it references, from the run's store."""
     from manifest.canonical import load_manifest
+    from manifest.rerun.workspace import repo_root_of, store_for
     from manifest.travel.pack import pack_from_store
-    from manifest.verify.tree import repo_root_of, store_for
 
     store = store_for(load_manifest(manifest_bytes), repo_root_of(cwd) or cwd)
     write_output(pack_from_store(manifest_bytes, store, signature), output)

@@ -97,3 +97,29 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, not {value}")
     return value
+
+
+def add_rerun_options(parser: argparse.ArgumentParser, *, received: bool = True) -> None:
+    """The flags every verb that re-runs a command shares (``manifest.rerun``).
+
+    ``received``: the verb runs a manifest's recorded command (verify, explain),
+    so it also takes the trust flags and ``--in-place``; the lab runs the
+    command the user typed.
+    """
+    if received:
+        parser.add_argument(
+            "--signature", metavar="FILE",
+            help="signature to check (default: FILE.sig, or the pack's own); a valid "
+            "signature by a signer your trust policy lists stands in for --trust")
+        parser.add_argument(
+            "--trust", action="store_true",
+            help="run the command although this machine did not seal the manifest and no "
+            "trusted identity signed it (after reading the plan, which is printed first)")
+        parser.add_argument("--in-place", action="store_true",
+                            help="run in the current tree instead of a scratch clone")
+    parser.add_argument("--network", action="store_true",
+                        help="let the confined re-run reach the network")
+    parser.add_argument("--require-sandbox", action="store_true",
+                        help="refuse (exit 3) when the re-run cannot be confined by bubblewrap")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="re-run without confinement (the report says 'not confined')")

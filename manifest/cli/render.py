@@ -11,6 +11,7 @@ from manifest.models import Manifest, Outputs
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from manifest.rerun.plan import RerunPlan
     from manifest.verify.report import VerifyReport
 
 
@@ -118,6 +119,15 @@ def render_command(argv: list[str], file: TextIO | None = None) -> None:
     """Show the command verify is about to run (stderr)."""
     stream = file or sys.stderr
     stream.write(f"manifest: re-running: {shell_join(argv)}\n")
+    stream.flush()
+
+
+def render_plan(plan: RerunPlan, file: TextIO | None = None) -> None:
+    """What a verb will run (or would, before a refusal), every string escaped (stderr)."""
+    stream = file or sys.stderr
+    head = (f"will run ({plan.trust.reason})" if plan.trust.allowed else "would run")
+    lines = [f"manifest: {plan.verb} {head}:"] + [f"manifest:   {line}" for line in plan.lines()]
+    stream.write("\n".join(lines) + "\n")
     stream.flush()
 
 

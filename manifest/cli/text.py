@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 def printable(text: object) -> str:
     """``text`` with control, format and line-separator characters shown as escapes.
 
-    The escaping itself is ``manifest.verify.trust.escape_text`` (one rule
+    The escaping itself is ``manifest.rerun.trust.escape_text`` (one rule
     for the plan verify shows and every report); ``str.isprintable`` (C speed)
     skips the common case of nothing to escape, and leaves a string with no
     such character exactly as recorded (backslashes too). Where the exact
@@ -42,7 +42,7 @@ def printable(text: object) -> str:
     s = text if isinstance(text, str) else str(text)
     if s.isprintable():  # also: printable(shell_join(argv)) is shell_join(argv)
         return s
-    from manifest.verify.trust import escape_text
+    from manifest.rerun.trust import escape_text
 
     return escape_text(s)
 

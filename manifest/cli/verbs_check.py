@@ -3,7 +3,7 @@
 Each returns a report whose verdict becomes the exit status (0 the same or
 pass, 1 a difference that can change the bits or a failed check, 3 no
 verdict); the report goes to stdout in the ``--format`` asked for and
-progress to stderr. ``_show_plan`` prints what verify will run, every string
+progress to stderr. ``show_plan`` prints what verify will run, every string
 escaped, before it runs or refuses. ``manifest diff`` stays light: it imports
 no torch, numpy, git or NVML (a test checks), and turns the cyclic garbage
 collector off for its one short pass (about 20% of its time).
@@ -17,12 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from manifest.cli.files import read_manifest_file, signature_check, unpacked, write_output
-from manifest.cli.options import Parser, ReportFormat, add_format_option, positive_int
+from manifest.cli.options import (
+    Parser,
+    ReportFormat,
+    add_format_option,
+    add_rerun_options,
+    positive_int,
+)
 from manifest.errors import UsageError
 
 if TYPE_CHECKING:
     from manifest.explain.pipeline import ExplainReport
-    from manifest.verify.trust import RunPlan, TrustDecision
+    from manifest.rerun.plan import RerunOptions, RerunPlan
 
 
 def register_diff(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -80,23 +86,10 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
         "command in a scratch clone under the recorded seeds and flags; compare the outputs "
         "tensor by tensor. Exit 0 identical, 1 differs, 2 bad input, 3 no verdict.")
     p.add_argument("file", help="manifest file or pack ('-' for stdin)")
-    p.add_argument("--signature", metavar="FILE",
-                   help="signature to check (default: FILE.sig, or the pack's own); a valid "
-                   "signature by a signer your trust policy lists stands in for --trust")
     p.add_argument("--strict", action="store_true",
                    help="refuse to re-run when the environment or data drifted in a way "
                    "that can change bits")
-    p.add_argument("--trust", action="store_true",
-                   help="run the command although this machine did not seal the manifest "
-                   "and no trusted identity signed it (after reading what it will run)")
-    p.add_argument("--network", action="store_true",
-                   help="let the confined re-run reach the network")
-    p.add_argument("--require-sandbox", action="store_true",
-                   help="refuse (exit 3) when the re-run cannot be confined by bubblewrap")
-    p.add_argument("--no-sandbox", action="store_true",
-                   help="re-run without confinement (the report says 'not confined')")
-    p.add_argument("--in-place", action="store_true",
-                   help="run in the current tree instead of a scratch clone (no git needed)")
+    add_rerun_options(p)
     p.add_argument("--no-rerun", action="store_true",
                    help="check integrity, drift and data only")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -116,21 +109,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from manifest.verify.report import VerifyOptions
 
     data = read_manifest_file(args.file)
-    check = signature_check(args.file, data, args.signature, accept_untrusted=args.trust)
-    if check is not None and not args.quiet:
-        note = "" if check.trusted else " (not in your trust policy; running under --trust)"
-        from manifest.verify.trust import escape_text
-
-        sys.stderr.write(f"manifest: signed by {escape_text(check.signer)}{note}\n")
+    signer = trusted_signer(args, data)
     options = VerifyOptions(strict=args.strict, trust=args.trust, in_place=args.in_place,
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
                             no_cache=args.no_cache, quiet=args.quiet, network=args.network,
                             sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
-                            signer=check.signer if check is not None and check.trusted else None)
-    if args.no_sandbox and args.require_sandbox:
-        raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
+                            signer=signer)
     report = verify_run(data, file=args.file, cwd=Path.cwd(),
-                        options=options, announce=render_command, show_plan=_show_plan)
+                        options=options, announce=render_command, show_plan=show_plan)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
         sys.stderr.write(f"manifest: re-run: {report.confinement}; ran because: {report.trust}.\n")
         for note in report.notes:
@@ -168,24 +154,46 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def trusted_signer(args: argparse.Namespace, data: bytes) -> str | None:
+    """The identity of a signature over the manifest that the user's policy trusts, if any;
+    refuses contradictory sandbox flags. Shared by every verb that re-runs a manifest."""
+    if args.no_sandbox and args.require_sandbox:
+        raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
+    check = signature_check(args.file, data, args.signature, accept_untrusted=args.trust)
+    if check is not None and not getattr(args, "quiet", False):
+        from manifest.rerun.trust import escape_text
+
+        note = "" if check.trusted else " (not in your trust policy; running under --trust)"
+        sys.stderr.write(f"manifest: signed by {escape_text(check.signer)}{note}\n")
+    return check.signer if check is not None and check.trusted else None
+
+
 def _explain_after_verify(args: argparse.Namespace, step: int | None) -> ExplainReport:
     from manifest.explain.pipeline import ExplainOptions, explain_run
 
+    data = read_manifest_file(args.file)
     # Past step 1000 the recorded trail is sampled: let explain locate the exact step.
-    options = ExplainOptions(trust=args.trust, in_place=args.in_place, threads=args.threads,
-                             keep=args.keep, step=step if step is not None and step <= 1000
-                             else None)
-    return explain_run(read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
-                       options=options)
+    options = ExplainOptions(rerun=rerun_options(args, trusted_signer(args, data)),
+                             threads=args.threads, keep=args.keep,
+                             step=step if step is not None and step <= 1000 else None)
+    return explain_run(data, file=args.file, cwd=Path.cwd(), options=options,
+                       show_plan=show_plan)
 
 
-def _show_plan(plan: RunPlan, decision: TrustDecision) -> None:
-    """What verify would run, every string escaped, before it runs or refuses (stderr)."""
-    head = ("will run" if decision.allowed else "would run") + f" ({decision.reason})" * (
-        decision.allowed)
-    lines = [f"manifest: {head}:"] + [f"manifest:   {line}" for line in plan.lines()]
-    sys.stderr.write("\n".join(lines) + "\n")
-    sys.stderr.flush()
+def rerun_options(args: argparse.Namespace, signer: str | None) -> RerunOptions:
+    """The re-run engine's options from the shared flags (``add_rerun_options``)."""
+    from manifest.rerun.plan import RerunOptions
+
+    return RerunOptions(trust=getattr(args, "trust", False), signer=signer,
+                        sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
+                        network=args.network, in_place=getattr(args, "in_place", False))
+
+
+def show_plan(plan: RerunPlan) -> None:
+    """What a verb would run, every string escaped, before it runs or refuses (stderr)."""
+    from manifest.cli.render import render_plan
+
+    render_plan(plan)
 
 
 def register_gate(sub: argparse._SubParsersAction[Parser]) -> None:

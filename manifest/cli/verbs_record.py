@@ -176,7 +176,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     else:
         render_show(manifest)
     if check is not None:
-        from manifest.verify.trust import escape_text
+        from manifest.rerun.trust import escape_text
 
         trusted = "trusted by your policy" if check.trusted else "not in your trust policy"
         line = f"signed by {escape_text(check.signer)} ({check.method}; {trusted})\n"

@@ -23,11 +23,12 @@ from manifest.cli.options import (
     Parser,
     ReportFormat,
     add_format_option,
+    add_rerun_options,
     add_verbosity_options,
     positive_int,
     seed_value,
 )
-from manifest.errors import OutputError
+from manifest.errors import OutputError, UsageError
 
 
 def register_explain(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -39,15 +40,12 @@ def register_explain(sub: argparse._SubParsersAction[Parser]) -> None:
         "differ, or the value that entered from outside torch.",
         epilog="Exit status: 0 the runs do not part, 1 they part (explained), 2 bad input, "
         "3 no verdict.")
-    p.add_argument("file", help="manifest file ('-' for stdin)")
+    p.add_argument("file", help="manifest file or pack ('-' for stdin)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="run B with this thread count (A keeps the recorded one)")
     p.add_argument("--step", type=positive_int, default=None,
                    help="explain this optimizer step (skip locating the first divergent one)")
-    p.add_argument("--trust", action="store_true",
-                   help="run the command even if the commit or patch is not known locally")
-    p.add_argument("--in-place", action="store_true",
-                   help="run in the current tree instead of a scratch clone")
+    add_rerun_options(p)
     p.add_argument("--keep", action="store_true", help="keep the scratch tree and op streams")
     add_format_option(p)
     p.set_defaults(func=_cmd_explain)
@@ -56,12 +54,14 @@ def register_explain(sub: argparse._SubParsersAction[Parser]) -> None:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from manifest.cli.render import render_command
     from manifest.cli.render_explain import render_explain
+    from manifest.cli.verbs_check import rerun_options, show_plan, trusted_signer
     from manifest.explain.pipeline import ExplainOptions, explain_run
 
-    options = ExplainOptions(trust=args.trust, in_place=args.in_place, threads=args.threads,
-                             keep=args.keep, step=args.step)
-    report = explain_run(read_manifest_file(args.file), file=args.file, cwd=Path.cwd(),
-                         options=options, announce=render_command)
+    data = read_manifest_file(args.file)
+    options = ExplainOptions(rerun=rerun_options(args, trusted_signer(args, data)),
+                             threads=args.threads, keep=args.keep, step=args.step)
+    report = explain_run(data, file=args.file, cwd=Path.cwd(), options=options,
+                         announce=render_command, show_plan=show_plan)
     if args.format is ReportFormat.JSON:
         from manifest.cli.text import json_text
 
@@ -104,6 +104,7 @@ def register_lab(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--report", metavar="FILE.md",
                    help="also write the self-contained Markdown report (with plots) here")
     add_verbosity_options(p, quiet_help="no progress output on stderr")
+    add_rerun_options(p, received=False)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
     p.set_defaults(func=_cmd_lab)
 
@@ -121,10 +122,15 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         if not args.quiet:
             sys.stderr.write(f"manifest: lab: {text}\n")
 
-    options = LabOptions(runs=args.runs, seed=args.seed, threads=args.threads, data=args.data,
-                         outputs=args.outputs, store_dir=args.store, no_cache=args.no_cache,
-                         quiet=args.quiet)
-    report = run_lab(Path.cwd(), command, options, progress=progress)
+    from manifest.cli.verbs_check import rerun_options, show_plan
+
+    if args.no_sandbox and args.require_sandbox:
+        raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
+    options = LabOptions(rerun=rerun_options(args, None), runs=args.runs, seed=args.seed,
+                         threads=args.threads, data=args.data, outputs=args.outputs,
+                         store_dir=args.store, no_cache=args.no_cache, quiet=args.quiet)
+    report = run_lab(Path.cwd(), command, options, progress=progress,
+                     show_plan=None if args.quiet else show_plan)
     if args.report:
         from manifest.cli.render_lab import render_lab_markdown
 

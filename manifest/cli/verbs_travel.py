@@ -112,9 +112,9 @@ def register_attest(sub: argparse._SubParsersAction[Parser]) -> None:
 
 def _cmd_attest(args: argparse.Namespace) -> int:
     from manifest.canonical import load_manifest
+    from manifest.rerun.workspace import repo_root_of
     from manifest.travel.attest import run_statement
     from manifest.travel.sign import sign_statement
-    from manifest.verify.tree import repo_root_of
 
     manifest = load_manifest(unpacked(read_manifest_file(args.file)))
     cwd = Path.cwd()

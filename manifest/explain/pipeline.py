@@ -2,8 +2,10 @@
 
 Steps, in order:
 
-1. The verify prelude (``manifest.verify.pipeline``): integrity, drift,
-   trust, a scratch tree at the recorded commit with the recorded patch.
+1. The re-run engine (``manifest.rerun``), as for verify: integrity, drift,
+   the plan (paths validated, trust, confinement: shown before an untrusted
+   manifest runs), a workspace at the recorded commit with the recorded
+   patch and the inputs where the command looks, the same executor.
 2. Locate: run the command twice, A under the recorded settings and B under
    the same or the overridden ones (``--threads``), with the automatic
    trail at every optimizer step. The first step where A and B part, or
@@ -26,25 +28,30 @@ ones; the op stream of one step costs a few times that step's time.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from manifest.canonical import load_manifest
-from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UntrustedManifestError
+from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
 from manifest.explain.findings import Finding, compare_streams
 from manifest.explain.stream import OpStream, parse_stream, streams_in
 from manifest.models import Manifest
+from manifest.rerun.plan import RerunOptions
+from manifest.rerun.workspace import repo_root_of, store_for
 from manifest.verify.pipeline import environment_drift
 from manifest.verify.report import Drift
-from manifest.verify.rerun import argv_to_run, numerics_env
-from manifest.verify.tree import dataset_binds, link_data, materialise, repo_root_of, store_for
+
+if TYPE_CHECKING:
+    from manifest.capture.launcher import LaunchSettings
+    from manifest.rerun.plan import RerunPlan
+    from manifest.rerun.workspace import Workspace
 
 
 @dataclass(frozen=True)
 class ExplainOptions:
-    trust: bool = False
-    in_place: bool = False
+    rerun: RerunOptions = field(default_factory=RerunOptions)
+    """Trust, confinement and --in-place: the same flags as verify's."""
     threads: int | None = None
     keep: bool = False
     step: int | None = None
@@ -71,7 +78,9 @@ class ExplainReport:
     drift: list[Drift] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
-    confinement: str = "not confined (explain does not run its re-runs in verify's sandbox)"
+    confinement: str | None = None
+    plan: dict[str, Any] | None = None
+    """What the re-runs were planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
 
     @property
     def exit_code(self) -> int:
@@ -92,6 +101,7 @@ class ExplainReport:
             "findings": [f.__dict__ for f in self.findings],
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
             "confinement": self.confinement,
+            "plan": self.plan,
         }
 
 
@@ -126,14 +136,27 @@ def _recorded_trails(recorded: Manifest) -> dict[int, dict[int, str]]:
 
 
 def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
-                announce: Any = None) -> ExplainReport:
-    """Explain where a recorded run and fresh runs of it part; never raises for a mismatch."""
-    recorded = load_manifest(data)
+                announce: Any = None, show_plan: Any = None) -> ExplainReport:
+    """Explain where a recorded run and fresh runs of it part; never raises for a mismatch.
+
+    ``show_plan(plan)`` sees the plan before an untrusted manifest is refused or
+    run; ``announce(argv)`` is called once it may run.
+    """
+    from manifest.rerun.environment import argv_to_run
+    from manifest.rerun.plan import plan_from_manifest
+    from manifest.rerun.workspace import open_workspace
+    from manifest.store import OverlayStore
+    from manifest.travel.pack import is_pack, read_pack
+
+    packed = read_pack(data) if is_pack(data) else None
+    recorded = load_manifest(packed.manifest if packed else data)
     argv = list(recorded.command.argv) if recorded.command else []
     report = ExplainReport(file=file, run_id=recorded.run_id, command=argv)
     repo = repo_root_of(cwd)
     root = repo or cwd
-    store = store_for(recorded, root)
+    local = store_for(recorded, root)
+    # A pack's blobs (patch, op streams) are read from memory, never written.
+    store = OverlayStore(local.root, packed.blobs) if packed else local
     from manifest.capture.snapshot import probe_machine
 
     report.drift = environment_drift(recorded, probe_machine())
@@ -145,53 +168,45 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
             "determinism.num_threads", "bits",
             f"threads {recorded.determinism.num_threads} → {options.threads} (--threads): "
             "CPU reduction order changes"))
-    from manifest.verify.trust import check_trust
-
-    # The one trust decision verify makes; explain's re-runs are not confined
-    # (the op streams are written beside the scratch tree), and the report says so.
-    decision = check_trust(recorded, user_trusted=options.trust)
-    if not decision.allowed:
-        raise UntrustedManifestError(
-            f"{decision.reason}.",
-            hint="Inspect the command (manifest show) and pass --trust to run it anyway.")
-    run_argv = argv_to_run(argv)
-    if announce is not None:
-        announce(argv)
-    from manifest.verify.scratch import scratch_dir
-
-    with scratch_dir(keep=options.keep) as scratch:
-        if options.in_place:
-            run_root = root
-        else:
-            run_root = materialise(recorded, root, store, scratch)
-            link_data(dataset_binds(recorded, root, run_root), run_root, confined=False)
-        _explain_in(recorded, report, run_root / recorded.command.cwd, scratch, options,
-                    store, run_argv)
+    threads_a = recorded.determinism.num_threads or 1
+    runs = (f"A: the recorded settings ({threads_a} thread(s))",
+            f"B: {options.threads or threads_a} thread(s)",
+            "then A and B again up to the first step where they part, recording every op")
+    plan = plan_from_manifest(recorded, verb="explain", root=root, options=options.rerun,
+                              runs=runs)
+    report.plan = plan.to_json()
+    report.confinement = plan.confinement
+    if show_plan is not None and plan.trust.basis != "sealed":
+        show_plan(plan)
+    plan.require()
+    argv_to_run(plan.argv)  # a missing MANIFEST_SECRET_N is refused before any work
+    with open_workspace(plan, root, recorded=None if options.rerun.in_place else recorded,
+                        store=store, keep=options.keep) as workspace:
+        if announce is not None:
+            announce(argv)
+        _explain_in(recorded, report, plan, workspace, options, store)
     return report
 
 
-def _explain_in(recorded: Manifest, report: ExplainReport, run_cwd: Path, scratch: Path,
-                options: ExplainOptions, store: Any, argv: list[str]) -> None:
-    from manifest.capture.launcher import LaunchSettings, run_under_launcher
+def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
+                workspace: Workspace, options: ExplainOptions, store: Any) -> None:
+    from manifest.rerun.environment import rerun_env
+    from manifest.rerun.executor import executor_for
 
-    base = LaunchSettings(
-        seed=recorded.randomness.seed or 0,
-        derivation=recorded.randomness.derivation or "same",
-        threads=recorded.determinism.num_threads or 1,
-        deterministic=recorded.determinism.requested,
-        trail="all",
-    )
-    other = base if options.threads is None else LaunchSettings(
-        base.seed, base.derivation, options.threads, base.deterministic, "all")
+    base = replace(plan.settings, trail="all", root=str(workspace.mount_at))
+    other = base if options.threads is None else replace(base, threads=options.threads)
     report.runs = [_describe("A", base), _describe("B", other)]
-    env = numerics_env(recorded)
+    env, _ = rerun_env(recorded, workspace.mount_at)
+    executor = executor_for(plan)
+    scratch = workspace.scratch
 
     def launch(label: str, settings: LaunchSettings, ops: dict[str, Any] | None) -> Any:
         started = time.perf_counter()
+        writable: list[Path] = []
         if ops is not None:
-            settings = LaunchSettings(settings.seed, settings.derivation, settings.threads,
-                                      settings.deterministic, "all", ops)
-        result = run_under_launcher(argv, run_cwd, settings, base_env=env)
+            settings = replace(settings, ops=ops)
+            writable.append(Path(ops["dir"]))
+        result = executor.run(plan, workspace, settings, env, writable=writable)
         report.timings[label] = time.perf_counter() - started
         return result
 

@@ -124,6 +124,10 @@ def _gate_run(project: Project, options: GateOptions, report: GateReport) -> Non
         report.checks.append(hygiene_of_run(project, manifest, data_changes=data_changes))
 
 
+GATE_UNCONFINED = ("the gate's own capture ran this command unconfined a moment ago, and "
+                   "its re-run must see the same world to be compared with it")
+
+
 def _check_determinism(project: Project, manifest: Manifest,
                        data: bytes) -> tuple[CheckResult | None, list[str]]:
     """Verify the fresh capture once; (result or None when disabled, data changes)."""
@@ -135,9 +139,8 @@ def _check_determinism(project: Project, manifest: Manifest,
     try:
         # The gate captured this manifest itself a moment ago: its code is ours.
         verdict = verify_run(data, file="<gate run>", cwd=project.dir,
-                             # The command was just run unconfined by the capture above;
-                             # the re-run must see the same world to compare them.
-                             options=VerifyOptions(trust=True, quiet=True, sandbox=False))
+                             options=VerifyOptions(trust=True, quiet=True,
+                                                   unconfined_because=GATE_UNCONFINED))
     except ManifestError as exc:
         return CheckResult("determinism", Status.NO_VERDICT,
                            f"the re-run could not be done: {exc.diagnostics()}"), []
@@ -150,7 +153,8 @@ def _check_determinism(project: Project, manifest: Manifest,
         return CheckResult(
             "determinism", Status.PASS,
             f"two runs of `{argv}` gave bit-identical outputs "
-            f"({len(verdict.artifacts)} artifact(s), {tensors} tensor(s) compared)"), data_changes
+            f"({len(verdict.artifacts)} artifact(s), {tensors} tensor(s) compared)",
+            (f"re-run: {verdict.confinement}",)), data_changes
     if verdict.verdict == "differs":
         details: list[str] = []
         for art in verdict.artifacts:
@@ -284,8 +288,12 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
     for path in paths:
         shown = project.rel(path)
         data = read_manifest_file(path)
-        verdict = verify_run(data, file=shown, cwd=project.dir,
-                             options=VerifyOptions(no_rerun=True, quiet=options.quiet))
+        try:
+            verdict = verify_run(data, file=shown, cwd=project.dir,
+                                 options=VerifyOptions(no_rerun=True, quiet=options.quiet))
+        except ManifestError as exc:  # e.g. a dataset path that may not be read
+            problems.append(f"{shown}: {exc.message}")
+            continue
         for change in verdict.data:
             files = f" ({', '.join(change.files[:5])})" if change.files else ""
             problems.append(f"{shown}: {change.detail}{files}")

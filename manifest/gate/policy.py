@@ -130,7 +130,7 @@ class Project:
 
 def load_project(cwd: Path) -> Project:
     from manifest.config import load_config
-    from manifest.verify.tree import repo_root_of
+    from manifest.rerun.workspace import repo_root_of
 
     table, origin = load_config(cwd)
     if origin is None:

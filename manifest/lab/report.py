@@ -9,7 +9,7 @@ and a test keeps the two in sync. Numbers that could not be measured are
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -174,6 +174,10 @@ class LabReport(Model):
     checklist: list[Check]
     explained: Explained | None = None
     """Only when the recipe runs differ: the explain machinery's first divergent op."""
+    confinement: str | None = None
+    """How the runs were confined (``manifest.rerun``), or ``not confined (why)``."""
+    plan: dict[str, Any] | None = None
+    """What the runs were planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
 
     @property
     def exit_code(self) -> int:

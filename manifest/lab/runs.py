@@ -38,14 +38,13 @@ import math
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from manifest.capture.launcher import LaunchSettings, default_threads, run_under_launcher
+from manifest.capture.launcher import LaunchSettings, default_threads
 from manifest.capture.run import _config_int, build_run_manifest
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, NoVerdictError, UsageError
@@ -67,12 +66,20 @@ from manifest.lab.report import (
 )
 from manifest.models import Manifest
 from manifest.redact import redact_argv
+from manifest.rerun.plan import RerunOptions
+
+if TYPE_CHECKING:
+    from manifest.rerun.executor import Executor
+    from manifest.rerun.plan import RerunPlan
+    from manifest.rerun.workspace import Workspace
 
 AUDIT_VAR = "MANIFEST_AUDIT"
 
 
 @dataclass(frozen=True)
 class LabOptions:
+    rerun: RerunOptions = field(default_factory=RerunOptions)
+    """Confinement (``--no-sandbox``, ``--require-sandbox``, ``--network``): as every verb."""
     runs: int = 2
     seed: int | None = None
     threads: int | None = None
@@ -109,9 +116,20 @@ def _command(command: list[str], table: dict[str, Any], origin: Path | None) -> 
 
 
 def run_lab(cwd: Path, command: list[str], options: LabOptions,
-            progress: Callable[[str], None] | None = None) -> LabReport:
-    """Run the lab for ``command`` in ``cwd`` and return its report."""
+            progress: Callable[[str], None] | None = None,
+            show_plan: Callable[[RerunPlan], None] | None = None) -> LabReport:
+    """Run the lab for ``command`` in ``cwd`` and return its report.
+
+    The runs go through the re-run engine (``manifest.rerun``) in place: the
+    plan is the command the user typed, confined like every re-run when
+    bubblewrap works (the user's tree writable, the rest of the system
+    read-only, private ``/tmp``, no network unless ``--network``).
+    """
     from manifest.capture.snapshot import take_snapshot
+    from manifest.rerun.executor import executor_for
+    from manifest.rerun.plan import plan_command
+    from manifest.rerun.trust import TrustDecision
+    from manifest.rerun.workspace import open_workspace
 
     say = progress or (lambda _: None)
     table, origin = load_config(cwd)
@@ -131,30 +149,48 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
                                 no_cache=options.no_cache, quiet=options.quiet, base=data_base)
         datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
 
-    with tempfile.TemporaryDirectory(prefix="manifest-lab-") as tmp:
-        work = Path(tmp)
+    root = Path(snap.code.root) if snap.code.root else cwd
+    recipe_settings = LaunchSettings(seed=seed, derivation="same", threads=threads,
+                                     deterministic=True)
+    plan = plan_command(
+        verb="lab", root=root, argv=command, cwd=os.path.relpath(cwd, root), outputs=outputs,
+        data=[(str(d["path"]), d.get("from_repo")) for d in datasets],
+        settings=recipe_settings, variables={"OMP_NUM_THREADS": str(threads),
+                                             "MKL_NUM_THREADS": str(threads)},
+        options=replace(options.rerun, in_place=True),
+        trust=TrustDecision(True, "the command you typed", "typed"),
+        runs=(f"{options.runs} under PyTorch's default switches and {options.runs} under the "
+              "recipe, interleaved", "1 more under the op audit"))
+    if show_plan is not None:
+        show_plan(plan)
+    plan.require()
+    executor = executor_for(plan)
+
+    with open_workspace(plan, root) as workspace:
+        work = workspace.scratch
         runs: dict[str, list[_Run]] = {"default": [], "recipe": []}
         for i in range(1, options.runs + 1):
             for mode in ("default", "recipe"):
                 say(f"run {i}/{options.runs} under the {mode} switches")
-                settings = LaunchSettings(seed=seed, derivation="same", threads=threads,
-                                          deterministic=mode == "recipe")
+                settings = replace(recipe_settings, deterministic=mode == "recipe",
+                                   root=str(workspace.mount_at))
                 started = time.perf_counter()
-                result = run_under_launcher(command, cwd, settings)
+                result = executor.run(plan, workspace, settings, dict(os.environ))
                 wall = time.perf_counter() - started
                 manifest = build_run_manifest(snap, cwd=cwd, argv=command, settings=settings,
                                               result=result, datasets=datasets,
                                               output_globs=outputs)
                 assert manifest.outputs is not None
                 if manifest.outputs.status != "ok":
-                    raise NoVerdictError(f"{mode} run {i} failed: {manifest.outputs.error}.")
+                    raise NoVerdictError(f"{mode} run {i} failed: {manifest.outputs.error}"
+                                         f"{_confined_hint(plan)}.")
                 saved = work / f"{mode}-{i}"
                 for art in manifest.outputs.artifacts:
                     (saved / art.path).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(cwd / art.path, saved / art.path)
                 runs[mode].append(_Run(mode, i, wall, manifest, result.records, saved))
         say("audit run: every aten op, its module and line")
-        catalogue = _audit(command, cwd, seed, threads, work / "audit")
+        catalogue = _audit(plan, workspace, executor, seed, threads, work / "audit")
         default = _mode_result("default", runs["default"])
         recipe = _mode_result("recipe", runs["recipe"])
 
@@ -162,7 +198,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
     explained = None
     if not recipe.bit_identical and recipe.first_divergent_step is not None:
         say(f"the recipe runs part at step {recipe.first_divergent_step}: explaining")
-        explained = _explain(first, cwd, recipe.first_divergent_step)
+        explained = _explain(first, cwd, recipe.first_divergent_step, options.rerun)
     identity = Identity(
         recipe_run_id=first.run_id,
         recipe_runs_agree=len({r.manifest.run_id for r in runs["recipe"]}) == 1,
@@ -175,11 +211,19 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
         default=default, recipe=recipe, cost=_cost(default, recipe), catalogue=catalogue,
         identity=identity,
         checklist=checklist(first, threads=threads, default=default, recipe=recipe),
-        explained=explained,
+        explained=explained, confinement=plan.confinement, plan=plan.to_json(),
     )
 
 
-def _explain(manifest: Manifest, cwd: Path, step: int) -> Explained:
+def _confined_hint(plan: RerunPlan) -> str:
+    if not plan.confined:
+        return ""
+    return (" (the run was confined: the system read-only outside your tree"
+            + ("" if plan.network else ", no network")
+            + "; --no-sandbox runs it unconfined)")
+
+
+def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions) -> Explained:
     """Hand the recipe's divergence to the explain machinery (in place, the known step)."""
     from manifest.canonical import dumps
     from manifest.errors import ManifestError
@@ -188,7 +232,8 @@ def _explain(manifest: Manifest, cwd: Path, step: int) -> Explained:
     try:
         # The user typed this command to the lab a moment ago: no trust question to ask.
         report = explain_run(dumps(manifest), file="(lab: recipe run 1)", cwd=cwd,
-                             options=ExplainOptions(trust=True, in_place=True, step=step))
+                             options=ExplainOptions(
+                                 rerun=replace(rerun, trust=True, in_place=True), step=step))
     except ManifestError as exc:
         return Explained(verdict="no-verdict", reason=str(exc), step=step)
     return Explained(
@@ -353,14 +398,15 @@ def _cost(default: ModeResult, recipe: ModeResult) -> Cost:
 # -------------------------------------------------------------------- audit
 
 
-def _audit(command: list[str], cwd: Path, seed: int, threads: int, directory: Path) -> Catalogue:
+def _audit(plan: RerunPlan, workspace: Workspace, executor: Executor, seed: int, threads: int,
+           directory: Path) -> Catalogue:
     table = load_table()
     directory.mkdir(parents=True, exist_ok=True)
     settings = LaunchSettings(seed=seed, derivation="same", threads=threads,
-                              deterministic=False, trail="off")
+                              deterministic=False, trail="off", root=str(workspace.mount_at))
     env = dict(os.environ)
     env[AUDIT_VAR] = str(directory)
-    result = run_under_launcher(command, cwd, settings, base_env=env)
+    result = executor.run(plan, workspace, settings, env, writable=[directory])
     error = None if result.exit_code == 0 else f"the audit run exited with {result.exit_code}"
     counts: dict[tuple[str, str, str, str, str], int] = {}
     for path in sorted(directory.glob("audit-*.json")):

@@ -14,7 +14,10 @@ original outputs. So, before anything runs:
   component at a time without following links;
 * a relative dataset path is linked only from the matching recorded dataset
   root, inside the tree; an absolute one is never linked (the sandbox binds
-  it read-only at its recorded path) and may not cover the tree itself.
+  it read-only at its recorded path), may not cover the tree itself, and is
+  never a system tree (``/``, ``/usr``, ``/etc``, ``/proc``, ``/sys``, ``/dev``,
+  the home directory itself: ``SYSTEM_TREES``), which would be hashed and
+  listed file by file.
 
 Violations raise :class:`UnsafePathError` (exit 3: no verdict can be reached
 without running somewhere the manifest should not reach).
@@ -36,7 +39,7 @@ class UnsafePathError(NoVerdictError):
 
 
 def _show(value: str) -> str:
-    from manifest.verify.trust import escape_text
+    from manifest.rerun.trust import escape_text
 
     return escape_text(value)
 
@@ -129,15 +132,53 @@ def make_parents(tree: Path, rel: PurePosixPath | Path, what: str, *,
                 "a re-run would write through it.")
 
 
+SYSTEM_TREES = ("/", "/usr", "/etc", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib",
+                "/lib64", "/boot", "/var", "/run", "/home", "/root", "/srv", "/opt",
+                "/tmp", "/mnt", "/media")  # noqa: S108 (refused, never used)
+"""Directories a received manifest may never name as a dataset: hashing one reads the
+system (``/usr``: 117k files, 41 s, and every file name listed in the report)."""
+SYSTEM_SUBTREES = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run")
+"""Nothing below these is training data: secrets, pseudo-files that never end, devices."""
+
+
+def system_tree(ds_path: str) -> str | None:
+    """Why an absolute dataset path is a system tree (None when it is not).
+
+    Checked on the path as written and as resolved, so a link to ``/etc`` is one too.
+    The home directory itself (and any directory that holds it) is refused; a
+    folder inside it is data.
+    """
+    home = os.path.realpath(os.path.expanduser("~"))
+    for candidate in (os.path.normpath(ds_path), os.path.realpath(ds_path)):
+        if candidate == home:
+            return "it is your home directory"
+        if candidate in SYSTEM_TREES:
+            return f"{candidate} is a system directory"
+        for top in SYSTEM_SUBTREES:
+            if candidate.startswith(top + "/"):
+                return f"it lies inside {top}"
+        if home.startswith(candidate.rstrip("/") + "/"):
+            return "it holds your home directory"
+    return None
+
+
 def dataset_link(tree: Path, ds_path: str) -> PurePosixPath | None:
     """Where a dataset is linked inside ``tree`` (None for an absolute, unlinked one)."""
     if "\0" in ds_path:
         raise UnsafePathError(f"dataset path {_show(ds_path)} contains a NUL byte.")
     if os.path.isabs(ds_path):
-        real_tree = os.path.realpath(tree)
-        if real_tree == ds_path.rstrip("/") or real_tree.startswith(ds_path.rstrip("/") + "/"):
+        why = system_tree(ds_path)
+        if why is not None:
             raise UnsafePathError(
-                f"dataset path {_show(ds_path)} contains the repository itself.")
+                f"dataset path {_show(ds_path)} is refused: {why}, not training data.",
+                hint="A dataset must be a folder or file of its own.")
+        real_tree = os.path.realpath(tree)
+        # As written, normalised (``/a/repo/..``) and resolved (a link to a parent).
+        for form in {ds_path.rstrip("/") or "/", os.path.normpath(ds_path),
+                     os.path.realpath(ds_path)}:
+            if real_tree == form or real_tree.startswith(form.rstrip("/") + "/"):
+                raise UnsafePathError(
+                    f"dataset path {_show(ds_path)} contains the repository itself.")
         return None
     rel = tree_relative(ds_path, "dataset path")
     if rel == PurePosixPath("."):

@@ -1,7 +1,7 @@
 """The confined re-run: bubblewrap, when this machine can run it.
 
 Verify runs someone else's command. Validating the manifest's paths
-(``manifest.verify.paths``) keeps *our* writes inside the scratch tree; the
+(``manifest.rerun.paths``) keeps *our* writes inside the scratch tree; the
 sandbox keeps the *command's* writes there too, whatever it does:
 
 * the whole system is bound read-only (``--ro-bind / /``), so the user's

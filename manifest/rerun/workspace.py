@@ -1,8 +1,7 @@
-"""The user's repository verify starts from, and the scratch tree rebuilt from it.
+"""The workspace: the tree a re-run runs in, with its inputs where the command looks.
 
-Step 5 of ``manifest.verify.pipeline`` (isolation), and the same tree
-``manifest explain`` rebuilds for its two runs, which is why it is a module
-of its own rather than a step inside ``verify_run``:
+The second of the re-run's three steps (plan, workspace, executor), the same
+for verify, explain and lab:
 
 * The recorded commit is materialised with ``git clone --shared
   --no-checkout`` and a checkout: objects are borrowed through git's
@@ -14,19 +13,33 @@ of its own rather than a step inside ``verify_run``:
 * Datasets git does not carry are put where the tree expects them: an empty
   mount point when the re-run is confined (the sandbox binds the real one
   read-only), a copy up to 256 MiB (``COPY_DATA_MAX``) when it is not, a
-  symlink named in the report above that size. Every path is validated first
-  (``manifest.verify.paths``).
+  symlink named in the report above that size. Inputs outside the repository
+  are reachable by the relative path the command used (``manifest.rerun.inputs``).
+  Every path was validated by the plan (``manifest.rerun.paths``).
+* In place (``--in-place``, and the lab, which runs the command the user
+  typed in the user's tree) the tree is the user's own; confined, it is the
+  only writable tree.
+* The scratch directory holds a lock while in use and is removed on exit and
+  on SIGTERM/SIGINT/SIGHUP; one left by a SIGKILL is swept by the next
+  re-run (``manifest.rerun.scratch``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from manifest.gitrun import GitFailedError, GitMissingError, run_git
 from manifest.models import Manifest
 from manifest.store import STORE_DIRNAME, BlobStore
+
+if TYPE_CHECKING:
+    from manifest.rerun.plan import RerunPlan
 
 
 def repo_root_of(cwd: Path) -> Path | None:
@@ -62,10 +75,10 @@ def materialise(recorded: Manifest, root: Path, store: BlobStore, scratch: Path)
     """A scratch tree at the recorded commit with the recorded patch applied.
 
     It sits as deep in ``scratch`` as recorded inputs outside the repository
-    climb (``manifest.verify.inputs``), so their relative paths land inside it.
+    climb (``manifest.rerun.inputs``), so their relative paths land inside it.
     """
     from manifest.errors import NoVerdictError
-    from manifest.verify.inputs import scratch_depth, tree_base
+    from manifest.rerun.inputs import scratch_depth, tree_base
 
     commit = recorded.code.commit
     if commit is None:
@@ -93,10 +106,10 @@ def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path
 
     Relative datasets that git does not carry come from the same path in the
     user's repository; absolute ones stay where they were recorded. Paths are
-    validated first (``manifest.verify.paths``): nothing outside ``tree`` is
+    validated first (``manifest.rerun.paths``): nothing outside ``tree`` is
     named as a destination.
     """
-    from manifest.verify.paths import dataset_link
+    from manifest.rerun.paths import dataset_link
 
     binds: list[tuple[Path, Path]] = []
     for ds in recorded.data:
@@ -107,7 +120,7 @@ def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path
             continue
         target = tree / rel
         if os.path.isdir(target) and not os.path.islink(target) and (root / rel).is_dir():
-            from manifest.verify.inputs import missing_entries
+            from manifest.rerun.inputs import missing_entries
 
             binds.extend(missing_entries(root / rel, target))  # git carries part of it
             continue
@@ -131,7 +144,7 @@ def link_data(binds: list[tuple[Path, Path]], tree: Path, *, confined: bool,
     in a note (the re-run could write through it). Parents are created one
     component at a time, never through a link that leaves the tree.
     """
-    from manifest.verify.paths import make_parents
+    from manifest.rerun.paths import make_parents
 
     notes: list[str] = []
     for source, target in binds:
@@ -154,3 +167,56 @@ def link_data(binds: list[tuple[Path, Path]], tree: Path, *, confined: bool,
             notes.append(f"dataset {rel} is linked, not copied, and the re-run is not "
                          "confined: it could write into it")
     return notes
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where one plan runs. Paths are host paths."""
+
+    root: Path
+    """The user's repository (or directory) the verb was called in."""
+    scratch: Path
+    """The private scratch directory (locked, removed at the end)."""
+    tree: Path
+    """The code the command runs in: the scratch clone, or ``root`` in place."""
+    cwd: Path
+    """``tree`` / the plan's ``cwd``, checked to stay inside it."""
+    mount_at: Path
+    """Where the command sees ``tree``: the repository's own path when confined."""
+    ro_binds: tuple[tuple[Path, Path], ...] = ()
+    """(host source, path the command sees) bound read-only when confined."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@contextlib.contextmanager
+def open_workspace(plan: RerunPlan, root: Path, *, recorded: Manifest | None = None,
+                   store: BlobStore | None = None, keep: bool = False) -> Iterator[Workspace]:
+    """The workspace for ``plan``: a scratch clone of ``recorded``'s code, or ``root`` in place."""
+    from manifest.rerun.inputs import link_outside, outside_links, tree_base
+    from manifest.rerun.paths import check_cwd, check_outputs
+    from manifest.rerun.scratch import scratch_dir
+
+    with scratch_dir(keep=keep) as scratch:
+        notes: list[str] = []
+        if plan.in_place or recorded is None:
+            tree = root
+            binds = [(Path(i.source), Path(i.path)) for i in plan.inputs
+                     if os.path.isabs(i.path) and os.path.exists(i.path)]
+        else:
+            assert store is not None
+            tree = materialise(recorded, root, store, scratch)
+            binds = dataset_binds(recorded, root, tree)
+            sizes = {tree / ds.path: ds.bytes for ds in recorded.data
+                     if not os.path.isabs(ds.path)}
+            notes.extend(link_data(binds, tree, confined=plan.confined, sizes=sizes))
+            if not plan.confined:
+                # Confined, the clone is mounted at the repository's path and
+                # relative paths resolve as at capture; here they land in scratch.
+                link_outside(outside_links(recorded, tree), tree_base(scratch, 0)[0])
+        cwd = check_cwd(tree, plan.cwd)
+        check_outputs(tree, cwd, list(plan.outputs))
+        mount_at = root if plan.confined else tree
+        ro = tuple((src, root / dst.relative_to(tree)) if dst.is_relative_to(tree) else (src, dst)
+                   for src, dst in binds) if plan.confined else ()
+        yield Workspace(root=root, scratch=scratch, tree=tree, cwd=cwd, mount_at=mount_at,
+                        ro_binds=ro, notes=tuple(notes))

@@ -9,43 +9,41 @@ Steps, in order; each one can end the verification with a result (a
    ``bits`` drift (no verdict).
 3. Data: each recorded dataset is re-digested; a changed one is reported by
    file, from the listing blob stored at capture.
-4. Trust (``manifest.verify.trust``): the command runs only if this tool
-   sealed the manifest here, a trusted identity signed it, or ``--trust``
-   after the plan (argv, cwd, variables, datasets) was shown escaped; every
-   path the manifest names is validated as data first
-   (``manifest.verify.paths``). A refusal comes before "re-running".
-5. Isolation (``manifest.verify.tree``): the recorded commit is materialised
-   in a scratch clone (``git clone --shared --no-checkout`` + checkout: the
-   user's repository, working tree, index, stash and branches are not
-   written), the stored patch blob (from the local store only) is applied
-   with ``git apply --binary``; datasets that live outside git are linked in.
+4. The plan (``manifest.rerun``, the one re-run engine every verb uses):
+   every path the manifest names is validated, the trust decision is made
+   (sealed here, a trusted signer, or ``--trust`` after the plan was shown
+   escaped) and confinement is chosen. A dataset outside the repository is
+   read only with that same trust. A refusal comes before "re-running".
+5. Workspace (``manifest.rerun.workspace``): the recorded commit in a scratch
+   clone with the stored patch applied, inputs where the command looks;
    ``--in-place`` runs in the current tree.
-6. Re-run (``manifest.verify.rerun``) under the launcher with the recorded
-   seed, derivation, thread count, determinism switch and numerics
-   environment variables, confined by bubblewrap where available
-   (``manifest.verify.sandbox``).
+6. Re-run (``manifest.verify.rerun`` through ``manifest.rerun.executor``)
+   under the launcher with the recorded seed, derivation, thread count,
+   determinism switch and numerics environment variables, confined by
+   bubblewrap where available.
 7. Compare outputs tensor by tensor (``manifest.weights.compare``) and the step
    trails, if any: verdict ``identical``, ``differs`` or ``no-verdict``.
 
-This module holds steps 1–4 and the order of them all; the stages that
-write (5) and run (6, 7) live in their own modules, so what decides whether a
-command may run reads apart from what runs it.
+This module holds steps 1–3 and the order of them all; what decides whether
+and how a command runs (4–6) lives in ``manifest.rerun``, and the comparison
+(7) in ``manifest.verify.rerun``.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from manifest.canonical import load_manifest, seal, to_document
 from manifest.errors import UntrustedManifestError
 from manifest.models import Manifest
+from manifest.rerun.environment import argv_to_run
+from manifest.rerun.plan import RerunOptions, plan_from_manifest, plan_inputs
+from manifest.rerun.trust import check_trust, escape_text
+from manifest.rerun.workspace import repo_root_of, store_for
 from manifest.store import BlobStore, OverlayStore
 from manifest.verify.report import DataChange, Drift, Machine, VerifyOptions, VerifyReport
-from manifest.verify.rerun import argv_to_run, rerun_and_compare
-from manifest.verify.tree import dataset_binds, link_data, materialise, repo_root_of, store_for
-from manifest.verify.trust import RunPlan, check_trust
+from manifest.verify.rerun import rerun_and_compare
 
 # ------------------------------------------------------------------- drift
 
@@ -116,9 +114,10 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
                announce: Any = None, show_plan: Any = None) -> VerifyReport:
     """Verify a manifest or a pack (bytes of the file); never raises for a mismatch.
 
-    ``show_plan(plan, decision)`` is called with what would run before the
-    trust decision is enforced (unless the manifest was sealed here);
-    ``announce(argv)`` only once the command is allowed to run.
+    ``show_plan(plan)`` is called with what would run (a
+    ``manifest.rerun.plan.RerunPlan``) before the trust decision is enforced
+    (unless the manifest was sealed here); ``announce(argv)`` only once the
+    command is allowed to run.
     """
     from manifest.travel.pack import is_pack, read_pack
 
@@ -137,10 +136,25 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
 
     machine = probe_machine()  # probed once: for the drift report and the re-run's record
     report.drift = environment_drift(recorded, machine)
-    from manifest.verify.paths import dataset_link
-
-    for ds in recorded.data:  # before hashing: a crafted "/" would read the whole disk
-        dataset_link(root, ds.path)
+    rerun_options = RerunOptions(
+        trust=options.trust, signer=options.signer, sandbox=options.sandbox,
+        require_sandbox=options.require_sandbox, network=options.network,
+        in_place=options.in_place, threads=options.threads)
+    # Before hashing: a crafted "/" would read the whole disk, and a dataset
+    # outside the repository is read only with the trust its command would need.
+    inputs = plan_inputs(root, [(ds.path, ds.from_repo) for ds in recorded.data])
+    if any(i.outside for i in inputs):
+        decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
+        if not decision.allowed:
+            if show_plan is not None and recorded.command is not None:
+                show_plan(plan_from_manifest(recorded, verb="verify", root=root,
+                                             options=rerun_options))
+            outside = ", ".join(escape_text(i.path) for i in inputs if i.outside)
+            raise UntrustedManifestError(
+                f"refusing to read the datasets outside the repository that the manifest "
+                f"names ({outside}): it was not sealed on this machine by manifest and "
+                "carries no signature you trust.",
+                hint="Read the plan (above) and pass --trust to read them anyway.")
     report.data = check_data(recorded, root, blobs, no_cache=options.no_cache,
                              quiet=options.quiet)
     if options.threads is not None and options.threads != recorded.determinism.num_threads:
@@ -167,7 +181,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         return report
 
     if options.in_place:
-        from manifest.verify.inputs import in_place_code_problem
+        from manifest.rerun.inputs import in_place_code_problem
 
         problem = in_place_code_problem(recorded, root, store)
         if problem is not None and not problem.startswith("cannot check"):
@@ -176,102 +190,23 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         report.code_check = "not checked: " + problem.removeprefix(
             "cannot check the code: ") if problem else "the recorded code"
 
-    from manifest.verify.paths import tree_relative
+    plan = plan_from_manifest(recorded, verb="verify", root=root, options=rerun_options,
+                              runs=("once, outputs compared tensor by tensor",),
+                              unconfined_because=options.unconfined_because)
+    report.plan = plan.to_json()
+    report.trust = plan.trust.reason if plan.trust.allowed else None
+    report.confinement = plan.confinement
+    if show_plan is not None and plan.trust.basis != "sealed":
+        show_plan(plan)
+    plan.require()
+    argv_to_run(plan.argv)  # a missing MANIFEST_SECRET_N is refused before any work
 
-    for glob in recorded.command.outputs:
-        tree_relative(glob, "declared output")
-    tree_relative(recorded.command.cwd, "the recorded working directory")
-    linked = []
-    for ds in recorded.data:
-        rel = dataset_link(root, ds.path)
-        linked.append((ds.path, os.path.realpath(root / rel if rel is not None else ds.path)))
-    sandbox_reason = _sandbox_reason(options)
-    decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
-    report.trust = decision.reason if decision.allowed else None
-    report.confinement = _confinement_text(sandbox_reason, options)
-    plan = RunPlan(argv=argv, cwd=recorded.command.cwd,
-                   variables=_plan_variables(recorded, options), datasets=linked,
-                   confinement=report.confinement, network=options.network)
-    if show_plan is not None and decision.basis != "sealed":
-        show_plan(plan, decision)
-    if not decision.allowed:
-        raise UntrustedManifestError(
-            f"{decision.reason}.",
-            hint="Read what it would run (above) and pass --trust to run it anyway.")
-    if sandbox_reason is not None and options.require_sandbox:
-        from manifest.errors import NoVerdictError
+    from manifest.rerun.workspace import open_workspace
 
-        raise NoVerdictError(f"--require-sandbox: the re-run cannot be confined: "
-                             f"{sandbox_reason}.",
-                             hint="Install bubblewrap (apt-get install bubblewrap).")
-    run_argv = argv_to_run(argv)
-
-    from manifest.verify.scratch import scratch_dir
-
-    with scratch_dir(keep=options.keep) as scratch:
-        binds: list[tuple[Path, Path]] = []
-        if options.in_place:
-            run_root = root
-            binds = [(Path(os.path.realpath(ds.path)), Path(ds.path)) for ds in recorded.data
-                     if os.path.isabs(ds.path) and os.path.exists(ds.path)]
-        else:
-            run_root = materialise(recorded, root, blobs, scratch)
-            binds = dataset_binds(recorded, root, run_root)
-            sizes = {run_root / ds.path: ds.bytes for ds in recorded.data
-                     if not os.path.isabs(ds.path)}
-            report.notes.extend(link_data(binds, run_root, confined=sandbox_reason is None,
-                                          sizes=sizes))
-            if sandbox_reason is not None:
-                # Confined, the clone is mounted at the repository's path and
-                # relative paths resolve as at capture; here they land in scratch.
-                from manifest.verify.inputs import link_outside, outside_links, tree_base
-
-                link_outside(outside_links(recorded, run_root), tree_base(scratch, 0)[0])
-        from manifest.verify.paths import check_cwd, check_outputs
-
-        run_cwd = check_cwd(run_root, recorded.command.cwd)
-        check_outputs(run_root, run_cwd, list(recorded.command.outputs))
-        report.workdir = str(run_cwd)
+    with open_workspace(plan, root, recorded=None if options.in_place else recorded,
+                        store=blobs, keep=options.keep) as workspace:
+        report.notes.extend(workspace.notes)
+        report.workdir = str(workspace.cwd)
         if announce is not None:  # every check passed: only now does anything run
             announce(argv)
-        spec = None
-        if sandbox_reason is None:
-            from manifest.verify.sandbox import SandboxSpec
-
-            ro = [(src, root / dst.relative_to(run_root)) if dst.is_relative_to(run_root)
-                  else (src, dst) for src, dst in binds]
-            spec = SandboxSpec(scratch=run_root, mount_at=root, ro_binds=ro,
-                               network=options.network)
-        return rerun_and_compare(recorded, report, run_cwd, root, scratch, options, machine,
-                                  run_argv, spec, run_root, blobs)
-
-
-def _sandbox_reason(options: VerifyOptions) -> str | None:
-    """None when the re-run will be confined, else why not."""
-    if not options.sandbox:
-        return "--no-sandbox"
-    from manifest.verify.sandbox import unavailable_reason
-
-    return unavailable_reason()
-
-
-def _confinement_text(reason: str | None, options: VerifyOptions) -> str:
-    if reason is not None:
-        return f"not confined ({reason})"
-    return "bubblewrap: system read-only, only the scratch tree writable, private /tmp, " + (
-        "network allowed (--network)" if options.network else "no network")
-
-
-def _plan_variables(recorded: Manifest, options: VerifyOptions) -> dict[str, str]:
-    """The variables the re-run sets: recorded numerics variables and the launcher's."""
-    threads = options.threads or recorded.determinism.num_threads or 1
-    variables = dict(recorded.env.variables)
-    if recorded.command is not None and recorded.command.code_env:
-        variables.update(recorded.command.code_env)
-    variables.update({
-        "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-        "MANIFEST_LAUNCH": (f"seed={recorded.randomness.seed or 0} "
-                            f"derivation={recorded.randomness.derivation or 'same'} "
-                            f"deterministic={recorded.determinism.requested}"),
-    })
-    return variables
+        return rerun_and_compare(recorded, report, plan, workspace, options, machine, blobs)

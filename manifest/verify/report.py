@@ -70,6 +70,8 @@ class VerifyReport:
     """What the user should know about how the re-run was set up."""
     code_check: str | None = None
     """``--in-place``: ``the recorded code`` or ``not checked: …`` (no git)."""
+    plan: dict[str, Any] | None = None
+    """What the re-run was planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
 
     @property
     def bits_drift(self) -> list[Drift]:
@@ -106,6 +108,7 @@ class VerifyReport:
             "code_check": self.code_check,
             "confinement": self.confinement,
             "notes": self.notes,
+            "plan": self.plan,
         }
 
 
@@ -125,3 +128,5 @@ class VerifyOptions:
     sandbox: bool = True
     """Confine the re-run when bubblewrap works here (``--no-sandbox`` turns it off)."""
     require_sandbox: bool = False
+    unconfined_because: str | None = None
+    """A verb's stated reason to re-run unconfined (the gate), reported as such."""

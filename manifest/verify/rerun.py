@@ -1,62 +1,29 @@
-"""Steps 6 and 7 of ``manifest.verify.pipeline``: re-run the recorded command, compare.
+"""Steps 6 and 7 of ``manifest.verify.pipeline``: run the plan once, compare.
 
-Everything before this stage only reads (the manifest, today's machine, the
-data, the trust decision, the scratch tree); this is the one stage that runs
-someone else's command, so it is held apart from the checks that decide
-whether it may run:
+The plan, the workspace and the executor come from the re-run engine
+(``manifest.rerun``); this module holds what only verify does with a re-run:
 
-* The launcher (``manifest.capture.launcher``) prepares every Python process
-  with the recorded seed, seed derivation, thread count, determinism switch
-  and ``PYTHONHASHSEED``; the recorded numerics variables (``numerics_env``)
-  and code variables (``PYTHONPATH`` …, ``manifest.verify.inputs``) are put
-  back; withheld argv values come from ``MANIFEST_SECRET_N`` (``argv_to_run``),
-  never from the manifest. Confined, the command line is wrapped by
-  bubblewrap (``manifest.verify.sandbox``).
-* The re-run is recorded like a capture (``build_run_manifest``), then
-  compared with the recorded one: every declared output tensor by tensor
-  (``manifest.weights.compare``), the step trails by first divergent step,
-  and, when the capture stored an op stream (``--fingerprint-ops``), the
-  first op that computes differently.
+* the re-run is recorded like a capture (``build_run_manifest``) on a
+  snapshot of the scratch tree, then compared with the recorded one: every
+  declared output tensor by tensor (``manifest.weights.compare``), the step
+  trails by first divergent step, and, when the capture stored an op stream
+  (``--fingerprint-ops``), the first op that computes differently;
+* a failed re-run names the files it read that git does not carry.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from manifest.models import Manifest
 from manifest.store import BlobStore
 from manifest.verify.report import Drift, Machine, VerifyOptions, VerifyReport
-from manifest.verify.tree import store_for
 from manifest.weights.compare import compare_artifacts
 
 if TYPE_CHECKING:
-    from manifest.verify.sandbox import SandboxSpec
-
-
-def argv_to_run(argv: list[str]) -> list[str]:
-    """The recorded argv with withheld values filled from ``MANIFEST_SECRET_N``."""
-    from manifest.errors import UsageError
-    from manifest.redact import MissingSecretsError, restore_argv
-
-    try:
-        return restore_argv(argv, os.environ)
-    except MissingSecretsError as exc:
-        raise UsageError(f"cannot re-run: {exc}.",
-                         hint="Values are never read from the manifest.") from exc
-
-
-def numerics_env(recorded: Manifest) -> dict[str, str]:
-    """Today's environment with the recorded numerics variables put back
-    (and without the ``MANIFEST_SECRET_N`` values, which went into the argv)."""
-    from manifest.probes.env import NUMERICS_VARIABLES
-    from manifest.redact import SECRET_ENV_PREFIX
-
-    env = {k: v for k, v in os.environ.items()
-           if k not in NUMERICS_VARIABLES and not k.startswith(SECRET_ENV_PREFIX)}
-    env.update(recorded.env.variables)
-    return env
+    from manifest.rerun.plan import RerunPlan
+    from manifest.rerun.workspace import Workspace
 
 
 def _recorded_ops_window(recorded: Manifest) -> dict[str, Any] | None:
@@ -85,73 +52,46 @@ def _first_op_difference(recorded: Manifest, result: Any, store: BlobStore) -> A
     return first_op_difference(old, new)
 
 
-def rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, root: Path,
-                      scratch: Path, options: VerifyOptions,
-                      machine: Machine, run_argv: list[str],
-                      spec: SandboxSpec | None = None,
-                      run_root: Path | None = None,
-                      blobs: BlobStore | None = None) -> VerifyReport:
-    from manifest.capture.launcher import LaunchSettings, run_under_launcher
+def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
+                      workspace: Workspace, options: VerifyOptions, machine: Machine,
+                      blobs: BlobStore) -> VerifyReport:
+    """Run the plan once in ``workspace`` and compare what it wrote with the record."""
     from manifest.capture.run import build_run_manifest
     from manifest.capture.snapshot import take_snapshot
+    from manifest.rerun.environment import rerun_env
+    from manifest.rerun.executor import executor_for
+    from manifest.rerun.inputs import missing_inputs_hint
 
     assert recorded.command is not None
     assert recorded.outputs is not None
-    run_root = run_root or root
-    settings = LaunchSettings(
-        seed=recorded.randomness.seed or 0,
-        derivation=recorded.randomness.derivation or "same",
-        threads=options.threads or recorded.determinism.num_threads or 1,
-        deterministic=recorded.determinism.requested,
-        ops=_recorded_ops_window(recorded),
-        root=str(spec.mount_at if spec is not None else run_root),
-        hashseed=recorded.determinism.pythonhashseed,
-    )
-    from manifest.verify.inputs import code_env, missing_inputs_hint
-
-    base_env = numerics_env(recorded)
-    replay, absent = code_env(recorded, spec.mount_at if spec is not None else run_root)
-    if replay is not None:
-        from manifest.capture.observed import CODE_ENV_VARS
-
-        base_env = {k: v for k, v in base_env.items() if k not in CODE_ENV_VARS}
-        base_env.update(replay)
+    settings = replace(plan.settings, ops=_recorded_ops_window(recorded),
+                       root=str(workspace.mount_at))
+    base_env, absent = rerun_env(recorded, workspace.mount_at)
     report.drift.extend(Drift("command.code_env", "bits",
                               f"{entry} (on a code path variable at capture) does not exist "
                               "here: other code may be imported") for entry in absent)
-    snap = take_snapshot(run_cwd, store_dir=str(scratch / "store"), machine=machine)
+    snap = take_snapshot(workspace.cwd, store_dir=str(workspace.scratch / "store"),
+                         machine=machine)
     if not options.in_place and snap.code.code.diff_digest != recorded.code.diff_digest:
         report.drift.append(Drift(
             "code.diff_digest", "bits",
             "the scratch tree does not reproduce the recorded uncommitted changes exactly"))
-    wrap = None
-    if spec is not None:
-        from manifest.verify.sandbox import SandboxSpec
-        from manifest.verify.sandbox import wrap as sandbox_wrap
-
-        cwd_inside = spec.mount_at / run_cwd.relative_to(spec.scratch)
-        sandbox = spec
-
-        def wrap(argv: list[str], records: Path) -> list[str]:
-            confined = SandboxSpec(sandbox.scratch, sandbox.mount_at, sandbox.ro_binds,
-                                   [*sandbox.rw_paths, records], sandbox.network)
-            return sandbox_wrap(confined, argv, cwd_inside)
-    result = run_under_launcher(run_argv, run_cwd, settings, base_env=base_env, wrap=wrap)
+    result = executor_for(plan).run(plan, workspace, settings, base_env)
     report.rerun_exit_code = result.exit_code
-    new = build_run_manifest(snap, cwd=run_cwd, argv=run_argv,
+    new = build_run_manifest(snap, cwd=workspace.cwd, argv=list(plan.argv),
                              settings=settings, result=result, datasets=[],
                              output_globs=list(recorded.command.outputs), malformed_ok=True)
     assert new.outputs is not None
     if result.exit_code != 0:
         report.reason = f"the re-run failed: {new.outputs.error}"
         if not options.in_place:
-            hint = missing_inputs_hint(result.opened, run_root,
-                                       spec.mount_at if spec is not None else run_root, root)
+            hint = missing_inputs_hint(result.opened, workspace.tree, workspace.mount_at,
+                                       workspace.root)
             if hint:
                 report.reason += f"; {hint}"
         return report
     new_by_path = {a.path: a for a in new.outputs.artifacts}
-    original_cwd = root / recorded.command.cwd
+    original_cwd = workspace.root / recorded.command.cwd
     for artifact in recorded.outputs.artifacts:
         again = new_by_path.get(artifact.path)
         if again is None:
@@ -159,12 +99,11 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, run_cwd: Path, r
             return report
         report.artifacts.append(compare_artifacts(
             artifact, again, recorded_file=original_cwd / artifact.path,
-            new_file=run_cwd / artifact.path))
+            new_file=workspace.cwd / artifact.path))
     report.trail_compared, report.first_divergent_step = first_divergent_step(recorded, new)
     if result.op_streams:
         # ``blobs``: the local store, overlaid with a pack's op streams when verifying one.
-        report.first_divergent_op = _first_op_difference(
-            recorded, result, blobs if blobs is not None else store_for(recorded, root))
+        report.first_divergent_op = _first_op_difference(recorded, result, blobs)
     identical = all(a.identical for a in report.artifacts)
     report.verdict = "identical" if identical else "differs"
     if identical and report.first_divergent_step is not None:

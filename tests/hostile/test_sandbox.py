@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from manifest.verify.sandbox import SandboxSpec, unavailable_reason, wrap
+from manifest.rerun.sandbox import SandboxSpec, unavailable_reason, wrap
 from tests.runs import capture, make_repo, manifest_cli
 
 

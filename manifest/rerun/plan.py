@@ -1,0 +1,234 @@
+"""The plan: exactly what a re-run will execute, decided once, before anything runs.
+
+verify, explain, lab and gate each used to put their own re-run together
+(trust, paths, confinement, what the user is shown), and only verify did all
+of it: ``explain --trust`` ran a crafted ``command.cwd`` of ``../..`` outside
+the scratch tree, printed nothing before it ran, and never confined its runs.
+Now every verb builds one :class:`RerunPlan` here and hands it to a
+workspace and an executor (``manifest.rerun.workspace``,
+``manifest.rerun.executor``):
+
+* every path the manifest names is validated here, once
+  (``manifest.rerun.paths``): ``cwd`` and output globs stay in the tree,
+  datasets are never system trees, and a dataset outside the repository is
+  an input the plan lists (it needs the same trust as the command);
+* the trust decision (``manifest.rerun.trust``) is part of the plan: sealed
+  here, signed by a trusted identity, ``--trust`` after reading the plan, or
+  (lab) the command the user typed;
+* confinement is decided here: bubblewrap when it works, unless the verb was
+  asked (``--no-sandbox``) or has a stated reason not to (the gate);
+  ``--require-sandbox`` refuses without it;
+* what the user sees (``lines``) and what ``--format json`` reports
+  (``to_json``) are the same object, every recorded string escaped.
+
+The plan is immutable and holds no secret: withheld argv values are filled
+from ``MANIFEST_SECRET_N`` by the executor at the last moment
+(``manifest.rerun.environment.argv_to_run``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from manifest.rerun.trust import TrustDecision, escape_text, quote_arg
+
+if TYPE_CHECKING:
+    from manifest.capture.launcher import LaunchSettings
+    from manifest.models import Manifest
+
+_REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_remote(path: str) -> bool:
+    """Whether a dataset path names remote data (``s3://…``): pinned, never linked."""
+    return bool(_REMOTE.match(path))
+
+
+@dataclass(frozen=True)
+class RerunOptions:
+    """What a verb's flags say about its re-run (the same flags on every verb)."""
+
+    trust: bool = False
+    """``--trust``: run a manifest not sealed here and not signed by a trusted identity."""
+    signer: str | None = None
+    """A verified signature's identity that the user's policy trusts."""
+    sandbox: bool = True
+    """Confine when bubblewrap works (``--no-sandbox`` turns it off)."""
+    require_sandbox: bool = False
+    network: bool = False
+    in_place: bool = False
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class PlannedInput:
+    """A dataset the re-run reads: the path the command uses and where it comes from."""
+
+    path: str
+    source: str
+    outside: bool
+    """Outside the repository: needs the same trust as running the command."""
+
+
+@dataclass(frozen=True)
+class RerunPlan:
+    """One re-run, fully decided (:func:`plan_from_manifest`, :func:`plan_command`)."""
+
+    verb: str
+    argv: tuple[str, ...]
+    """As recorded (withheld values are ``<redacted:N>`` placeholders)."""
+    cwd: str
+    """Relative to the tree, validated."""
+    variables: tuple[tuple[str, str], ...]
+    inputs: tuple[PlannedInput, ...]
+    outputs: tuple[str, ...]
+    trust: TrustDecision
+    confined: bool
+    unconfined_reason: str | None
+    network: bool
+    in_place: bool
+    settings: LaunchSettings
+    runs: tuple[str, ...] = field(default_factory=tuple)
+    """What the verb will do with it (``run A: …``, ``3 runs under the recipe`` …)."""
+    require_sandbox: bool = False
+    """``--require-sandbox``: refuse (no verdict) rather than run unconfined."""
+
+    @property
+    def executor(self) -> str:
+        return "local-confined" if self.confined else "local-unconfined"
+
+    @property
+    def confinement(self) -> str:
+        if not self.confined:
+            return f"not confined ({self.unconfined_reason})"
+        where = ("your tree writable (in place)" if self.in_place
+                 else "only the scratch tree writable")
+        return (f"bubblewrap: system read-only, {where}, private /tmp, "
+                + ("network allowed (--network)" if self.network else "no network"))
+
+    def lines(self) -> list[str]:
+        """The plan as text lines, every recorded string escaped."""
+        out = [f"command: {' '.join(quote_arg(a) for a in self.argv)}",
+               f"in: {escape_text(self.cwd)}" + (" (in place)" if self.in_place else "")]
+        for name, value in self.variables:
+            out.append(f"sets: {escape_text(name)}={quote_arg(value)}")
+        for item in self.inputs:
+            where = " (outside the repository)" if item.outside else ""
+            out.append(f"links: {escape_text(item.path)} -> {escape_text(item.source)} "
+                       f"(read-only){where}")
+        out.extend(f"writes: {escape_text(glob)}" for glob in self.outputs)
+        out.extend(f"runs: {escape_text(run)}" for run in self.runs)
+        out.append(f"confinement: {self.confinement}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verb": self.verb, "argv": list(self.argv), "cwd": self.cwd,
+            "in_place": self.in_place, "variables": dict(self.variables),
+            "inputs": [{"path": i.path, "source": i.source, "outside": i.outside}
+                       for i in self.inputs],
+            "outputs": list(self.outputs), "runs": list(self.runs),
+            "executor": self.executor, "confined": self.confined,
+            "confinement": self.confinement, "network": self.network,
+            "trust": {"allowed": self.trust.allowed, "basis": self.trust.basis,
+                      "reason": self.trust.reason},
+        }
+
+    def require(self) -> None:
+        """Refuse, before anything runs, what the plan does not allow."""
+        from manifest.errors import NoVerdictError, UntrustedManifestError
+
+        if not self.trust.allowed:
+            raise UntrustedManifestError(
+                f"{self.trust.reason}.",
+                hint="Read what it would run (above) and pass --trust to run it anyway.")
+        if not self.confined and self.require_sandbox:
+            raise NoVerdictError(f"--require-sandbox: the re-run cannot be confined: "
+                                 f"{self.unconfined_reason}.",
+                                 hint="Install bubblewrap (apt-get install bubblewrap).")
+
+
+def sandbox_unavailable(options: RerunOptions) -> str | None:
+    """None when the re-run will be confined, else why not."""
+    if not options.sandbox:
+        return "--no-sandbox"
+    from manifest.rerun.sandbox import unavailable_reason
+
+    return unavailable_reason()
+
+
+def plan_inputs(root: Path, data: list[tuple[str, str | None]]) -> tuple[PlannedInput, ...]:
+    """Each (dataset path, path as given from the repository) validated, with its source."""
+    from manifest.rerun.paths import dataset_link
+
+    out: list[PlannedInput] = []
+    for path, from_repo in data:
+        if is_remote(path):
+            continue  # pinned from metadata and re-listed by verify; nothing to link
+        rel = dataset_link(root, path)
+        source = os.path.realpath(root / rel if rel is not None else path)
+        climbs = bool(from_repo) and ".." in Path(from_repo or "").parts
+        out.append(PlannedInput(path, source, rel is None or climbs))
+    return tuple(out)
+
+
+def plan_command(*, verb: str, root: Path, argv: list[str], cwd: str, outputs: list[str],
+                 data: list[tuple[str, str | None]], settings: LaunchSettings,
+                 variables: dict[str, str], options: RerunOptions, trust: TrustDecision,
+                 runs: tuple[str, ...] = (), unconfined_because: str | None = None) -> RerunPlan:
+    """The plan for ``argv``; every path validated (``UnsafePathError`` before anything runs)."""
+    from manifest.rerun.paths import tree_relative
+
+    for glob in outputs:
+        tree_relative(glob, "declared output")
+    tree_relative(cwd, "the recorded working directory")
+    inputs = plan_inputs(root, data)
+    reason = unconfined_because or sandbox_unavailable(options)
+    return RerunPlan(
+        verb=verb, argv=tuple(argv), cwd=cwd, variables=tuple(sorted(variables.items())),
+        inputs=inputs, outputs=tuple(outputs), trust=trust, confined=reason is None,
+        unconfined_reason=reason, network=options.network, in_place=options.in_place,
+        settings=settings, runs=runs,
+        require_sandbox=options.require_sandbox and unconfined_because is None)
+
+
+def recorded_settings(recorded: Manifest, threads: int | None = None) -> LaunchSettings:
+    """The launcher settings a manifest was recorded under (``threads`` overrides)."""
+    from manifest.capture.launcher import LaunchSettings
+
+    return LaunchSettings(
+        seed=recorded.randomness.seed or 0,
+        derivation=recorded.randomness.derivation or "same",
+        threads=threads or recorded.determinism.num_threads or 1,
+        deterministic=recorded.determinism.requested,
+        hashseed=recorded.determinism.pythonhashseed,
+    )
+
+
+def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: RerunOptions,
+                       runs: tuple[str, ...] = (),
+                       unconfined_because: str | None = None) -> RerunPlan:
+    """The plan to re-run ``recorded``'s command, with the trust decision for it."""
+    from manifest.rerun.trust import check_trust
+
+    assert recorded.command is not None
+    settings = recorded_settings(recorded, options.threads)
+    variables = dict(recorded.env.variables)
+    if recorded.command.code_env:
+        variables.update(recorded.command.code_env)
+    variables.update({
+        "OMP_NUM_THREADS": str(settings.threads), "MKL_NUM_THREADS": str(settings.threads),
+        "MANIFEST_LAUNCH": (f"seed={settings.seed} derivation={settings.derivation} "
+                            f"deterministic={settings.deterministic}"),
+    })
+    decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
+    return plan_command(
+        verb=verb, root=root, argv=list(recorded.command.argv), cwd=recorded.command.cwd,
+        outputs=list(recorded.command.outputs),
+        data=[(ds.path, ds.from_repo) for ds in recorded.data], settings=settings,
+        variables=variables, options=options, trust=decision, runs=runs,
+        unconfined_because=unconfined_because)
