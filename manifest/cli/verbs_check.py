@@ -59,9 +59,22 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     import gc
 
     gc.disable()
-    a = load_for_diff(unpacked(read_manifest_file(args.a)), name=args.a)
-    b = load_for_diff(unpacked(read_manifest_file(args.b)), name=args.b)
-    result = diff_manifests(a, b)
+    raw_a, raw_b = read_manifest_file(args.a), read_manifest_file(args.b)
+    a = load_for_diff(unpacked(raw_a), name=args.a)
+    b = load_for_diff(unpacked(raw_b), name=args.b)
+    # A signature that came with an input (its pack's, FILE.sig) must cover it: else exit 2.
+    from dataclasses import replace
+
+    from manifest.travel.sign import input_signature
+
+    signed = {side: input_signature(name, raw, cwd=Path.cwd())
+              for side, name, raw in (("a", args.a, raw_a), ("b", args.b, raw_b))}
+    result = replace(diff_manifests(a, b), a_signature=signed["a"], b_signature=signed["b"])
+    for name, found in ((args.a, signed["a"]), (args.b, signed["b"])):
+        if found is not None:
+            from manifest.cli.text import printable
+
+            sys.stderr.write(f"manifest: {printable(name)}: {printable(found.describe())}.\n")
     only = None if args.only is None else Impact(args.only)
     if args.format is ReportFormat.JSON:
         from manifest.cli.render_diff import diff_json_bytes

@@ -9,8 +9,17 @@ A :class:`ManifestDiff` is plain frozen dataclasses over the models; its
 
     {
       "format": "manifest-diff/v1",
-      "a": {"file": "a.json", "run_id": "blake3:…", "digest": "blake3:…"},
-      "b": {"file": "b.json", "run_id": "blake3:…", "digest": "blake3:…"},
+      "a": {"file": "a.json", "run_id": "blake3:…", "digest": "blake3:…",
+            "signature": null | {                  # null: no signature came with it
+              "source": "a.mfpack (embedded)",     # or a.json.sig, or --signature
+              "signer": "key sha256:…" | "alice@example.com (issuer)",
+              "method": "key" | "sigstore",
+              "trusted": true,                     # listed by your trust policy
+              "verified": true                     # false: a key no policy lists
+            }},                                    # (one that covers another manifest
+                                                   # is refused: exit 2)
+      "b": {"file": "b.json", "run_id": "blake3:…", "digest": "blake3:…",
+            "signature": …},
       "same_run_id": false,
       "verdict": "bits" | "benign" | "identical",
       "counts": {"bits": 2, "benign": 1},          # over all differences
@@ -44,11 +53,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from manifest.diff.rules import Impact
+
+if TYPE_CHECKING:
+    from manifest.travel.sign import InputSignature
 
 JSON_FORMAT = "manifest-diff/v1"
 
@@ -127,6 +139,9 @@ class ManifestDiff:
     b_digest: str
     differences: tuple[Difference, ...]
     nondeterminism: NonDeterminism | None
+    a_signature: InputSignature | None = None
+    """The signature found with the first input (its pack's, FILE.sig, --signature)."""
+    b_signature: InputSignature | None = None
 
     @property
     def same_run_id(self) -> bool:
@@ -162,8 +177,12 @@ class ManifestDiff:
         """The documented ``--json`` document (see the module docstring)."""
         return {
             "format": JSON_FORMAT,
-            "a": {"file": a_file, "run_id": self.a_run_id, "digest": self.a_digest},
-            "b": {"file": b_file, "run_id": self.b_run_id, "digest": self.b_digest},
+            "a": {"file": a_file, "run_id": self.a_run_id, "digest": self.a_digest,
+                  "signature": None if self.a_signature is None
+                  else dict(self.a_signature.to_json())},
+            "b": {"file": b_file, "run_id": self.b_run_id, "digest": self.b_digest,
+                  "signature": None if self.b_signature is None
+                  else dict(self.b_signature.to_json())},
             "same_run_id": self.same_run_id,
             "verdict": self.verdict,
             "counts": {"bits": len(self.bits), "benign": len(self.benign)},

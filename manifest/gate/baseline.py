@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import glob
 import os
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from manifest.gate.policy import Project
 from manifest.gate.report import UPDATE_HINT, CheckResult, GateReport, Status
 from manifest.models import Manifest
+
+if TYPE_CHECKING:
+    from manifest.travel.sign import InputSignature
 
 # the commit always moves between a baseline and a pull request.
 _CODE_IDENTITY = {"code.commit", "code.dirty", "code.diff_digest", "code.untracked_files"}
@@ -39,6 +43,20 @@ def update_baseline(project: Project, manifest: Manifest, deterministic: bool,
 
 def load_baseline(path: Path) -> Manifest | None:
     """The baseline manifest, or None when the file does not exist."""
+    loaded = load_signed_baseline(path, cwd=path.parent)
+    return None if loaded is None else loaded[0]
+
+
+def load_signed_baseline(path: Path, *,
+                         cwd: Path) -> tuple[Manifest, InputSignature | None] | None:
+    """The baseline and the signature that came with it (a signed pack's, or
+    ``baseline.json.sig``), or None when there is no baseline.
+
+    A signature that does not cover the baseline (or fails its check) is
+    refused, exit 2, as ``verify`` and ``diff`` refuse it: someone changed the
+    committed baseline after it was signed, and comparing against it would
+    pass off their weights as the signer's.
+    """
     from manifest.canonical import load_manifest, read_manifest_file
     from manifest.errors import InvalidManifestError
 
@@ -48,10 +66,26 @@ def load_baseline(path: Path) -> Manifest | None:
     try:
         from manifest.travel.pack import manifest_bytes_of
 
-        return load_manifest(manifest_bytes_of(data))
+        manifest = load_manifest(manifest_bytes_of(data))
     except InvalidManifestError as exc:
         raise type(exc)(f"the baseline {path} is not a valid manifest: {exc.message}",
                         hint=f"Restore it from git, or {UPDATE_HINT}.") from exc
+    from manifest.errors import SignatureError
+    from manifest.travel.sign import input_signature
+
+    try:
+        return manifest, input_signature(str(path), data, cwd=cwd)
+    except SignatureError as exc:
+        raise SignatureError(f"the baseline {path}: {exc.message}",
+                             hint=" ".join(filter(None, (exc.hint, f"Re-sign it, or "
+                                                          f"{UPDATE_HINT}.")))) from exc
+
+
+def signature_line(signature: InputSignature | None) -> str:
+    """The baseline check's line about the signature, said whether or not there is one."""
+    if signature is None:
+        return "baseline signature: none (not a signed pack, no .sig beside it): not checked"
+    return f"baseline signature: {signature.describe()} ({signature.source})"
 
 
 def weights_of(manifest: Manifest) -> dict[str, Any]:
@@ -159,12 +193,20 @@ def env_drift(baseline: Manifest, current: Manifest) -> list[str]:
 
 
 def check_baseline(project: Project, current: Manifest) -> CheckResult:
-    """Compare a fresh run with the committed baseline (see the module docstring)."""
+    """Compare a fresh run with the committed baseline (see the module docstring); the
+    details end with what the baseline's signature says (or that it has none)."""
     where = project.rel(project.baseline_path)
-    baseline = load_baseline(project.baseline_path)
-    if baseline is None:
+    loaded = load_signed_baseline(project.baseline_path, cwd=project.dir)
+    if loaded is None:
         return CheckResult("baseline", Status.FAIL, f"no baseline manifest at {where}",
                            hint=f"Run `manifest gate --update-baseline` and commit {where}.")
+    baseline, signature = loaded
+    result = _compare_with_baseline(project, baseline, current, where)
+    return replace(result, details=(*result.details, signature_line(signature)))
+
+
+def _compare_with_baseline(project: Project, baseline: Manifest, current: Manifest,
+                           where: str) -> CheckResult:
     if baseline.outputs is None or baseline.outputs.status != "ok":
         return CheckResult("baseline", Status.FAIL,
                            f"the baseline {where} records no successful run", hint=UPDATE_HINT)

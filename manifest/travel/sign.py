@@ -428,6 +428,59 @@ def check_input_signature(file: str, data: bytes, *, cwd: Path, explicit: str | 
     found = find_signature(file, data, explicit)
     if found is None:
         return None
+    return _check_found(found, data, cwd=cwd, accept_untrusted=accept_untrusted)
+
+
+@dataclass(frozen=True)
+class InputSignature:
+    """What the signature found with an input says, for a verb that runs nothing (diff,
+    gate's baseline): it covers this manifest (else the verb refused), who made it, and
+    whether that was checked cryptographically."""
+
+    source: str
+    """Where it was found: ``--signature FILE``, ``FILE.sig`` or ``PACK (embedded)``."""
+    signer: str
+    method: str
+    trusted: bool
+    verified: bool
+    """False only for a key signature whose key no policy lists: nothing to check it with."""
+
+    def to_json(self) -> dict[str, str | bool]:
+        return {"source": self.source, "signer": self.signer, "method": self.method,
+                "trusted": self.trusted, "verified": self.verified}
+
+    def describe(self) -> str:
+        """One clause: ``signed by S (in your trust policy); covers this manifest``."""
+        if self.trusted:
+            who = "in your trust policy"
+        elif self.verified:
+            who = "not in your trust policy"
+        else:
+            who = "not in your trust policy, so its key could not check the signature"
+        return f"signed by {self.signer} ({who}); the signature covers this manifest"
+
+
+def input_signature(file: str, data: bytes, *, cwd: Path,
+                    explicit: str | None = None) -> InputSignature | None:
+    """The signature of an input a verb reads without running it; None when it has none.
+
+    A signature that is malformed, fails its cryptographic check, or covers
+    another manifest raises :class:`~manifest.errors.SignatureError` (exit 2),
+    naming where it was found, as for ``verify`` and ``show``: a pack whose
+    signature vouches for a different manifest was altered or assembled from
+    parts, and a report that compared it anyway would lend it the signer's
+    name. An untrusted signer is not refused (nothing runs), only reported.
+    """
+    found = find_signature(file, data, explicit)
+    if found is None:
+        return None
+    check = _check_found(found, data, cwd=cwd, accept_untrusted=True)
+    return InputSignature(found[1], check.signer, check.method, check.trusted,
+                          check.trusted or check.method == "sigstore")
+
+
+def _check_found(found: tuple[bytes, str], data: bytes, *, cwd: Path,
+                 accept_untrusted: bool) -> SignatureCheck:
     from manifest.canonical import dumps, load_manifest
     from manifest.travel.pack import manifest_bytes_of
     from manifest.travel.policy import load_policy
