@@ -1,0 +1,119 @@
+"""The one re-run engine (``manifest.rerun``): every verb plans, trusts, confines and shows
+its re-run the same way (issue 20, item 1).
+
+* No module outside the engine starts a recorded command: only the executor
+  calls the launcher (capture calls it for the command the user typed).
+* explain shows the plan before an untrusted manifest runs and refuses it
+  without ``--trust`` (it used to print nothing and run), and its report
+  carries the plan, as verify's does.
+* explain reaches data outside the repository the way verify does: a script
+  run as ``--data ../data`` used to fail in explain's scratch clone with
+  FileNotFoundError (no verdict) while verify said identical.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from manifest.canonical import dumps, load_manifest, seal, to_document
+from tests.runs import capture, make_repo, manifest_cli
+
+PACKAGE = Path(__file__).resolve().parent.parent / "manifest"
+
+OUTSIDE_DATA = """
+import argparse, pathlib, torch
+from safetensors.torch import save_file
+p = argparse.ArgumentParser()
+p.add_argument('--data')
+args = p.parse_args()
+values = [float(v) for v in pathlib.Path(args.data, 'values.txt').read_text().split()]
+x = torch.tensor(values).reshape(-1, 4)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+pathlib.Path('out').mkdir(exist_ok=True)
+save_file(model.state_dict(), 'out/model.safetensors')
+"""
+
+
+def test_only_the_engine_starts_recorded_commands() -> None:
+    """The launcher's entry point is called from the executor, and from capture alone."""
+    callers = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else (
+                    func.attr if isinstance(func, ast.Attribute) else None)
+                if name == "run_under_launcher":
+                    callers.add(path.relative_to(PACKAGE).as_posix())
+    assert callers == {"rerun/executor.py", "capture/run.py"}, callers
+
+
+@pytest.fixture(scope="module")
+def outside_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    work = tmp_path_factory.mktemp("engine")
+    data = work / "data"
+    data.mkdir()
+    (data / "values.txt").write_text(" ".join(str(i / 7) for i in range(32)))
+    repo = make_repo(work / "repo", {"fit.py": OUTSIDE_DATA}, example=False)
+    manifest, _ = capture(repo, "--threads", "2", "--data", "../data",
+                          command=["python", "fit.py", "--data", "../data"])
+    return repo, manifest
+
+
+@pytest.mark.slow
+def test_explain_reaches_data_outside_the_repository(outside_run: tuple[Path, Path]) -> None:
+    repo, manifest = outside_run
+    verify = manifest_cli("verify", str(manifest), "--json", cwd=repo)
+    assert verify.returncode == 0, verify.stderr.decode()
+    report = json.loads(verify.stdout)
+    assert report["verdict"] == "identical"
+    assert report["plan"]["inputs"][0]["outside"] is True
+    explain = manifest_cli("explain", "--threads", "1", str(manifest), "--json", cwd=repo)
+    stderr = explain.stderr.decode()
+    assert "FileNotFoundError" not in stderr
+    assert explain.returncode in (0, 1), stderr  # a verdict, not "no verdict"
+    doc = json.loads(explain.stdout)
+    assert doc["verdict"] in ("agree", "parted")
+    assert doc["plan"]["verb"] == "explain"
+    assert doc["plan"]["executor"] in ("local-confined", "local-unconfined")
+    assert doc["confinement"] == doc["plan"]["confinement"]
+
+
+@pytest.mark.slow
+def test_explain_shows_the_plan_and_needs_trust_for_a_received_manifest(
+        outside_run: tuple[Path, Path], tmp_path: Path) -> None:
+    repo, manifest = outside_run
+    doc = to_document(load_manifest(manifest.read_bytes()))
+    doc["command"]["argv"] = ["python", "fit.py", "--data", "../data", "--edited"]
+    received = tmp_path / "received.json"
+    received.write_bytes(dumps(seal(doc)))  # re-sealed, as anyone can: not sealed here
+    refused = manifest_cli("explain", str(received), cwd=repo)
+    stderr = refused.stderr.decode()
+    assert refused.returncode == 2, stderr
+    assert "explain would run:" in stderr and "--edited" in stderr
+    assert "links: " in stderr and "/data (read-only) (outside the repository)" in stderr
+    assert "re-running" not in stderr
+    # Positive control: the same manifest with --trust is shown as allowed and runs.
+    trusted = manifest_cli("explain", "--step", "1", str(received), "--trust", cwd=repo)
+    stderr = trusted.stderr.decode()
+    assert "explain will run (--trust):" in stderr
+    assert "re-running" in stderr
+
+
+def test_contradictory_sandbox_flags_are_one_sentence(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text("{}")
+    for verb in (["explain", "x.json"], ["lab"]):
+        proc = manifest_cli(*verb, "--no-sandbox", "--require-sandbox", cwd=tmp_path)
+        stderr = proc.stderr.decode()
+        assert proc.returncode == 2, stderr
+        assert "contradict each other" in stderr and "Traceback" not in stderr
