@@ -240,6 +240,10 @@ class ProcessRandomness(Model):
     at_start: RngFingerprints | None
     reseeds: list[SeedCall] | None = later("seeding calls the run made, in order (first 32)")
     loaders: list[LoaderSeed] | None = later("DataLoader worker seeds (first 16 iterators)")
+    unaccounted: list[str] | None = later(
+        "generators whose draws the states at start and exit cannot account for: a state set "
+        "from a saved one (random.setstate, torch.set_rng_state, fork_rng …), or draws made "
+        "before torch was imported")
 
 
 class Randomness(Model):
@@ -295,6 +299,20 @@ class ProcessDeterminism(Model):
         "per-backend ones), where this torch has them")
 
 
+class OutsideProcess(Model):
+    """A Python process the run started that the launcher did not prepare
+    (``manifest.capture.outside``): no seeds, no switches, no record."""
+
+    command: str
+    """The interpreter, its options and the script or module name; never the script's
+    arguments (e.g. ``python -S train.py``)."""
+    reason: str
+    """Why the launcher could not reach it (``-S``, an environment without the marker …)."""
+    site: str
+    """Where it was started: ``file:line`` of the call in a prepared process, ``the command
+    line``, or ``under <program>`` for a process the parent's watch saw."""
+
+
 class Determinism(Model):
     requested: bool
     """Whether the launcher was asked to enforce the deterministic recipe."""
@@ -303,6 +321,9 @@ class Determinism(Model):
     pythonhashseed: str | None
     processes: list[ProcessDeterminism] = Field(default_factory=list)
     unavailable: Reasons = Field(default_factory=dict)
+    outside_recipe: list[OutsideProcess] | None = later(
+        "Python processes the run started outside the recipe (python -S, a scrubbed "
+        "environment …): the recipe was not in force in them, whatever 'requested' says")
 
 
 # ------------------------------------------------------------------ command
@@ -363,6 +384,9 @@ class Outputs(Model):
     error: str | None = None
     artifacts: list[Artifact] = Field(default_factory=list)
     processes: list[ProcessOutcome] = Field(default_factory=list)
+    workers: Count | None = later(
+        "worker processes the run's processes forked or spawned (DataLoader workers, "
+        "multiprocessing): they draw from generators whose states are not recorded")
 
 
 # ----------------------------------------------------------------- observed

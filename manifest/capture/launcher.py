@@ -9,8 +9,12 @@ manifest (``manifest.capture.run``):
    ``sitecustomize`` prepares every Python process the command starts
    (seeds, flags, thread count; see ``manifest.launch.boot._manifest_launch``),
    plus ``PYTHONHASHSEED``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` and the
-   OpenMP/MKL thread counts in its environment. ``python -I``/``-S`` skip
-   ``PYTHONPATH``/site and so escape the launcher: don't use them under it.
+   OpenMP/MKL thread counts in its environment. ``MANIFEST_LAUNCH`` marks the
+   run: the package's start-up hook (``torch_manifest.pth``) loads the same
+   ``sitecustomize`` in any process that keeps it, so a command that replaces
+   ``PYTHONPATH`` is still prepared. A Python process that escapes both
+   (``python -S``, ``env -i python``) is named in ``LaunchResult.outside``
+   (``manifest.capture.outside``).
 2. The child's stdout is sent to our stderr, so stdout carries only the
    manifest.
 3. Each prepared process writes a JSON record (and, with an op window, an
@@ -101,6 +105,10 @@ class LaunchResult:
     modules: frozenset[str] = frozenset()
     """Top-level modules imported by any process."""
     started_ns: int = 0
+    outside: list[dict[str, str]] = field(default_factory=list)
+    """Python processes that ran outside the recipe (``manifest.capture.outside``)."""
+    workers: int = 0
+    """Worker processes started (forks, multiprocessing children), each counted at its start."""
 
 
 def run_under_launcher(
@@ -112,7 +120,9 @@ def run_under_launcher(
     ``wrap(argv, records_dir)`` returns the command line that actually runs
     (verify's sandbox: it must leave ``records_dir`` writable).
     """
-    with tempfile.TemporaryDirectory(prefix="manifest-records-") as tmp:
+    from manifest.capture.outside import PythonWatch
+
+    with tempfile.TemporaryDirectory(prefix="manifest-records-") as tmp, PythonWatch() as watch:
         env = settings.child_env(Path(tmp), base_env)
         full = wrap(argv, Path(tmp)) if wrap is not None else argv
         started_ns = time.time_ns()
@@ -124,8 +134,11 @@ def run_under_launcher(
             raise UsageError(f"command is not executable: {argv[0]}.") from exc
         records = []
         streams: dict[str, bytes] = {}
+        workers = 0
         for name in sorted(os.listdir(tmp)):
-            if name.startswith("ops-") and name.endswith(".json"):
+            if name.startswith("worker-"):
+                workers += 1
+            elif name.startswith("ops-") and name.endswith(".json"):
                 streams[name] = Path(tmp, name).read_bytes()
             elif name.endswith(".json"):
                 try:
@@ -139,7 +152,20 @@ def run_under_launcher(
             opened[path] = kind if opened.get(path, kind) == kind else "rw"
         modules.update(r.get("modules") or ())
     return LaunchResult(code, select_ranks(records), env, streams, opened, frozenset(modules),
-                        started_ns)
+                        started_ns, outside_found(argv, env, watch.found, records), workers)
+
+
+def outside_found(argv: list[str], env: dict[str, str], watched: list[dict[str, str]],
+                  records: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Every lookout's findings (``manifest.capture.outside``): the command line itself,
+    the process tree, and each prepared process's audit of what it started."""
+    from manifest.capture.outside import COMMAND_LINE, merge_found
+    from manifest.launch.boot._manifest_escape import describe_start
+
+    top = describe_start(argv, env)
+    if top is not None:
+        top["site"] = COMMAND_LINE
+    return merge_found([top] if top else [], watched, *(r.get("outside") for r in records))
 
 
 def _run_to_end(argv: list[str], cwd: Path, env: dict[str, str]) -> int:

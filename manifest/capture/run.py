@@ -81,6 +81,12 @@ def _items(model: type[M], raw: Any) -> list[M] | None:
     return out or None
 
 
+def _generators(raw: Any) -> list[str] | None:
+    if not isinstance(raw, list) or not raw:
+        return None
+    return sorted({str(g) for g in raw})
+
+
 def _strings(raw: Any) -> dict[str, str] | None:
     if not isinstance(raw, dict) or not raw:
         return None
@@ -100,7 +106,8 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
         rnd.append(ProcessRandomness(rank=rank, seed=r.get("seed"),
                                      at_start=_fingerprints(r.get("at_start")),
                                      reseeds=_items(SeedCall, r.get("reseeds")),
-                                     loaders=_items(LoaderSeed, r.get("loaders"))))
+                                     loaders=_items(LoaderSeed, r.get("loaders")),
+                                     unaccounted=_generators(r.get("unaccounted"))))
         flags = r.get("flags")
         det.append(ProcessDeterminism(
             rank=rank, local_rank=r.get("local_rank"), world_size=r.get("world_size"),
@@ -213,11 +220,15 @@ def build_run_manifest(
         from manifest.capture.observed import imported_distributions
 
         doc["env"] = dict(doc["env"], imported=imported_distributions(result.modules))
+    none_ran = "the command started no Python process"
+    if result.outside:
+        none_ran = (f"no Python process ran under the launcher; {len(result.outside)} ran outside "
+                    "the recipe (determinism.outside_recipe)")
     doc["randomness"] = {
         "seed": settings.seed,
         "derivation": settings.derivation,
         "processes": [p.model_dump(mode="json") for p in rnd],
-        "unavailable": {} if rnd else {"processes": "the command started no Python process"},
+        "unavailable": {} if rnd else {"processes": none_ran},
     }
     doc["determinism"] = {
         "requested": settings.deterministic,
@@ -227,6 +238,8 @@ def build_run_manifest(
         "processes": [p.model_dump(mode="json") for p in det],
         "unavailable": {},
     }
+    if result.outside:  # left out when none, so a run without any keeps its run_id
+        doc["determinism"]["outside_recipe"] = [dict(p) for p in result.outside]
     doc["command"] = {
         "argv": redact_argv(argv),
         "cwd": rel_cwd,
@@ -241,6 +254,8 @@ def build_run_manifest(
         "artifacts": [a.model_dump(mode="json") for a in artifacts],
         "processes": [p.model_dump(mode="json") for p in outcomes],
     }
+    if result.workers:
+        doc["outputs"]["workers"] = result.workers
     pids = [int(r["pid"]) for r in result.records if r.get("pid")]
     doc["observed"] = observed_for(snap, pids=pids)
     if compute is not None:

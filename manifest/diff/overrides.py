@@ -10,6 +10,17 @@ labels in :data:`manifest.diff.rules.REFINED` (pure functions over two manifests
   calls themselves are compared as ``bits`` otherwise). A generator whose
   state at start is absent in both runs (numpy never imported, CUDA never
   initialised) does not count.
+* **Generators the run never drew from.** A script that seeds torch itself
+  and never touches ``random`` or numpy gives the same weights under
+  ``--seed 0`` and ``--seed 1``, though the launcher seeded those two
+  generators differently. A generator counts as never drawn from in a run
+  when, in every process, its state at exit equals its state at start
+  (exact fingerprints), and nothing can hide a draw: the process lists it
+  in no ``unaccounted`` (a state restored from a saved one, draws before
+  torch was imported), started no DataLoader workers and the run no worker
+  process (``outputs.workers``: a worker draws from states no record
+  holds), and no process ran outside the recipe. A state that was not
+  recorded (null) never counts. Both runs must say so.
 * **Packages the run never imported.** Only distributions whose modules a
   run imported, plus torch and its CUDA libraries, can change its bits; an
   old manifest without the imported list keeps every package as ``bits``.
@@ -58,13 +69,44 @@ def overridden_generators(a: ProcessRandomness, b: ProcessRandomness) -> dict[st
     return found
 
 
-def rank_seed_overridden(a: ProcessRandomness, b: ProcessRandomness) -> list[str] | None:
-    """Call sites that made this rank's launcher seed irrelevant, or None if it still counts."""
+NEVER_DRAWN = "never drawn from"
+"""How a generator that no draw reached is named among the call sites of a seed line."""
+
+
+def _never_drawn_in(m: Manifest, generator: str) -> bool:
+    if m.outputs is None or m.outputs.workers or m.determinism.outside_recipe:
+        return False
+    outcomes = {o.rank: o for o in m.outputs.processes}
+    if not m.randomness.processes or outcomes.keys() != {p.rank for p in m.randomness.processes}:
+        return False
+    for p in m.randomness.processes:
+        if p.loaders or generator in (p.unaccounted or ()):
+            return False
+        end = outcomes[p.rank].at_exit
+        start = getattr(p.at_start, generator) if p.at_start is not None else None
+        if not start or end is None or getattr(end, generator) != start:
+            return False
+    return True
+
+
+def never_drawn(a: Manifest, b: Manifest) -> frozenset[str]:
+    """Generators that no process of either run drew from (see the module docstring)."""
+    return frozenset(g for g in GENERATORS if _never_drawn_in(a, g) and _never_drawn_in(b, g))
+
+
+def rank_seed_overridden(a: ProcessRandomness, b: ProcessRandomness,
+                         unused: frozenset[str] = frozenset()) -> list[str] | None:
+    """Call sites that made this rank's launcher seed irrelevant, or None if it still counts.
+
+    ``unused``: generators no process drew from (:func:`never_drawn`), named
+    :data:`NEVER_DRAWN`; each generator the seed reached must be one or the other.
+    """
     found = overridden_generators(a, b)
     relevant = {g for g in GENERATORS if _started(a, g) or _started(b, g)}
-    if not relevant or not relevant <= found.keys():
+    if not relevant or not relevant <= found.keys() | unused:
         return None
-    return list(dict.fromkeys(found[g] for g in GENERATORS if g in relevant))
+    return list(dict.fromkeys(
+        found.get(g, f"{g}: {NEVER_DRAWN}") for g in GENERATORS if g in relevant))
 
 
 def seed_overridden(a: Manifest, b: Manifest) -> list[str] | None:
@@ -73,9 +115,10 @@ def seed_overridden(a: Manifest, b: Manifest) -> list[str] | None:
     ranks_b = {p.rank: p for p in b.randomness.processes}
     if not ranks_a or ranks_a.keys() != ranks_b.keys():
         return None
+    unused = never_drawn(a, b)
     sites: list[str] = []
     for rank, pa in ranks_a.items():
-        found = rank_seed_overridden(pa, ranks_b[rank])
+        found = rank_seed_overridden(pa, ranks_b[rank], unused)
         if found is None:
             return None
         sites.extend(s for s in found if s not in sites)

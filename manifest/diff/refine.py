@@ -7,6 +7,11 @@ module: ``RULES`` and ``REFINED``):
 * a package neither run imported is ``benign``, and a launcher seed that both
   runs' own seeding replaced before any draw is ``benign`` with the call
   sites named (``manifest.diff.overrides`` decides both);
+* a generator that no process of either run drew from (its state at exit is
+  its state at start everywhere, and nothing could hide a draw) makes its
+  state lines ``benign``, and a seed every one of whose generators was
+  reseeded before its first draw or never drawn from is ``benign``, each
+  reason saying which (``overrides.never_drawn``);
 
 * ``env.packages_digest`` is a summary of ``env.packages``: it is not listed
   when a package line already says what changed.
@@ -58,6 +63,8 @@ def refine_labels(found: list[Difference], a: Manifest, b: Manifest) -> list[Dif
 
 _RANK_RNG = {f"randomness.processes[*].at_start.{g}": g
              for g in ("python", "numpy", "torch_cpu", "cuda")}
+_EXIT_RNG = {f"outputs.processes[*].at_exit.{g}": g
+             for g in ("python", "numpy", "torch_cpu", "cuda")}
 
 
 def _refine_by_run(d: Difference, a: Manifest, b: Manifest) -> Difference | None:
@@ -74,6 +81,10 @@ def _refine_by_run(d: Difference, a: Manifest, b: Manifest) -> Difference | None
         rule = REFINED["package-not-imported"]
         return _relabel(d, rule, reason_for(rule, d.change, d.before, d.after,
                                             (d.location[-1],), d.path))
+    generator = _RANK_RNG.get(d.rule) or _EXIT_RNG.get(d.rule)
+    if generator is not None and generator in overrides.never_drawn(a, b):
+        rule = REFINED["rng-never-drawn"]
+        return _relabel(d, rule, f"{d.reason.partition(':')[0]}: {rule.why}")
     if d.rule == "randomness.seed":
         sites, rule = overrides.seed_overridden(a, b), REFINED["seed-overridden"]
     elif d.rule == "randomness.processes[*].seed" or d.rule in _RANK_RNG:
@@ -83,9 +94,10 @@ def _refine_by_run(d: Difference, a: Manifest, b: Manifest) -> Difference | None
         if d.rule in _RANK_RNG:
             site = overrides.overridden_generators(pa, pb).get(_RANK_RNG[d.rule])
             sites = [site] if site is not None else None
+            rule = REFINED["rng-overridden"]
         else:
-            sites = overrides.rank_seed_overridden(pa, pb)
-        rule = REFINED["rank-seed-overridden"]
+            sites = overrides.rank_seed_overridden(pa, pb, overrides.never_drawn(a, b))
+            rule = REFINED["rank-seed-overridden"]
     if sites is None or rule is None:
         return None
     where = "; ".join(sites[:3]) + (" …" if len(sites) > 3 else "")

@@ -208,6 +208,9 @@ RULES: Mapping[str, Rule] = {
         B, "rank {keys[0]} DataLoader at {key} base seed", "workers draw other streams"),
     "randomness.processes[*].loaders[*].workers": Rule(
         B, "rank {keys[0]} DataLoader at {key} workers", "samples are split otherwise"),
+    "randomness.processes[*].unaccounted": Rule(
+        B, "rank {key} generators with draws not accounted for",
+        "a state set from a saved one, or drawn before torch was imported", missing="none"),
     "randomness.unavailable[*]": Rule(N, "randomness: reason for {key}", _UNAVAILABLE,
                                       missing="none"),
     # --------------------------------------------------------- determinism
@@ -269,6 +272,17 @@ RULES: Mapping[str, Rule] = {
         B, "rank {keys[0]} {key}", "kernel selection or precision may change"),
     "determinism.processes[*].switches[*].site": Rule(
         N, "rank {keys[0]} {key} call site", "where the script sets it; the value is compared"),
+    "determinism.outside_recipe": Rule(B, "processes outside the recipe",
+                                       "a Python process ran without the launcher's seeds and "
+                                       "switches", missing="none", show_values=False),
+    "determinism.outside_recipe[*]": Rule(B, "process outside the recipe: {key}",
+                                          "it ran without the launcher's seeds and switches",
+                                          missing="absent", show_values=False),
+    "determinism.outside_recipe[*].reason": Rule(N, "why {keys[0]} ran outside the recipe",
+                                                 "that it did is compared on its own line"),
+    "determinism.outside_recipe[*].site": Rule(N, "where {keys[0]} was started",
+                                               "that it ran outside the recipe is compared on "
+                                               "its own line"),
     "determinism.processes[*].fp32_precision": Rule(B, "rank {key} fp32_precision switches",
                                                     "matmuls and convolutions run in TF32 or "
                                                     "FP32", show_values=False),
@@ -310,6 +324,8 @@ RULES: Mapping[str, Rule] = {
                                                   _WEIGHTS),
     "outputs.artifacts[*].tensors[*].digest": Rule(B, "tensor {key} of {keys[0]}", _WEIGHTS,
                                                    show_values=False),
+    "outputs.workers": Rule(B, "worker processes", "other per-worker random streams",
+                            missing="none"),
     "outputs.processes[*]": Rule(B, "rank {key} outcome", "only one run recorded it",
                                  missing="absent"),
     "outputs.processes[*].at_exit": Rule(B, "rank {key} RNG states at exit",
@@ -390,11 +406,16 @@ FALLBACK_RULE = Rule(B, "{path}", "not in the impact table, so assumed to change
 REFINED: Mapping[str, Rule] = {
     "package-not-imported": Rule(N, "package {key}", "installed, never imported by the run",
                                  missing="not installed"),
-    "seed-overridden": Rule(N, "seed", "overridden by the script's own seeding before any draw"),
-    "rank-seed-overridden": Rule(N, "rank {key} seed",
-                                 "overridden by the script's own seeding before any draw"),
+    "seed-overridden": Rule(N, "seed", "overridden: every generator it seeded was reseeded by "
+                            "the script before its first draw or never drawn from"),
+    "rank-seed-overridden": Rule(N, "rank {key} seed", "overridden: every generator it seeded "
+                                 "was reseeded by the script before its first draw or never "
+                                 "drawn from"),
     "rng-overridden": Rule(N, "rank {key} {keys[-1]} RNG state at start",
                            "reseeded by the script before any draw", show_values=False),
+    "rng-never-drawn": Rule(N, "rank {key} {keys[-1]} RNG state",
+                            "never drawn from: in every process of both runs its state at exit "
+                            "equals its state at start", show_values=False),
 }
 """Labels that depend on both manifests, applied by ``manifest.diff.refine`` on top of
 :data:`RULES`: a package neither run imported (the installed set is kept, benign), and a

@@ -44,6 +44,7 @@ KEYED_LISTS: Mapping[str, str] = {
     "randomness.processes[*].reseeds": "site",
     "randomness.processes[*].loaders": "site",
     "determinism.processes[*].switches": "switch",
+    "determinism.outside_recipe": "command",
 }
 """List pattern -> the field that names an element. The key field itself is never a difference."""
 

@@ -202,6 +202,11 @@ def _on_torch(module: ModuleType) -> None:
         module.set_num_threads(int(threads))
         with contextlib.suppress(RuntimeError):
             module.set_num_interop_threads(int(threads))
+    # The launcher reseeds python and numpy here; draws made before (the script's, with
+    # the seed the launcher set at start-up) would leave no trace in the state at start.
+    early = observe.drawn_since_seeding(["python", "numpy"])
+    if early:
+        observe.note_unaccounted(early)
     with observe.launching():
         if config.get("deterministic", True):
             switches.apply_flags(module, lazy_inductor=True)
@@ -246,6 +251,19 @@ def _write_record() -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(record, fh)
         os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def note_worker() -> None:
+    """A worker (a fork, or a multiprocessing child) starts: say so in the records directory
+    now, with its parent, since a worker killed later writes no record of its own."""
+    directory = os.environ.get(RECORDS_VAR)
+    if not directory:
+        return
+    try:
+        with open(os.path.join(directory, f"worker-{os.getpid()}"), "w", encoding="utf-8") as fh:
+            fh.write(str(os.getppid()))
     except OSError:
         pass
 
@@ -307,3 +325,5 @@ def install() -> None:
             callback(sys.modules[name])
     sys.excepthook = _excepthook_wrapper(sys.excepthook)
     atexit.register(_write_record)
+    if "--multiprocessing-fork" in sys.argv:  # a spawned multiprocessing child
+        note_worker()

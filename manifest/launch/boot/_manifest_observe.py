@@ -18,6 +18,12 @@ so this module watches the calls themselves and adds to the process record:
   algorithms, cuDNN flags, TF32 old and new, matmul precision) and the first
   entry into each kind of autocast region, with value and call site.
 * ``loaders``: the base seed of each multi-worker DataLoader iterator.
+* ``unaccounted``: generators whose draws the fingerprints at start and exit
+  cannot account for: a state set from a saved one (``random.setstate``,
+  numpy's ``set_state``, ``torch.set_rng_state``, which ``fork_rng`` and
+  activation checkpointing call), or draws made before torch was imported
+  (the launcher reseeds then, so the state at start does not show them).
+  ``diff`` calls a generator never drawn from only when it is not listed.
 * CUDA generator fingerprints at CUDA's first initialisation (queued with
   torch's own lazy-init mechanism, so we never initialise CUDA ourselves).
 * ``opened``: files opened, from Python's audit hook ``open`` event (it sees
@@ -26,6 +32,15 @@ so this module watches the calls themselves and adds to the process record:
   system directories are skipped in the hook; capture decides the rest.
 * ``modules``: top-level names of the modules imported, mapped by capture to
   distributions (identity counts only those).
+* ``outside``: Python processes this one started outside the recipe, from the
+  audit events that start a program, judged by ``_manifest_escape``, with
+  the call site.
+
+Longer than 500 lines because every watcher here reads and writes one private state
+(``_obs``: the record, the launching flag, the fingerprints since the last
+seeding, the outer seeding call) at each intercepted call; the parts that
+need none of it live beside it (``_manifest_rng`` fingerprints,
+``_manifest_escape`` judges a started program).
 
 Costs: the audit hook is one Python call per audited event (imports make
 most of them; about 1 µs each); a reseed hashes the generators it touches
@@ -54,6 +69,9 @@ MAX_RESEEDS = 32
 MAX_SWITCHES = 64
 MAX_LOADERS = 16
 MAX_OPENED = 20000
+MAX_OUTSIDE = 32
+_START_EVENTS = frozenset({"subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn",
+                           "os.system"})  # the audit events that start a program
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _SYSTEM_DIRS = ("/usr/", "/lib/", "/lib64/", "/etc/", "/proc/", "/sys/", "/dev/", "/run/",
@@ -141,6 +159,8 @@ def _append(key: str, item: dict[str, Any], cap: int) -> None:
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     if event != "open":
+        if event in _START_EVENTS:
+            _on_start(event, args)
         return
     try:
         path, mode, flags = args
@@ -170,6 +190,26 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             opened[path] = "rw"
     except Exception:  # never break the user's open()
         return
+
+
+def _on_start(event: str, args: tuple[Any, ...]) -> None:
+    """A program is being started: name it if it is a Python process outside the recipe."""
+    if _obs["record"] is None:
+        return
+    try:
+        try:
+            import _manifest_escape as escape  # type: ignore[import-not-found]
+        except ImportError:  # pragma: no cover - the package's copy, outside the launcher
+            from manifest.launch.boot import _manifest_escape as escape
+        found = escape.from_audit_event(event, args)
+    except Exception:  # never break the user's start of a program
+        return
+    if found is not None:
+        found["site"] = call_site()
+        _append("outside", found, MAX_OUTSIDE)
+        if event == "os.exec":  # this image is about to be replaced: write its record now
+            with contextlib.suppress(Exception):
+                _obs["launch"]._write_record()
 
 
 # ---------------------------------------------------------------- seeding
@@ -248,6 +288,39 @@ def _wrap_seed(fn: Callable[..., Any], call: str, generators: list[str]) -> Call
     return wrapper
 
 
+def note_unaccounted(generators: list[str]) -> None:
+    """Draws from these generators may have happened where no fingerprint shows them."""
+    record = _obs["record"]
+    if record is None:
+        return
+    items = record.setdefault("unaccounted", [])
+    for g in generators:
+        if g not in items:
+            items.append(g)
+
+
+def _watch_restore(owner: Any, name: str, generators: list[str]) -> None:
+    """A state set from a saved one can hide draws made in between (``fork_rng``)."""
+    fn = getattr(owner, name, None)
+    if not callable(fn) or getattr(fn, "__manifest_wrapped__", False):
+        return
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not _obs["launching"]:
+            note_unaccounted(generators)
+        return fn(*args, **kwargs)
+
+    wrapper.__manifest_wrapped__ = True  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        setattr(owner, name, wrapper)
+
+
+def drawn_since_seeding(generators: list[str]) -> list[str]:
+    """Generators drawn from since the launcher's (or the script's) last seeding."""
+    return _drawn(generators)
+
+
 def _patch(owner: Any, name: str, call: str, generators: list[str]) -> None:
     fn = getattr(owner, name, None)
     if callable(fn):
@@ -258,6 +331,7 @@ def _patch(owner: Any, name: str, call: str, generators: list[str]) -> None:
 def on_numpy(np: ModuleType) -> None:
     _patch(np.random, "seed", "numpy.random.seed", ["numpy"])
     _patch(np.random, "default_rng", "numpy.random.default_rng", [])
+    _watch_restore(np.random, "set_state", ["numpy"])
 
 
 def on_seed_module(module: ModuleType) -> None:
@@ -333,6 +407,11 @@ def on_torch(torch: Any) -> None:
         if owner is not None:
             _patch(owner, "manual_seed", "torch.cuda.manual_seed", ["cuda"])
             _patch(owner, "manual_seed_all", "torch.cuda.manual_seed_all", ["cuda"])
+            _watch_restore(owner, "set_rng_state", ["cuda"])
+            _watch_restore(owner, "set_rng_state_all", ["cuda"])
+    for owner in (torch, getattr(torch, "random", None)):
+        if owner is not None:
+            _watch_restore(owner, "set_rng_state", ["torch_cpu"])
 
     def det_value(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         mode = _first(args, kwargs, "mode")
@@ -460,13 +539,18 @@ def install(record: dict[str, Any], root: str | None, launch: ModuleType) -> Non
     record["opened"] = _obs["opened"]
     random = sys.modules["random"]
     _patch(random, "seed", "random.seed", ["python"])
+    _watch_restore(random, "setstate", ["python"])
     sys.addaudithook(_audit)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _after_fork_in_child() -> None:
     """A forked multiprocessing child (a DataLoader worker) ends with ``os._exit``, which
-    skips atexit: its record (the files it read) is written by a multiprocessing finalizer."""
+    skips atexit: its record (the files it read) is written by a multiprocessing finalizer.
+    Every fork is counted at once (a worker killed later writes no record, and it may draw
+    from the generators it inherited)."""
+    with contextlib.suppress(Exception):
+        _obs["launch"].note_worker()
     if "multiprocessing" not in sys.modules:
         return
     with contextlib.suppress(Exception):
@@ -478,7 +562,8 @@ def _after_fork_in_child() -> None:
 def modules_imported() -> list[str]:
     """Top-level names of every imported module (the launcher's own left out)."""
     own = {"_manifest_launch", "_manifest_observe", "_manifest_rng", "_manifest_state",
-           "_manifest_switches", "_manifest_trail", "_manifest_opstream", "sitecustomize",
+           "_manifest_switches", "_manifest_trail", "_manifest_opstream", "_manifest_escape",
+           "sitecustomize",
            "__main__"}
     return sorted({name.partition(".")[0] for name in list(sys.modules)} - own
                   - _obs.get("startup", frozenset()))
