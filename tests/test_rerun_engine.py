@@ -117,3 +117,16 @@ def test_contradictory_sandbox_flags_are_one_sentence(tmp_path: Path) -> None:
         stderr = proc.stderr.decode()
         assert proc.returncode == 2, stderr
         assert "contradict each other" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_the_unconfined_keeper_is_not_a_process_of_the_run(
+        outside_run: tuple[Path, Path]) -> None:
+    """The keeper is a Python process run with ``-I -S`` on purpose: the process watch
+    sees through it, so an unconfined re-run is not said to run outside the recipe."""
+    repo, manifest = outside_run
+    verify = manifest_cli("verify", str(manifest), "--no-sandbox", "--json", cwd=repo)
+    assert verify.returncode == 0, verify.stderr.decode()
+    report = json.loads(verify.stdout)
+    assert report["plan"]["executor"] == "local-unconfined"
+    assert report["outside_recipe"] == [], report["outside_recipe"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -42,6 +43,9 @@ POLL_S = 0.1
 COMMAND_LINE = "the command line"
 _PYTHON = re.compile(r"(python|pypy)[0-9.]*")
 MAX_FOUND = 32
+KEEPER_ARGS = ("-I", "-S",
+               str(Path(__file__).resolve().parent.parent / "rerun" / "_guard.py"))
+"""How the re-run engine starts its keeper (``manifest.rerun.executor``)."""
 
 
 def _read(path: str) -> bytes | None:
@@ -76,6 +80,7 @@ class PythonWatch:
         self.tid = tid if tid is not None else threading.get_native_id()
         self.found: list[dict[str, str]] = []
         self._seen: dict[int, _Proc | None] = {}
+        self._keepers: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -109,12 +114,17 @@ class PythonWatch:
         return [int(p) for p in (raw or b"").split()]
 
     def scan(self) -> None:
-        """One walk of the tree below the root (children of each process's main thread)."""
+        """One walk of the tree below the root (children of each process's main thread).
+
+        The unconfined re-run's keeper (``manifest/rerun/_guard.py``, a Python
+        process run with ``-I -S`` on purpose) is not part of the run: it is
+        seen through, its child judged as the command line's own."""
         todo = [(c, self.root) for c in self._children(self.root, self.tid)]
         while todo:
             pid, ppid = todo.pop()
-            todo.extend((c, pid) for c in self._children(pid))
             self._look(pid, ppid)
+            through = ppid if pid in self._keepers else pid
+            todo.extend((c, through) for c in self._children(pid))
 
     def _look(self, pid: int, ppid: int, *, judge: bool = True) -> None:
         try:
@@ -125,7 +135,10 @@ class PythonWatch:
         known = self._seen.get(pid)
         if known is not None and known.exe == exe and known.cmdline == cmdline:
             return  # the same program since we last looked
-        if not _PYTHON.fullmatch(os.path.basename(exe)):
+        if not _PYTHON.fullmatch(os.path.basename(exe)) or (
+                ppid == self.root and tuple(cmdline[1:4]) == KEEPER_ARGS):
+            if ppid == self.root and tuple(cmdline[1:4]) == KEEPER_ARGS:
+                self._keepers.add(pid)
             self._seen[pid] = _Proc(ppid, exe, cmdline, None)
             return
         environ: dict[str, str] = {}

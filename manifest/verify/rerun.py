@@ -82,6 +82,12 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                              settings=settings, result=result, datasets=[],
                              output_globs=list(recorded.command.outputs), malformed_ok=True)
     assert new.outputs is not None
+    from manifest.capture.outside import outside_recipe
+
+    # A process outside the recipe, then or now: the verdict cannot speak for it.
+    report.outside_recipe = list(dict.fromkeys(
+        [f"recorded run: {s}" for s in outside_recipe(recorded)]
+        + [f"re-run: {s}" for s in outside_recipe(new)]))
     if result.exit_code != 0:
         report.reason = f"the re-run failed: {new.outputs.error}"
         if not options.in_place:
