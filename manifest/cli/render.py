@@ -150,6 +150,8 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
                   f"run_id {markup(report.run_id[:23])}…")
     if report.reason:
         console.print(f"reason: {markup(report.reason)}")
+    for sentence in report.outside_recipe:  # before any verdict detail: it qualifies them all
+        console.print(f"[yellow]outside the recipe[/yellow]: {markup(sentence)}")
     for drift in report.drift:
         tag = "[red]bits[/red]" if drift.impact == "bits" else "benign"
         console.print(f"drift ({tag}): {markup(drift.reason)}")

@@ -72,6 +72,10 @@ class VerifyReport:
     """``--in-place``: ``the recorded code`` or ``not checked: …`` (no git)."""
     plan: dict[str, Any] | None = None
     """What the re-run was planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
+    outside_recipe: list[str] = field(default_factory=list)
+    """Python processes that ran outside the recipe, in the recorded run or the re-run
+    (``manifest.capture.outside.outside_recipe``): the verdict speaks only for the
+    processes the launcher prepared."""
 
     @property
     def bits_drift(self) -> list[Drift]:
@@ -109,6 +113,7 @@ class VerifyReport:
             "confinement": self.confinement,
             "notes": self.notes,
             "plan": self.plan,
+            "outside_recipe": self.outside_recipe,
         }
 
 
