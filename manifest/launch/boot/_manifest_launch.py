@@ -15,7 +15,10 @@ Per-process record (JSON, written atomically at exit to
      "seed", "torch_imported", "numpy_imported", "flags", "pythonhashseed",
      "cuda_runtime", "cudnn", "nccl", "devices", "at_start", "at_exit",
      "trail", "log", "errors", "modules", "fp32_precision",
-     "opened", "reseeds", "switches", "loaders"}
+     "opened", "reseeds", "switches", "loaders", "unaccounted", "outside"}
+
+Each worker (a fork, a multiprocessing child) also leaves ``worker-<pid>`` there
+the moment it starts (``note_worker``): one killed later writes no record.
 
 The last group comes from ``_manifest_observe`` (what the script itself did,
 with call sites); ``capture`` turns it into manifest fields.
