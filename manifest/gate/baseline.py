@@ -202,7 +202,8 @@ def check_baseline(project: Project, current: Manifest) -> CheckResult:
                            hint=f"Run `manifest gate --update-baseline` and commit {where}.")
     baseline, signature = loaded
     result = _compare_with_baseline(project, baseline, current, where)
-    return replace(result, details=(*result.details, signature_line(signature)))
+    line = signature_line(signature).replace(f"{project.dir}{os.sep}", "")  # as `where`
+    return replace(result, details=(*result.details, line))
 
 
 def _compare_with_baseline(project: Project, baseline: Manifest, current: Manifest,

@@ -419,3 +419,58 @@ def test_a_plain_read_blocks_in_a_subprocess(tmp_path: Path) -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess.run([sys.executable, "-c", f"open({str(fifo)!r}, 'rb').read()"],
                        timeout=1.5, check=False)
+
+
+_TINY_TRAINING = """\
+import pathlib
+pathlib.Path("out").mkdir(exist_ok=True)
+pathlib.Path("out/w.txt").write_text("weights 1\\n")
+"""
+_TINY_PROJECT = """\
+[tool.manifest]
+command = ["python", "t.py"]
+outputs = ["out/w.txt"]
+threads = 1
+[tool.manifest.gate]
+baseline = "baseline.json"
+checks = ["determinism", "baseline"]
+"""
+
+
+def test_packsig_gate_checks_its_baseline_signature(tmp_path: Path, materials: Materials,
+                                                    cli_env: dict[str, str]) -> None:
+    """gate's baseline check says whether the baseline is signed; a ``baseline.json.sig``
+    that covers another manifest is refused (exit 2, one sentence), as in diff."""
+    from tests.runs import make_repo
+
+    repo = make_repo(tmp_path / "repo", {"t.py": _TINY_TRAINING, "pyproject.toml": _TINY_PROJECT,
+                                         ".gitignore": "out/\n"}, example=False)
+    made = run_cli("gate", "--update-baseline", cwd=repo, env=cli_env, timeout=120)
+    assert (repo / "baseline.json").is_file(), made.stderr
+
+    def baseline_check() -> tuple[int, dict[str, Any], str]:
+        result = run_cli("gate", "--format", "json", cwd=repo, env=cli_env, timeout=120)
+        if result.returncode == 2:
+            return 2, {}, result.stderr
+        doc = json.loads(result.stdout)
+        return result.returncode, next(c for c in doc["checks"] if c["name"] == "baseline"), ""
+
+    code, check, _ = baseline_check()
+    assert code == 0 and check["details"][-1].startswith("baseline signature: none")
+    sig = repo / "baseline.json.sig"
+    sig.write_bytes(materials.signature_of((repo / "baseline.json").read_bytes()))
+    code, check, _ = baseline_check()
+    assert code == 0, check
+    assert check["details"][-1].startswith("baseline signature: signed by key sha256:")
+    assert "covers this manifest (baseline.json.sig)" in check["details"][-1]
+    # Positive control for the refusal below: the planted signature is a valid one.
+    other = materials.signature_of(materials.manifests["manifest"])
+    assert b"dsseEnvelope" in other
+    sig.write_bytes(other)
+    started = time.monotonic()
+    code, _, stderr = baseline_check()
+    print(f"gate with a baseline signature of another manifest: exit {code} in "
+          f"{time.monotonic() - started:.2f} s")
+    assert code == 2, stderr
+    assert_one_sentence(stderr)
+    assert "covers a different manifest" in stderr and "baseline.json.sig" in stderr
