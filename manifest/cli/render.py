@@ -189,7 +189,7 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
             op.module or "(outside any module)")
         console.print(f"first divergent op: {op.op} in {module}, {op.where or '-'}, "
                       f"step {op.step}, {op.tensor}: {op.kind} (vs the recorded op stream)")
-    elif report.trail_compared:
+    elif report.trail_compared and report.first_divergent_step is None:
         console.print("step trails agree at every recorded step")
 
 

@@ -267,6 +267,8 @@ def _committed_manifests(project: Project, options: GateOptions) -> list[Path]:
 def _gate_committed(project: Project, options: GateOptions, report: GateReport) -> None:
     """Validate committed manifests without training (``--no-rerun``)."""
     from manifest.canonical import load_manifest, read_manifest_file
+    from manifest.errors import UntrustedManifestError
+    from manifest.rerun.paths import UnsafePathError
     from manifest.travel.pack import manifest_bytes_of
     from manifest.verify.pipeline import verify_run
     from manifest.verify.report import VerifyOptions
@@ -291,7 +293,9 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
         try:
             verdict = verify_run(data, file=shown, cwd=project.dir,
                                  options=VerifyOptions(no_rerun=True, quiet=options.quiet))
-        except ManifestError as exc:  # e.g. a dataset path that may not be read
+        except (UnsafePathError, UntrustedManifestError) as exc:
+            # A dataset path it may not read: a failed check, not the end of the gate
+            # (a tampered or invalid file still ends it: exit 2).
             problems.append(f"{shown}: {exc.message}")
             continue
         for change in verdict.data:

@@ -110,9 +110,12 @@ def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path
     named as a destination.
     """
     from manifest.rerun.paths import dataset_link
+    from manifest.rerun.plan import is_remote
 
     binds: list[tuple[Path, Path]] = []
     for ds in recorded.data:
+        if is_remote(ds.path):
+            continue  # pinned from metadata, re-listed by verify: nothing to link
         rel = dataset_link(root, ds.path)
         if rel is None:
             if os.path.exists(ds.path):
@@ -207,7 +210,7 @@ def open_workspace(plan: RerunPlan, root: Path, *, recorded: Manifest | None = N
             tree = materialise(recorded, root, store, scratch)
             binds = dataset_binds(recorded, root, tree)
             sizes = {tree / ds.path: ds.bytes for ds in recorded.data
-                     if not os.path.isabs(ds.path)}
+                     if not os.path.isabs(ds.path) and "://" not in ds.path}
             notes.extend(link_data(binds, tree, confined=plan.confined, sizes=sizes))
             if not plan.confined:
                 # Confined, the clone is mounted at the repository's path and
