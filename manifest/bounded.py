@@ -76,6 +76,9 @@ class InputKind(Enum):
     """A key file a trust policy names."""
     CONFIG = _Rule("pyproject.toml", 4 << 20, ConfigError)
     """The pyproject.toml whose ``[tool.manifest]`` gives defaults."""
+    BLOB = _Rule("stored blob", 16 << 30, DataError)
+    """A blob of the local store (patch, listing, op stream): a clone that commits
+    ``.manifest/blobs/…`` as a FIFO or a device must not hang verify."""
     ARTIFACT = _Rule("output file", 1 << 50, DataError)
     """A recorded output hashed by ``attest`` (streamed: regular file only, no practical cap)."""
 

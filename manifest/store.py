@@ -158,9 +158,11 @@ class BlobStore:
 
     def get(self, digest: str) -> bytes | None:
         """Return a blob's bytes, or None if absent or corrupted."""
-        try:
-            data = self.path_for(digest).read_bytes()
-        except OSError:
+        from manifest.bounded import InputKind, read_user_file_if_exists
+
+        # Regular files only: a blob committed as a FIFO or a device is refused (exit 2).
+        data = read_user_file_if_exists(self.path_for(digest), InputKind.BLOB)
+        if data is None:
             return None
         if "blake3:" + blake3.blake3(data).hexdigest() != digest:
             return None

@@ -130,3 +130,28 @@ def test_the_unconfined_keeper_is_not_a_process_of_the_run(
     report = json.loads(verify.stdout)
     assert report["plan"]["executor"] == "local-unconfined"
     assert report["outside_recipe"] == [], report["outside_recipe"]
+
+
+def test_a_stored_blob_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A clone that commits ``.manifest/blobs/…`` as a FIFO must not hang verify: the store
+    reads through the bounded reader (regular files only)."""
+    import os
+    import time
+
+    repo = make_repo(tmp_path / "repo", {"w.py": "import pathlib\npathlib.Path('out').mkdir("
+                                         "exist_ok=True)\npathlib.Path('out/w.bin')"
+                                         ".write_bytes(b'w')\n"}, example=False)
+    (repo / "extra.py").write_text("x = 1\n")  # untracked: the patch becomes a blob
+    manifest, doc = capture(repo, command=["python", "w.py"], outputs="out/*.bin")
+    digest = doc["code"]["diff_digest"]
+    blob = repo / ".manifest" / "blobs" / digest.replace(":", "-")
+    assert blob.is_file()
+    blob.unlink()
+    os.mkfifo(blob)
+    started = time.monotonic()
+    proc = manifest_cli("verify", str(manifest), "--no-sandbox", cwd=repo, timeout=120)
+    elapsed = time.monotonic() - started
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 2, stderr
+    assert "FIFO" in stderr and "Traceback" not in stderr
+    assert elapsed < 60, elapsed

@@ -67,26 +67,11 @@ def shell_join(argv: list[str]) -> str:
 
 
 def json_text(doc: object, *, indent: int | None = 2) -> str:
-    """``json.dumps`` for a report on stdout, with no character that acts on a terminal.
+    """``json.dumps`` for a report on stdout, with no character that acts on a terminal
+    (``manifest.export.safe_json``: the same rule as the exports)."""
+    from manifest.export import safe_json
 
-    JSON escapes only C0 controls; DEL, C1 controls, bidi overrides and line
-    separators would pass raw. They can only occur inside strings, where
-    ``\\uXXXX`` is the same value, so the document still parses to the same data.
-    """
-    import json
-
-    text = json.dumps(doc, indent=indent, ensure_ascii=False)
-    if text.replace("\n", "").isprintable():
-        return text
-    return "".join(ch if ch == "\n" or ch.isprintable() else _json_escape(ch) for ch in text)
-
-
-def _json_escape(ch: str) -> str:
-    code = ord(ch)
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return safe_json(doc, indent=indent)
 
 
 def make_console(file: TextIO | None = None, *, soft_wrap: bool = True) -> Console:

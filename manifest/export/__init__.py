@@ -38,7 +38,7 @@ def export_manifest(manifest: Manifest, fmt: ExportFormat) -> bytes:
     return (safe_json(doc) + "\n").encode()
 
 
-def safe_json(doc: object) -> str:
+def safe_json(doc: object, *, indent: int | None = 2) -> str:
     """JSON with no character that acts on a terminal or reorders text, same data.
 
     A manifest's strings are someone else's (a dataset name, a package version,
@@ -46,11 +46,10 @@ def safe_json(doc: object) -> str:
     escapes only C0 controls, so bidi overrides (U+202A–U+202E, U+2066–U+2069),
     line and paragraph separators (U+2028, U+2029), DEL, C1 controls and other
     format characters would pass raw. Each becomes ``\\uXXXX``, which JSON reads
-    back as the same character: the rule ``show --json`` applies
-    (``manifest.cli.text.json_text``), kept here because a library does not
-    import the CLI.
+    back as the same character. Every JSON document the CLI prints goes through
+    here too (``manifest.cli.text.json_text``): one rule.
     """
-    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    text = json.dumps(doc, indent=indent, ensure_ascii=False)
     if text.replace("\n", "").isprintable():
         return text
     return "".join(ch if ch == "\n" or ch.isprintable() else _escape(ch) for ch in text)

@@ -235,14 +235,14 @@ def hygiene_of_run(project: Project, manifest: Manifest, *, data_changes: list[s
     return _hygiene_result(found, manifest)
 
 
-def _hygiene_result(found: list[str], manifest: Manifest) -> CheckResult:
+def _hygiene_result(found: list[str], manifest: Manifest | None) -> CheckResult:
     if found:
         return CheckResult("hygiene", Status.FAIL, f"{len(found)} problem(s): {found[0]}",
                            tuple(found),
                            hint="Fix these so that a manifest records everything that "
                                 "decides the weights.")
     notes = []
-    if manifest.code.dirty:
+    if manifest is not None and manifest.code.dirty:
         notes.append("uncommitted changes recorded as a patch")
     return CheckResult("hygiene", Status.PASS,
                        "tree, lockfile, datasets, flags and thread count in order"
@@ -270,6 +270,7 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
     from manifest.errors import UntrustedManifestError
     from manifest.rerun.paths import UnsafePathError
     from manifest.travel.pack import manifest_bytes_of
+    from manifest.travel.sign import input_signature
     from manifest.verify.pipeline import verify_run
     from manifest.verify.report import VerifyOptions
 
@@ -286,6 +287,7 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
     problems: list[str] = []
     drift: list[str] = []
     hygiene: list[str] = []
+    signed: list[str] = []
     manifests: list[Manifest] = []
     for path in paths:
         shown = project.rel(path)
@@ -302,6 +304,11 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
             files = f" ({', '.join(change.files[:5])})" if change.files else ""
             problems.append(f"{shown}: {change.detail}{files}")
         drift.extend(f"{shown}: drift: {d.path}: {d.reason}" for d in verdict.bits_drift)
+        # A signature that came with it must cover it (else exit 2, as diff and verify).
+        signature = input_signature(str(path), data, cwd=project.dir)
+        signed.append(f"{shown}: signature: " + (
+            f"{signature.describe()} ({signature.source})" if signature is not None
+            else "none (not a signed pack, no .sig beside it): not checked"))
         manifest = load_manifest(manifest_bytes_of(data))
         manifests.append(manifest)
         hygiene.extend(f"{shown}: {p}" for p in hygiene_findings(project, manifest)
@@ -314,9 +321,11 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
     else:
         report.checks.append(CheckResult(
             "manifests", Status.PASS,
-            f"{len(paths)} manifest(s) intact, recorded data unchanged", tuple(drift[:20])))
+            f"{len(paths)} manifest(s) intact, recorded data unchanged",
+            tuple(drift[:20] + signed[:20])))
     if _enabled(project, "hygiene"):
         if not _threads_pinned(project):
             hygiene.append("thread count not pinned ([tool.manifest] threads): it follows the "
                            "runner's CPU count")
-        report.checks.append(_hygiene_result(hygiene, manifests[0]))
+        # None: every committed manifest was refused above (its datasets may not be read).
+        report.checks.append(_hygiene_result(hygiene, manifests[0] if manifests else None))
