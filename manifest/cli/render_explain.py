@@ -6,8 +6,10 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from manifest.cli.render_markdown import StepTrail
     from manifest.explain.findings import Finding
     from manifest.explain.pipeline import ExplainReport
+    from manifest.models import Manifest
 
 _CAUSES = {
     "nondeterminism": "the two fresh runs part under the same settings: a nondeterministic "
@@ -85,3 +87,38 @@ def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
     if report.timings:
         spent = ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items())
         out.write(f"runs: {spent}\n")
+
+
+def explain_trail(report: ExplainReport, recorded: Manifest | None) -> StepTrail | None:
+    """What explain knows of the trail, step by step (None when it located no step).
+
+    explain compares run A with run B at every step up to the first where they
+    part (or, when A and B agree, the fresh runs with the recorded trail), so
+    the steps after that one are "not compared". The steps drawn are the
+    recorded trail's, or the ``steps_run`` the fresh runs made.
+    """
+    from manifest.cli.render_markdown import recorded_steps, trail_to_first
+
+    if report.steps_run is None or report.verdict not in ("parted", "agree"):
+        return None  # --step N: no step was located, nothing is known before N
+    steps = recorded_steps(recorded) if recorded is not None else []
+    steps = steps or list(range(1, report.steps_run + 1))
+    if report.cause == "environment":
+        return trail_to_first(steps, report.recorded_step or report.first_step,
+                              "the fresh runs vs the recorded trail")
+    return trail_to_first(steps, report.first_step, "run A vs run B")
+
+
+def explain_markdown(report: ExplainReport, *, title: str | None = None,
+                     trail: StepTrail | None = None, plots: bool = True) -> str:
+    """The report as Markdown: the terminal text in a fence, then the step-trail plot."""
+    import io
+
+    from manifest.cli.render_markdown import text_markdown, trail_markdown
+
+    text = io.StringIO()
+    render_explain(report, text)
+    out = text_markdown(title or f"Explain: {report.verdict}", text.getvalue())
+    if trail is not None:
+        out += "\n" + "\n".join(trail_markdown(trail, plots=plots)) + "\n"
+    return out

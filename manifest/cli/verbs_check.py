@@ -81,10 +81,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
         write_output(diff_json_bytes(result, a_file=args.a, b_file=args.b, only=only), None)
     elif args.format is ReportFormat.MARKDOWN:
-        from manifest.cli.render_markdown import diff_markdown
+        from manifest.cli.render_markdown import diff_markdown, trail_between
 
-        write_output(diff_markdown(result, a_file=args.a, b_file=args.b, only=only).encode(),
-                     None)
+        write_output(diff_markdown(result, a_file=args.a, b_file=args.b, only=only,
+                                   trail=trail_between(a, b, "a vs b")).encode(), None)
     else:
         from manifest.cli.render_diff import render_diff
 
@@ -145,19 +145,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             doc["explain"] = explained.to_json()
         sys.stdout.write(json_text(doc) + "\n")
     elif args.format is ReportFormat.MARKDOWN:
-        from manifest.cli.render_markdown import verify_markdown
+        from manifest.cli.render_markdown import verify_markdown, verify_trail
 
-        sys.stdout.write(verify_markdown(report))
+        sys.stdout.write(verify_markdown(report, trail=verify_trail(report, unpacked(data))))
         if explained is not None:
-            import io
+            from manifest.cli.render_explain import explain_markdown
 
-            from manifest.cli.render_explain import render_explain
-            from manifest.cli.render_markdown import text_markdown
-
-            text = io.StringIO()
-            render_explain(explained, text)
-            sys.stdout.write("\n" + text_markdown(f"Explain: {explained.verdict}",
-                                                   text.getvalue()))
+            sys.stdout.write("\n" + explain_markdown(explained))
     else:
         render_verify(report)
         if explained is not None:

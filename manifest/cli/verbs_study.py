@@ -67,13 +67,12 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
         sys.stdout.write(json_text(report.to_json()) + "\n")
     elif args.format is ReportFormat.MARKDOWN:
-        import io
+        from manifest.canonical import load_manifest
+        from manifest.cli.files import unpacked
+        from manifest.cli.render_explain import explain_markdown, explain_trail
 
-        from manifest.cli.render_markdown import text_markdown
-
-        text = io.StringIO()
-        render_explain(report, text)
-        sys.stdout.write(text_markdown(f"Explain: {report.verdict}", text.getvalue()))
+        recorded = load_manifest(unpacked(data)) if report.steps_run is not None else None
+        sys.stdout.write(explain_markdown(report, trail=explain_trail(report, recorded)))
     else:
         render_explain(report)
     return report.exit_code
