@@ -97,16 +97,18 @@ bytes are not known here; or only facts that change when an object is rewritten.
 
 
 class RemotePin(Model):
-    """How a dataset in a bucket or on the Hub was pinned (``manifest.data.remote``).
+    """How a dataset in a bucket, on the Hub or in a Delta table was pinned
+    (``manifest.data.remote``).
 
     Pinned from metadata, no object body read, unless ``mode`` is ``deep``.
     """
 
-    provider: Literal["s3", "gcs", "hf"]
+    provider: Literal["s3", "gcs", "hf", "delta"]
     endpoint: str | None
     """The service's base URL when it is not the provider's default, never with userinfo."""
     revision: str | None
-    """The Hub commit the revision resolved to; None for buckets."""
+    """The Hub commit the revision resolved to, or the Delta table version; None for
+    buckets."""
     mode: Literal["listing", "checksums", "deep"]
     strength: Strength
     pins: Digest
@@ -133,7 +135,8 @@ class Dataset(Model):
         "for a path outside the repository: where it lies relative to the repository root "
         "(e.g. ../../data/x), so verify can make it reachable from the scratch clone")
     remote: RemotePin | None = later(
-        "for data in a bucket or on the Hub (path is its s3://, gs:// or hf:// URL): how it "
+        "for data in a bucket, on the Hub or in a Delta table (path is its s3://, gs://, "
+        "hf:// or delta:// URL): how it "
         "was pinned and what that proves; root is then the pins' root, or with mode 'deep' "
         "the same BLAKE3 root a local copy of the objects gives")
 

@@ -18,6 +18,7 @@ from manifest.errors import DataError
 from manifest.store import BlobStore
 
 COMMIT = "a" * 40
+NEXT = "b" * 40
 LFS_BYTES = b"\x00\x01" * 1000
 TREE = [
     {"type": "directory", "oid": "d" * 40, "size": 0, "path": "train"},
@@ -30,6 +31,7 @@ TREE = [
 
 class _Hub(http.server.BaseHTTPRequestHandler):
     requests: list[str] = []  # noqa: RUF012 (one server per test module)
+    refs: dict[str, str] = {"main": COMMIT, "v1": COMMIT}  # noqa: RUF012 (branches, tags)
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -45,9 +47,10 @@ class _Hub(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         _Hub.requests.append(self.path)
         path = self.path.split("?")[0]
-        revisions = ("main", COMMIT)
-        if path in tuple(f"/api/datasets/org/set/revision/{rev}" for rev in revisions):
-            self._json({"id": "org/set", "sha": COMMIT, "private": False})
+        shas = {**_Hub.refs, COMMIT: COMMIT, NEXT: NEXT}
+        rev = path.removeprefix("/api/datasets/org/set/revision/")
+        if path.startswith("/api/datasets/org/set/revision/") and rev in shas:
+            self._json({"id": "org/set", "sha": shas[rev], "private": False})
         elif path.startswith("/api/datasets/org/set/revision/"):
             self.send_response(404)
             self.send_header("X-Error-Code", "RevisionNotFound")
@@ -80,6 +83,7 @@ def store(tmp_path: Path, hub: str, monkeypatch: pytest.MonkeyPatch) -> BlobStor
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(_Hub, "refs", {"main": COMMIT, "v1": COMMIT})
     blobs = BlobStore(tmp_path / "store")
     blobs.ensure()
     return blobs
@@ -111,3 +115,18 @@ def test_hub_subfolder_and_errors(store: BlobStore) -> None:
         pin_dataset("x", "hf://datasets/org/missing", store=store)
     with pytest.raises(DataError, match="revision nope does not exist"):
         pin_dataset("x", "hf://datasets/org/set@nope", store=store)
+
+
+def test_recheck_names_a_branch_or_tag_that_moved(store: BlobStore) -> None:
+    on_main = pin_dataset("set", "hf://datasets/org/set@main", store=store)
+    on_tag = pin_dataset("set", "hf://datasets/org/set@v1", store=store)
+    on_commit = pin_dataset("set", f"hf://datasets/org/set@{COMMIT}", store=store)
+    assert on_main.root == on_tag.root == on_commit.root  # the pins hold the commit
+    _Hub.refs["main"] = NEXT
+    # The pinned commit is listed unchanged; the branch the URL names is not where it was.
+    assert recheck(on_main, store) == [
+        f"revision main now points at {NEXT}, the run used {COMMIT}."]
+    assert recheck(on_tag, store) == []
+    assert recheck(on_commit, store) == []  # a commit cannot move
+    del _Hub.refs["v1"]
+    assert recheck(on_tag, store) == [f"revision v1 no longer exists, the run used {COMMIT}."]

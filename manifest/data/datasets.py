@@ -84,7 +84,8 @@ def recorded_path(path: Path, repo_root: Path | None) -> str:
 
 
 def _remote_spec(spec: str) -> tuple[str, str] | None:
-    """``[NAME=]s3://…``, ``gs://…`` or ``hf://…`` -> (name, URL); None for a local path."""
+    """``[NAME=]s3://…``, ``gs://…``, ``hf://…`` or ``delta://…`` -> (name, URL); None for a
+    local path."""
     from manifest.data.remote.url import is_remote
 
     name, sep, rest = spec.partition("=")
@@ -106,7 +107,7 @@ def digest_datasets(specs: list[str], *, repo_root: Path | None, store: BlobStor
 
     Relative paths are taken from ``base`` (default: the working directory);
     pass the pyproject.toml folder for paths from ``[tool.manifest] data``.
-    ``s3://``, ``gs://`` and ``hf://`` URLs are pinned by
+    ``s3://``, ``gs://``, ``hf://`` and ``delta://`` URLs are pinned by
     :mod:`manifest.data.remote` in ``remote_mode`` (``listing``, ``checksums``
     or ``deep``).
     """

@@ -14,10 +14,10 @@ added, removed or changed, and whether a pinned version is still readable or
 gone, before a re-run spends any compute.
 
 Providers, each an optional extra imported only here, lazily: ``s3``
-(boto3), ``gcs`` (google-cloud-storage), ``hf`` (huggingface_hub). Modules:
-``url`` (what a URL names, which endpoint) ← ``pins`` (the format, the
-root, the strength) ← ``source`` (the provider interface) ← ``s3``/``gcs``/
-``hf`` ← ``deep`` (bodies) ← this module.
+(boto3), ``gcs`` (google-cloud-storage), ``hf`` (huggingface_hub), ``delta``
+(deltalake). Modules: ``url`` (what a URL names, which endpoint) ← ``pins``
+(the format, the root, the strength) ← ``source`` (the provider interface) ←
+``s3``/``gcs``/``hf``/``delta`` ← ``deep`` (bodies) ← this module.
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def recheck(dataset: Dataset, store: BlobStore) -> list[str]:
 
     Each line names the object and what happened: ``changed: KEY (version a → b;
     the pinned version is still readable)``, ``removed: KEY (pinned version
-    gone)``, ``added: KEY``. Problems that stop the check (no access, no
+    gone)``, ``added: KEY``, ``gone: KEY`` (a Delta file vacuumed). Lines on the
+    revision come first: a Hub branch that points at another commit now, a Delta
+    table whose latest version moved on. Problems that stop the check (no access, no
     library, a different endpoint) are one line too; nothing is raised for them.
     """
     pin = dataset.remote
@@ -151,7 +153,8 @@ def _compare(dataset: Dataset, recorded: dict[str, ObjectPin], store: BlobStore)
     source.list_pins(add, checksums=pin.mode == "checksums")
     for key in recorded.keys() - seen:
         changes.append((key, f"removed: {key}{_still_there(source, recorded[key], True)}"))
-    return [line for _, line in sorted(changes, key=lambda item: path_bytes(item[0]))]
+    objects = [line for _, line in sorted(changes, key=lambda item: path_bytes(item[0]))]
+    return source.drift() + objects
 
 
 def _differs(before: ObjectPin, today: ObjectPin) -> bool:

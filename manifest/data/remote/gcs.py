@@ -76,6 +76,9 @@ class GCSSource:
         except Exception as exc:
             raise self._fail(exc, f"read {pin.key} of") from None
 
+    def drift(self) -> list[str]:
+        return []  # a bucket has no revision besides its objects' versions
+
     def version_readable(self, pin: ObjectPin) -> bool:
         try:
             return bool(self._blob(pin).exists())

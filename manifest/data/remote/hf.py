@@ -74,6 +74,25 @@ class HubSource:
         except Exception as exc:
             raise self._fail(exc, f"read {path} of") from None
 
+    def drift(self) -> list[str]:
+        """Whether the revision the URL names (a branch or tag) still points at the commit
+        the run used: the pins hold the commit, but a script that loads ``main`` reads
+        whatever ``main`` is today."""
+        from huggingface_hub.errors import RevisionNotFoundError
+
+        named = self.url.revision
+        if named is None or self.commit is None or named == self.commit:
+            return []
+        try:
+            today = self.api.dataset_info(self.url.bucket, revision=named).sha
+        except RevisionNotFoundError:
+            return [f"revision {named} no longer exists, the run used {self.commit}."]
+        except Exception as exc:
+            raise self._fail(exc, f"resolve revision {named} of") from None
+        if today == self.commit:
+            return []
+        return [f"revision {named} now points at {today}, the run used {self.commit}."]
+
     def version_readable(self, pin: ObjectPin) -> bool:
         from huggingface_hub.errors import RevisionNotFoundError
 

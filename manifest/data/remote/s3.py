@@ -136,6 +136,9 @@ class S3Source:
         except Exception as exc:
             raise self._fail(exc, f"read {key}") from None
 
+    def drift(self) -> list[str]:
+        return []  # a bucket has no revision besides its objects' versions
+
     def version_readable(self, pin: ObjectPin) -> bool:
         from manifest.data.listing import path_bytes
 

@@ -1,8 +1,8 @@
 """What every provider offers the pinning, the deep read and the re-check.
 
-One class per provider (``s3``, ``gcs``, ``hf``), each importing its client
-library only when constructed, so ``manifest --help`` and ``diff`` never
-load boto3, google-cloud-storage or huggingface_hub.
+One class per provider (``s3``, ``gcs``, ``hf``, ``delta``), each importing its
+client library only when constructed, so ``manifest --help`` and ``diff`` never
+load boto3, google-cloud-storage, huggingface_hub or deltalake.
 """
 
 from __future__ import annotations
@@ -33,10 +33,14 @@ class Source(Protocol):
     def version_readable(self, pin: ObjectPin) -> bool:
         """Whether the pinned version of an object can still be read (no body is read)."""
 
+    def drift(self) -> list[str]:
+        """After a re-check's listing: what moved besides the objects, one line each
+        (a Hub branch that points elsewhere now, a Delta table's vacuumed files)."""
+
 
 def open_source(url: RemoteURL, endpoint: str | None, revision: str | None = None) -> Source:
     """The provider's source; :class:`DataError` naming the extra if its library is missing."""
-    extra = {"s3": "s3", "gcs": "gcs", "hf": "hf"}[url.provider]
+    extra = {"s3": "s3", "gcs": "gcs", "hf": "hf", "delta": "delta"}[url.provider]
     try:
         if url.provider == "s3":
             from manifest.data.remote.s3 import S3Source
@@ -46,6 +50,10 @@ def open_source(url: RemoteURL, endpoint: str | None, revision: str | None = Non
             from manifest.data.remote.gcs import GCSSource
 
             return GCSSource(url, endpoint)
+        if url.provider == "delta":
+            from manifest.data.remote.delta import DeltaSource
+
+            return DeltaSource(url, endpoint, revision)
         from manifest.data.remote.hf import HubSource
 
         return HubSource(url, endpoint, revision)

@@ -1,9 +1,12 @@
 """What a remote ``--data`` URL names, and the endpoint it is read from.
 
-``s3://BUCKET/PREFIX``, ``gs://BUCKET/PREFIX`` and
+``s3://BUCKET/PREFIX``, ``gs://BUCKET/PREFIX``,
 ``hf://datasets/ORG/NAME@REVISION[/PATH]`` (``REVISION`` defaults to ``main``
-and is resolved to a commit at capture). A non-empty bucket prefix is a
-folder: ``s3://b/data`` pins the keys under ``data/``, never ``data-old/x``.
+and is resolved to a commit at capture) and ``delta:///ABSOLUTE/PATH[@VERSION]``
+(a Delta Lake table in a local or mounted folder, the path absolute like a
+``file:///`` URL's; ``VERSION`` is a table version, by default the latest,
+resolved at capture). A non-empty bucket prefix is a folder: ``s3://b/data``
+pins the keys under ``data/``, never ``data-old/x``.
 
 The endpoint is never taken from a manifest. It comes from the same variables
 the provider's own tools read (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``,
@@ -21,7 +24,7 @@ from typing import NamedTuple
 
 from manifest.errors import DataError
 
-SCHEMES = ("s3://", "gs://", "hf://")
+SCHEMES = ("s3://", "gs://", "hf://", "delta://")
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -30,16 +33,19 @@ _HF_REV = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 
 class RemoteURL(NamedTuple):
     provider: str
-    """``s3``, ``gcs`` or ``hf``."""
+    """``s3``, ``gcs``, ``hf`` or ``delta``."""
     bucket: str
-    """The bucket, or the Hub repository id ``ORG/NAME``."""
+    """The bucket, the Hub repository id ``ORG/NAME``, or the Delta table's absolute path."""
     prefix: str
     """Keys below this (``""`` or ending in ``/``); a path inside the Hub repository."""
     revision: str | None
-    """The Hub revision as written (branch, tag or commit)."""
+    """The Hub revision as written (branch, tag or commit); the Delta version as
+    written (None: the latest)."""
 
     def text(self) -> str:
         """The canonical URL, as recorded in ``Dataset.path``."""
+        if self.provider == "delta":
+            return f"delta://{self.bucket}" + (f"@{self.revision}" if self.revision else "")
         if self.provider == "hf":
             tail = f"/{self.prefix.rstrip('/')}" if self.prefix else ""
             return f"hf://datasets/{self.bucket}@{self.revision}{tail}"
@@ -58,6 +64,8 @@ def parse_url(text: str) -> RemoteURL:
         raise DataError(f"remote dataset {text!r} contains a control character.")
     if text.startswith("hf://"):
         return _parse_hf(text)
+    if text.startswith("delta://"):
+        return _parse_delta(text)
     scheme, rest = text.split("://", 1)
     bucket, _, prefix = rest.partition("/")
     if not _BUCKET.match(bucket):
@@ -94,6 +102,27 @@ def _parse_hf(text: str) -> RemoteURL:
     return RemoteURL("hf", repo, path + "/" if path else "", revision)
 
 
+def _parse_delta(text: str) -> RemoteURL:
+    import posixpath
+
+    rest = text.removeprefix("delta://")
+    if not rest.startswith("/"):
+        raise DataError(f"{text} does not name a table by its absolute path.",
+                        hint="Write delta:///ABSOLUTE/PATH/TO/TABLE[@VERSION] (three slashes).")
+    path, at, version = rest.rpartition("@")
+    if not at or "/" in version:
+        path, version = rest, ""
+    elif not version.isdigit() or len(version) > 19:
+        raise DataError(f"{text} has an invalid table version {version!r}.",
+                        hint="Write @VERSION with a whole number, or leave it out for the "
+                             "latest.")
+    path = path.rstrip("/") or "/"
+    if any(part in (".", "..") for part in path.split("/")) or "//" in path:
+        raise DataError(f"the path of {text} has an empty, '.' or '..' component.")
+    return RemoteURL("delta", posixpath.normpath(path), "",
+                     str(int(version)) if version else None)
+
+
 def strip_userinfo(url: str) -> str:
     """``scheme://host[:port]/path`` of ``url``: no user, password, query or fragment.
 
@@ -118,6 +147,7 @@ _ENDPOINT_VARS = {
     "s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
     "gcs": ("STORAGE_EMULATOR_HOST",),
     "hf": ("HF_ENDPOINT",),
+    "delta": (),  # a local or mounted folder: no service
 }
 
 
