@@ -89,6 +89,11 @@ def test_gate_passes_on_the_example_and_writes_the_summary(example: Path,
     assert [c["name"] for c in report["checks"]] == ["determinism", "baseline", "hygiene"]
     assert all(c["status"] == "pass" for c in found.values()), found
     assert "bit-identical" in found["determinism"]["reason"]
+    # The re-run went through the one engine: its plan is in the report, unconfined with
+    # the gate's stated reason (its own capture ran the command unconfined).
+    assert report["plan"]["verb"] == "verify" and report["plan"]["confined"] is False
+    assert "gate's own capture" in report["plan"]["confinement"]
+    assert any("re-run: not confined" in d for d in found["determinism"]["details"])
     assert "identical to the baseline" in found["baseline"]["reason"]
     assert "gate PASSED" in stderr
     assert git(example, "status", "--porcelain") == status_before

@@ -112,7 +112,7 @@ def _gate_run(project: Project, options: GateOptions, report: GateReport) -> Non
                 report.checks.append(CheckResult(name, Status.NO_VERDICT, reason))
         return
 
-    determinism, data_changes = _check_determinism(project, manifest, dumps(manifest))
+    determinism, data_changes = _check_determinism(project, manifest, dumps(manifest), report)
     if determinism is not None:
         report.checks.append(determinism)
     deterministic = determinism is None or determinism.status is Status.PASS
@@ -128,9 +128,10 @@ GATE_UNCONFINED = ("the gate's own capture ran this command unconfined a moment 
                    "its re-run must see the same world to be compared with it")
 
 
-def _check_determinism(project: Project, manifest: Manifest,
-                       data: bytes) -> tuple[CheckResult | None, list[str]]:
-    """Verify the fresh capture once; (result or None when disabled, data changes)."""
+def _check_determinism(project: Project, manifest: Manifest, data: bytes,
+                       report: GateReport) -> tuple[CheckResult | None, list[str]]:
+    """Verify the fresh capture once; (result or None when disabled, data changes).
+    The re-run's plan goes into ``report``."""
     if not _enabled(project, "determinism"):
         return None, []
     from manifest.verify.pipeline import verify_run
@@ -144,6 +145,7 @@ def _check_determinism(project: Project, manifest: Manifest,
     except ManifestError as exc:
         return CheckResult("determinism", Status.NO_VERDICT,
                            f"the re-run could not be done: {exc.diagnostics()}"), []
+    report.plan = verdict.plan
     data_changes = [f"{d.detail}" + (f" ({', '.join(d.files[:5])})" if d.files else "")
                     for d in verdict.data]
     argv = " ".join(manifest.command.argv) if manifest.command else "the command"

@@ -57,6 +57,8 @@ class GateReport:
     command: list[str] = field(default_factory=list)
     baseline_written: bool = False
     warnings: list[str] = field(default_factory=list)
+    plan: dict[str, Any] | None = None
+    """The determinism re-run's plan (``manifest.rerun.plan.RerunPlan.to_json``), when one ran."""
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -92,6 +94,7 @@ class GateReport:
             "policy": self.policy.to_json(),
             "checks": [c.to_json() for c in self.checks],
             "warnings": list(self.warnings),
+            "plan": self.plan,
         }
 
 
