@@ -12,6 +12,7 @@ Recognised keys (all optional)::
 
     [tool.manifest.gate]               # see manifest.gate.checks
     [tool.manifest.trust]              # see manifest.travel.policy
+    [tool.manifest.executors.ray]      # see manifest.rerun.cluster (--on ray|slurm|k8s)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ MAX_SEED = 2**53 - 1
 MAX_THREADS = 65536
 
 KNOWN_KEYS = frozenset({"command", "seed", "threads", "data", "outputs", "store", "gate",
-                        "deterministic", "trust"})
+                        "deterministic", "trust", "executors"})
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -89,6 +90,8 @@ def check_table(table: dict[str, Any], origin: Path | None) -> None:
         raise ConfigError(f"{where}: store must be a string (a directory).")
     if "deterministic" in table and not isinstance(table["deterministic"], bool):
         raise ConfigError(f"{where}: deterministic must be true or false.")
+    if "executors" in table and not isinstance(table["executors"], dict):
+        raise ConfigError(f"{where}: executors must be a table ([tool.manifest.executors]).")
     if "gate" in table and not isinstance(table["gate"], dict):
         raise ConfigError(f"{where}: gate must be a table ([tool.manifest.gate]).")
 

@@ -109,6 +109,13 @@ class LaunchResult:
     """Python processes that ran outside the recipe (``manifest.capture.outside``)."""
     workers: int = 0
     """Worker processes started (forks, multiprocessing children), each counted at its start."""
+    tables: tuple[list[Any], list[str]] | None = None
+    """(output artifacts with their tensor tables, declared globs that matched nothing) as
+    computed where the run ran (a cluster executor, ``manifest.rerun.cluster``), whose
+    outputs stay there; None: the outputs are in the tree, read them there."""
+    job: dict[str, Any] | None = None
+    """Where a cluster executor ran it: executor, job id, dashboard or log location (no
+    credentials), bytes shipped and returned, the remote log tail of a failure (redacted)."""
 
 
 def run_under_launcher(

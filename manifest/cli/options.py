@@ -123,3 +123,26 @@ def add_rerun_options(parser: argparse.ArgumentParser, *, received: bool = True)
                         help="refuse (exit 3) when the re-run cannot be confined by bubblewrap")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="re-run without confinement (the report says 'not confined')")
+    cluster = parser.add_argument_group(
+        "where to re-run", "run where the run ran (manifest.rerun.cluster); options also come "
+        "from [tool.manifest.executors.ray|slurm|k8s] in pyproject.toml")
+    cluster.add_argument("--on", choices=["local", "ray", "slurm", "k8s"], default="local",
+                         help="the executor: this machine (default), Ray Jobs, SLURM "
+                         "(submitit) or a Kubernetes Indexed Job")
+    cluster.add_argument("--address", metavar="URL",
+                         help="ray: the Jobs API address (credentials: RAY_ADDRESS in the "
+                         "environment, never the plan)")
+    cluster.add_argument("--partition", help="slurm: the partition")
+    cluster.add_argument("--account", help="slurm: the account")
+    cluster.add_argument("--time", type=positive_int, dest="time_min", metavar="MINUTES",
+                         help="slurm: the job's time limit")
+    cluster.add_argument("--image", help="k8s: the image (default: the manifest's container "
+                         "digest)")
+    cluster.add_argument("--namespace", help="k8s: the namespace (default: default)")
+    cluster.add_argument("--timeout", type=positive_int, dest="timeout_s", metavar="SECONDS",
+                         help="cancel the remote job and give no verdict after this long")
+    cluster.add_argument("--fetch-outputs", action="store_true",
+                         help="bring the output files back (default: their tensor tables only; "
+                         "files give max |delta| and ULP numbers)")
+    cluster.add_argument("--dry-run", action="store_true",
+                         help="k8s: print the Job and Service YAML and run nothing")

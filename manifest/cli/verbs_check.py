@@ -28,6 +28,7 @@ from manifest.errors import UsageError
 
 if TYPE_CHECKING:
     from manifest.explain.pipeline import ExplainReport
+    from manifest.rerun.cluster import ClusterOptions
     from manifest.rerun.plan import RerunOptions, RerunPlan
 
 
@@ -127,7 +128,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
                             no_cache=args.no_cache, quiet=args.quiet, network=args.network,
                             sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
-                            signer=signer)
+                            signer=signer, cluster=cluster_from_args(args))
     report = verify_run(data, file=args.file, cwd=Path.cwd(),
                         options=options, announce=render_command, show_plan=show_plan)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
@@ -193,7 +194,27 @@ def rerun_options(args: argparse.Namespace, signer: str | None) -> RerunOptions:
 
     return RerunOptions(trust=getattr(args, "trust", False), signer=signer,
                         sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
-                        network=args.network, in_place=getattr(args, "in_place", False))
+                        network=args.network, in_place=getattr(args, "in_place", False),
+                        cluster=cluster_from_args(args))
+
+
+def cluster_from_args(args: argparse.Namespace) -> ClusterOptions | None:
+    """``--on`` and its options (flags over ``[tool.manifest.executors.NAME]``); None: here.
+    A missing client library is one sentence naming its extra (exit 2)."""
+    on = getattr(args, "on", "local")
+    if on == "local":
+        return None
+    from manifest.config import load_config
+    from manifest.rerun.cluster import cluster_options, missing_extra
+
+    problem = missing_extra(on)
+    if problem is not None:
+        raise UsageError(problem)
+    table = load_config(Path.cwd())[0].get("executors", {})
+    flags = {name: getattr(args, name, None) for name in (
+        "address", "partition", "account", "time_min", "image", "namespace", "timeout_s",
+        "fetch_outputs", "dry_run")}
+    return cluster_options(on, flags, table)
 
 
 def show_plan(plan: RerunPlan) -> None:

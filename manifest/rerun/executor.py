@@ -7,7 +7,7 @@ lab's two switch sets, an op window) and returns the launcher's records
 (``LaunchResult``: exit status, per-process records, op streams, files
 opened). verify, explain and lab only ever talk to this interface, so a
 cluster executor (SLURM, Ray, Kubernetes) is one more class here and no
-change in them.
+change in them: ``--on ray|slurm|k8s`` picks one of ``manifest.rerun.cluster``.
 
 Two local executors, chosen by the plan:
 
@@ -91,5 +91,9 @@ class LocalExecutor:
 
 
 def executor_for(plan: RerunPlan) -> Executor:
-    """The executor the plan names."""
+    """The executor the plan names: this machine, or a cluster (``--on``, imported lazily)."""
+    if plan.cluster is not None:
+        from manifest.rerun.cluster import executor_for_cluster
+
+        return executor_for_cluster(plan)
     return LocalExecutor(confined=plan.confined, network=plan.network)

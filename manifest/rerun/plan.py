@@ -39,6 +39,7 @@ from manifest.rerun.trust import TrustDecision, escape_text, quote_arg
 if TYPE_CHECKING:
     from manifest.capture.launcher import LaunchSettings
     from manifest.models import Manifest
+    from manifest.rerun.cluster import ClusterOptions
 
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -62,6 +63,8 @@ class RerunOptions:
     network: bool = False
     in_place: bool = False
     threads: int | None = None
+    cluster: ClusterOptions | None = None
+    """``--on ray|slurm|k8s``: run where the run ran (``manifest.rerun.cluster``); None: here."""
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,29 @@ class RerunPlan:
     """What the verb will do with it (``run A: …``, ``3 runs under the recipe`` …)."""
     require_sandbox: bool = False
     """``--require-sandbox``: refuse (no verdict) rather than run unconfined."""
+    cluster: ClusterOptions | None = None
+    """Where it runs when not here (``--on``); it holds no credential."""
+    commit: str | None = None
+    diff_digest: str | None = None
+    """The recorded code: a cluster's side refuses a bundle whose patch is not this one."""
+    topology: dict[str, int] | None = None
+    """Nodes, processes and GPUs the recorded run used (a cluster places the job by it)."""
+    sandbox_requested: bool = True
+    """Whether to confine where the job runs (a cluster's host decides if it can)."""
 
     @property
     def executor(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.on
         return "local-confined" if self.confined else "local-unconfined"
 
     @property
     def confinement(self) -> str:
+        if self.cluster is not None:
+            how = ("bubblewrap on the host where it works there"
+                   + (", network allowed (--network)" if self.network else ", no network")
+                   if self.sandbox_requested else "not confined (--no-sandbox)")
+            return f"on {self.cluster.describe()}: {how}"
         if not self.confined:
             return f"not confined ({self.unconfined_reason})"
         where = ("your tree writable (in place)" if self.in_place
@@ -136,6 +155,8 @@ class RerunPlan:
             "confinement": self.confinement, "network": self.network,
             "trust": {"allowed": self.trust.allowed, "basis": self.trust.basis,
                       "reason": self.trust.reason},
+            **({"cluster": self.cluster.to_json(), "topology": self.topology}
+               if self.cluster is not None else {}),
         }
 
     def require(self) -> None:
@@ -146,7 +167,7 @@ class RerunPlan:
             raise UntrustedManifestError(
                 f"{self.trust.reason}.",
                 hint="Read what it would run (above) and pass --trust to run it anyway.")
-        if not self.confined and self.require_sandbox:
+        if not self.confined and self.require_sandbox and self.cluster is None:
             raise NoVerdictError(f"--require-sandbox: the re-run cannot be confined: "
                                  f"{self.unconfined_reason}.",
                                  hint="Install bubblewrap (apt-get install bubblewrap).")
@@ -188,12 +209,15 @@ def plan_command(*, verb: str, root: Path, argv: list[str], cwd: str, outputs: l
     tree_relative(cwd, "the recorded working directory")
     inputs = plan_inputs(root, data)
     reason = unconfined_because or sandbox_unavailable(options)
+    if options.cluster is not None:  # the workspace is shipped, not mounted: confined there
+        reason = f"runs on {options.cluster.on}"
     return RerunPlan(
         verb=verb, argv=tuple(argv), cwd=cwd, variables=tuple(sorted(variables.items())),
         inputs=inputs, outputs=tuple(outputs), trust=trust, confined=reason is None,
         unconfined_reason=reason, network=options.network, in_place=options.in_place,
         settings=settings, runs=runs,
-        require_sandbox=options.require_sandbox and unconfined_because is None)
+        require_sandbox=options.require_sandbox and unconfined_because is None,
+        cluster=options.cluster, sandbox_requested=options.sandbox)
 
 
 def recorded_settings(recorded: Manifest, threads: int | None = None) -> LaunchSettings:
@@ -226,9 +250,23 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
                             f"deterministic={settings.deterministic}"),
     })
     decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
-    return plan_command(
+    plan = plan_command(
         verb=verb, root=root, argv=list(recorded.command.argv), cwd=recorded.command.cwd,
         outputs=list(recorded.command.outputs),
         data=[(ds.path, ds.from_repo) for ds in recorded.data], settings=settings,
         variables=variables, options=options, trust=decision, runs=runs,
         unconfined_because=unconfined_because)
+    if options.cluster is None:
+        return plan
+    from dataclasses import replace
+
+    return replace(plan, commit=recorded.code.commit, diff_digest=recorded.code.diff_digest,
+                   topology=recorded_topology(recorded))
+
+
+def recorded_topology(recorded: Manifest) -> dict[str, int]:
+    """Nodes, processes (ranks) and GPUs of the recorded run, for a cluster's placement."""
+    ranks = len(recorded.determinism.processes) or 1
+    world = max((p.world_size or 0 for p in recorded.determinism.processes), default=0)
+    return {"nodes": 1, "processes": max(ranks, world),
+            "gpus": recorded.hardware.gpu_count or 0}

@@ -139,7 +139,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     rerun_options = RerunOptions(
         trust=options.trust, signer=options.signer, sandbox=options.sandbox,
         require_sandbox=options.require_sandbox, network=options.network,
-        in_place=options.in_place, threads=options.threads)
+        in_place=options.in_place, threads=options.threads, cluster=options.cluster)
     # Before hashing: a crafted "/" would read the whole disk, and a dataset
     # outside the repository is read only with the trust its command would need.
     inputs = plan_inputs(root, [(ds.path, ds.from_repo) for ds in recorded.data])

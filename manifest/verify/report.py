@@ -22,6 +22,7 @@ from manifest.weights.compare import ArtifactDelta
 
 if TYPE_CHECKING:
     from manifest.probes.hardware import NvmlFacts
+    from manifest.rerun.cluster import ClusterOptions
 
 Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
 """(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
@@ -76,6 +77,10 @@ class VerifyReport:
     """Python processes that ran outside the recipe, in the recorded run or the re-run
     (``manifest.capture.outside.outside_recipe``): the verdict speaks only for the
     processes the launcher prepared."""
+    job: dict[str, Any] | None = None
+    """Where a cluster executor ran the re-run (``--on``): executor, job id, dashboard or log
+    location, bundle name, the host's confinement and network policy, bytes shipped and
+    returned, the redacted log tail of a failed job."""
 
     @property
     def bits_drift(self) -> list[Drift]:
@@ -114,6 +119,7 @@ class VerifyReport:
             "notes": self.notes,
             "plan": self.plan,
             "outside_recipe": self.outside_recipe,
+            **({"job": self.job} if self.job is not None else {}),
         }
 
 
@@ -135,3 +141,5 @@ class VerifyOptions:
     require_sandbox: bool = False
     unconfined_because: str | None = None
     """A verb's stated reason to re-run unconfined (the gate), reported as such."""
+    cluster: ClusterOptions | None = None
+    """``--on ray|slurm|k8s``: re-run where the run ran (``manifest.rerun.cluster``)."""

@@ -78,6 +78,7 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
             "the scratch tree does not reproduce the recorded uncommitted changes exactly"))
     result = executor_for(plan).run(plan, workspace, settings, base_env)
     report.rerun_exit_code = result.exit_code
+    report.job = result.job
     new = build_run_manifest(snap, cwd=workspace.cwd, argv=list(plan.argv),
                              settings=settings, result=result, datasets=[],
                              output_globs=list(recorded.command.outputs), malformed_ok=True)
@@ -90,7 +91,10 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         + [f"re-run: {s}" for s in outside_recipe(new)]))
     if result.exit_code != 0:
         report.reason = f"the re-run failed: {new.outputs.error}"
-        if not options.in_place:
+        if result.job is not None and result.job.get("log_tail"):
+            report.reason += (f"; the {result.job['executor']} job {result.job['job_id']} "
+                              f"log ends with:\n{result.job['log_tail']}")
+        elif not options.in_place:
             hint = missing_inputs_hint(result.opened, workspace.tree, workspace.mount_at,
                                        workspace.root)
             if hint:
@@ -103,9 +107,15 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         if again is None:
             report.reason = f"the re-run did not produce {artifact.path}"
             return report
-        report.artifacts.append(compare_artifacts(
-            artifact, again, recorded_file=original_cwd / artifact.path,
-            new_file=workspace.cwd / artifact.path))
+        delta = compare_artifacts(artifact, again, recorded_file=original_cwd / artifact.path,
+                                  new_file=workspace.cwd / artifact.path)
+        if result.tables is not None and delta.detail is not None:
+            # Compared by the tables that came back: the re-run's file stayed where it ran.
+            where = result.job["executor"] if result.job else "the cluster"
+            delta = replace(delta, detail=(
+                f"the re-run's file stayed on {where}: differing tensors named by digest "
+                "(--fetch-outputs for max |Δ|)"))
+        report.artifacts.append(delta)
     report.trail_compared, report.first_divergent_step = first_divergent_step(recorded, new)
     if result.op_streams:
         # ``blobs``: the local store, overlaid with a pack's op streams when verifying one.

@@ -1,0 +1,148 @@
+"""Re-run where the run ran: the SLURM, Ray and Kubernetes executors.
+
+Each implements the re-run engine's ``Executor`` (``manifest.rerun.executor``),
+so verify, explain and lab only choose one (``--on ray|slurm|k8s``). All three
+share one flow (``manifest.rerun.cluster.remote_run``):
+
+1. the workspace the engine built (scratch clone at the recorded commit with
+   the stored patch) is written as a content-addressed bundle
+   (``manifest.rerun.cluster.bundle``);
+2. the bundle is submitted with the remote entrypoint
+   (``python -m manifest.rerun.remote``), which checks it on arrival, runs
+   the command under the launcher and sends back records and each output's
+   tensor table (the checkpoint itself only with ``--fetch-outputs``);
+3. the result becomes the same ``LaunchResult`` a local run returns, so the
+   verdict is made here by the same comparison as a local re-run.
+
+Each cluster library is imported only when ``--on`` names it; a missing one is
+one sentence naming its extra (``pip install 'torch-manifest[ray]'``), exit 2.
+Credentials never enter the plan or the bundle: an address is kept without its
+user and password, and a full one is taken from the environment
+(``RAY_ADDRESS``) at submission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from manifest.rerun.executor import Executor
+    from manifest.rerun.plan import RerunPlan
+
+EXECUTORS = ("ray", "slurm", "k8s")
+EXTRA = {"ray": "ray", "slurm": "slurm", "k8s": "k8s"}
+MODULE = {"ray": "ray.job_submission", "slurm": "submitit", "k8s": "kubernetes"}
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where and how a cluster executor submits (flags, else ``[tool.manifest.executors.NAME]``).
+
+    Holds no credential: ``address`` is stored without user and password."""
+
+    on: str
+    address: str | None = None
+    """Ray: the Jobs API address (``http://head:8265``), credentials stripped."""
+    partition: str | None = None
+    account: str | None = None
+    time_min: int | None = None
+    """SLURM: the job's time limit in minutes."""
+    folder: str | None = None
+    """SLURM (submitit's log folder) and Kubernetes (where bundles are staged): a path
+    the cluster's nodes see; default a private directory under the user's cache."""
+    image: str | None = None
+    """Kubernetes: the image; default the manifest's container digest."""
+    namespace: str = "default"
+    claim: str | None = None
+    """Kubernetes: the PersistentVolumeClaim that holds ``folder`` on the nodes."""
+    python: str = "python"
+    """The interpreter on the cluster that has torch-manifest installed."""
+    timeout_s: float | None = None
+    fetch_outputs: bool = False
+    dry_run: bool = False
+    local: bool = False
+    """SLURM: submitit's local executor (processes on this machine), as when SLURM is absent."""
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: (dict(getattr(self, f.name)) if f.name == "extra"
+                         else getattr(self, f.name)) for f in fields(self)}
+
+    def describe(self) -> str:
+        if self.on == "ray":
+            return f"Ray Jobs at {self.address or '(RAY_ADDRESS)'}"
+        if self.on == "slurm":
+            parts = [f"partition {self.partition}" if self.partition else None,
+                     f"account {self.account}" if self.account else None,
+                     f"time {self.time_min} min" if self.time_min else None]
+            how = "submitit local executor" if self.local else "SLURM through submitit"
+            return how + "".join(f", {p}" for p in parts if p)
+        return f"Kubernetes Indexed Job in namespace {self.namespace}"
+
+
+def cluster_options(on: str, flags: Mapping[str, Any], config: Mapping[str, Any]
+                    ) -> ClusterOptions:
+    """Options for ``--on ON``: the flags that were given, else ``[tool.manifest.executors.ON]``."""
+    from manifest.errors import ConfigError
+    from manifest.redact import strip_url_credentials
+
+    table = config.get(on, {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[tool.manifest.executors.{on}] must be a table.")
+    known = {f.name for f in fields(ClusterOptions)} - {"on", "extra", "dry_run"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"[tool.manifest.executors.{on}] has unknown key(s): "
+                          f"{', '.join(unknown)}.")
+    values: dict[str, Any] = {k: v for k, v in table.items() if k in known}
+    values.update({k: v for k, v in flags.items() if v is not None and v is not False})
+    if values.get("address"):
+        values["address"] = strip_url_credentials(str(values["address"]))
+    options = ClusterOptions(on=on)
+    return replace(options, **values)
+
+
+def missing_extra(on: str) -> str | None:
+    """None when ``--on ON``'s library imports, else the sentence that says how to get it."""
+    import importlib.util
+
+    # The top-level package only: finding it imports nothing (ray's own import is ~1 s).
+    if importlib.util.find_spec(MODULE[on].partition(".")[0]) is None:
+        return (f"--on {on} needs its client library: pip install "
+                f"'torch-manifest[{EXTRA[on]}]'.")
+    return None
+
+
+def executor_for_cluster(plan: RerunPlan) -> Executor:
+    """The cluster executor ``plan.cluster`` names (its library imported here, lazily)."""
+    from manifest.errors import UsageError
+
+    options = plan.cluster
+    assert options is not None
+    problem = missing_extra(options.on)
+    if problem is not None:
+        raise UsageError(problem)
+    if options.on == "ray":
+        from manifest.rerun.cluster.ray import RayExecutor
+
+        return RayExecutor(options)
+    if options.on == "slurm":
+        from manifest.rerun.cluster.slurm import SlurmExecutor
+
+        return SlurmExecutor(options)
+    from manifest.rerun.cluster.k8s import KubernetesExecutor
+
+    return KubernetesExecutor(options)
+
+
+def default_folder(on: str) -> Path:
+    """A private directory under the user's cache for bundles and logs."""
+    import os
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = base / "torch-manifest" / on
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path

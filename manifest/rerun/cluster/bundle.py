@@ -1,0 +1,201 @@
+"""The bundle: what a cluster executor ships, content-addressed and checked on arrival.
+
+A re-run on SLURM, Ray or Kubernetes cannot borrow this machine's git objects
+or blob store, so the workspace travels. A bundle is a directory (Ray uploads
+it as the job's ``working_dir``; SLURM and Kubernetes read it from a shared
+or mounted filesystem):
+
+* ``bundle.json``: the index, RFC 8785 canonical JSON: the recorded commit
+  and patch digest (``code.diff_digest``), the blake3 of every file of the
+  tree, the argv, working directory, declared outputs, the environment the
+  verb set (a delta, see :func:`env_delta`) and the launcher settings;
+* ``patch``: the recorded patch, the bytes whose blake3 is ``code.diff_digest``;
+* ``tree/``: the scratch clone at the commit with the patch applied (its
+  ``.git`` left out; datasets copied into it, links followed).
+
+The bundle's name is ``blake3:`` + the blake3 of the index's canonical bytes.
+The submitter passes that name to the remote entrypoint on its command line,
+a channel apart from the shipped files, so :func:`check_bundle` on arrival
+proves, before anything runs, that the index is the one addressed, that the
+patch is the recorded one (an edited patch changes its blake3), and that the
+tree holds exactly the files indexed (an edited, added or removed file is
+refused). The patch is checked against the recorded digest, and the tree
+was built by applying it to the recorded commit here (the same scratch clone
+a local re-run uses, whose patch the code probe reproduces before shipping).
+
+No credential enters a bundle: the environment is the delta the verb made
+to this process's own (recorded numerics variables, code paths), without
+any variable whose name looks secret (``manifest.redact``) and without
+``MANIFEST_SECRET_N`` (withheld argv values are filled on the remote side
+from its own environment). Paths of this machine are written as
+placeholders (``{tree}``, ``{writable:N}``) the remote side fills in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from manifest.errors import NoVerdictError
+
+BUNDLE_FORMAT = "manifest-bundle/v1"
+INDEX = "bundle.json"
+PATCH = "patch"
+TREE = "tree"
+TREE_TOKEN = "{tree}"  # noqa: S105 - a path placeholder, not a password
+
+
+class BundleRefused(NoVerdictError):
+    """What arrived is not what was addressed (exit 3 on the verb's side)."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A built bundle: where it is, its name, and how many bytes it holds."""
+
+    path: Path
+    name: str
+    """``blake3:<hex>`` of the index's canonical bytes."""
+    bytes: int
+    files: int
+
+
+def _canonical(doc: Any) -> bytes:
+    from manifest.canonical import canonical_bytes
+
+    return canonical_bytes(doc)
+
+
+def file_digest(path: Path) -> str:
+    h = blake3.blake3()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return "blake3:" + h.hexdigest()
+
+
+def _walk(tree: Path) -> Iterator[tuple[str, Path]]:
+    """(POSIX path relative to ``tree``, path) for every file, ``.git`` left out, links
+    followed; in sorted order so two walks of one tree agree."""
+    for dirpath, dirnames, filenames in os.walk(tree, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not (Path(dirpath) == tree and d == ".git"))
+        for name in sorted(filenames):
+            full = Path(dirpath, name)
+            if full.is_file():
+                yield full.relative_to(tree).as_posix(), full
+
+
+def env_delta(env: Mapping[str, str], here: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(variables the verb set or changed, variables it removed) relative to ``here``,
+    without secrets: what the remote side applies to its own environment."""
+    from manifest.redact import SECRET_ENV_PREFIX, is_secret_name
+
+    def shippable(name: str) -> bool:
+        return not name.startswith(SECRET_ENV_PREFIX) and not is_secret_name(name)
+
+    changed = {k: v for k, v in env.items() if here.get(k) != v and shippable(k)}
+    removed = sorted(k for k in here if k not in env and shippable(k))
+    return changed, removed
+
+
+def _placeholders(value: str, paths: Sequence[tuple[str, str]]) -> str:
+    for local, token in paths:
+        value = value.replace(local, token)
+    return value
+
+
+def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Sequence[str],
+                 outputs: Sequence[str], patch: bytes | None, commit: str | None,
+                 diff_digest: str | None, settings: dict[str, Any], env: Mapping[str, str],
+                 writable: Sequence[Path] = (), topology: dict[str, Any] | None = None,
+                 fetch_outputs: bool = False, sandbox: bool = True, network: bool = False,
+                 require_sandbox: bool = False) -> Bundle:
+    """Write the bundle for one run into ``dest`` (which must not exist)."""
+    if patch is not None and "blake3:" + blake3.blake3(patch).hexdigest() != diff_digest:
+        raise NoVerdictError("the scratch tree does not reproduce the recorded patch; "
+                             "refusing to ship it.")
+    dest.mkdir(parents=True)
+    paths = [(str(mount_at), TREE_TOKEN), (str(tree), TREE_TOKEN)]
+    paths = [(str(w), f"{{writable:{i}}}") for i, w in enumerate(writable)] + paths
+    delta, removed = env_delta(env, os.environ)
+    files: dict[str, str] = {}
+    total = 0
+    for rel, full in _walk(tree):
+        target = dest / TREE / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(full, target)
+        if os.access(full, os.X_OK):
+            target.chmod(0o755)
+        files[rel] = file_digest(target)
+        total += target.stat().st_size
+    if patch is not None:
+        (dest / PATCH).write_bytes(patch)
+        total += len(patch)
+    ship_settings = json.loads(_placeholders(json.dumps(settings), paths))
+    index = {
+        "format": BUNDLE_FORMAT,
+        "code": {"commit": commit, "diff_digest": diff_digest},
+        "files": files,
+        "argv": list(argv),
+        "cwd": cwd.relative_to(tree).as_posix() if cwd != tree else ".",
+        "outputs": list(outputs),
+        "env": {k: _placeholders(v, paths) for k, v in sorted(delta.items())},
+        "unset": removed,
+        "settings": ship_settings,
+        "writable": len(writable),
+        "topology": topology or {},
+        "fetch_outputs": fetch_outputs,
+        "confinement": {"sandbox": sandbox, "network": network,
+                        "require_sandbox": require_sandbox},
+    }
+    data = _canonical(index)
+    (dest / INDEX).write_bytes(data)
+    total += len(data)
+    return Bundle(dest, "blake3:" + blake3.blake3(data).hexdigest(), total, len(files))
+
+
+def check_bundle(path: Path, expect: str) -> dict[str, Any]:
+    """The index of the bundle at ``path``, after proving it is the one named ``expect``
+    and that its patch and every file are the ones indexed. Raises :class:`BundleRefused`."""
+    try:
+        data = (path / INDEX).read_bytes()
+    except OSError as exc:
+        raise BundleRefused(f"no bundle index at {path}: {exc.strerror}.") from exc
+    name = "blake3:" + blake3.blake3(data).hexdigest()
+    if name != expect:
+        raise BundleRefused(f"the bundle's index is {name}, not the {expect} that was "
+                            "submitted: refusing to run it.")
+    index: dict[str, Any] = json.loads(data)
+    if index.get("format") != BUNDLE_FORMAT:
+        raise BundleRefused(f"unknown bundle format {index.get('format')!r}.")
+    recorded = index["code"]["diff_digest"]
+    patch_file = path / PATCH
+    if recorded is not None:
+        if not patch_file.is_file():
+            raise BundleRefused(f"the recorded patch {recorded} is missing from the bundle.")
+        arrived = file_digest(patch_file)
+        if arrived != recorded:
+            raise BundleRefused(f"the patch in the bundle is {arrived}, not the recorded "
+                                f"{recorded} (code.diff_digest): refusing to run edited code.")
+    elif patch_file.exists():
+        raise BundleRefused("the bundle carries a patch the recorded run did not have.")
+    files: dict[str, str] = index["files"]
+    seen: dict[str, str] = {}
+    for rel, full in _walk(path / TREE):
+        seen[rel] = file_digest(full)
+    for rel in sorted(set(files) | set(seen)):
+        if rel not in seen:
+            raise BundleRefused(f"{rel} of the recorded tree did not arrive.")
+        if rel not in files:
+            raise BundleRefused(f"{rel} arrived but is not part of the recorded tree.")
+        if seen[rel] != files[rel]:
+            raise BundleRefused(f"{rel} arrived as {seen[rel]}, not the shipped {files[rel]}: "
+                                "refusing to run edited code.")
+    return index

@@ -1,0 +1,124 @@
+"""``--on ray``: the re-run as a Ray job (Ray Jobs API, ``JobSubmissionClient``).
+
+The bundle is the job's ``working_dir``: Ray zips and uploads it to the
+cluster, content-addressed by its own hash, and unpacks it on the node that
+runs the entrypoint. Ray leaves out files a ``.gitignore`` names unless told
+otherwise, and the scratch tree's own ``.gitignore`` names its datasets, so the
+upload is made with ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1``; a file dropped
+anyway (a ``.rayignore``) is refused on arrival, not silently missed.
+
+The entrypoint runs with ``--emit``: its result comes back in the job's log
+between marker lines, because a Ray cluster shares no filesystem with the
+submitter. The job reserves the recorded run's CPUs (its thread count) and
+GPUs, so Ray places it on a node that has them.
+
+The address is the one given (``--address`` or ``[tool.manifest.executors.ray]``),
+kept without credentials; ``RAY_ADDRESS`` in the environment supplies the full
+one (a token in its URL stays out of the plan, the bundle and the report).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from manifest.rerun.cluster.remote_run import ClusterExecutor
+
+if TYPE_CHECKING:
+    from manifest.rerun.cluster.bundle import Bundle
+    from manifest.rerun.plan import RerunPlan
+
+_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def _address(given: str | None) -> str:
+    """The address to connect to: ``RAY_ADDRESS`` when it is the given one with credentials."""
+    from manifest.errors import UsageError
+    from manifest.redact import strip_url_credentials
+
+    env = os.environ.get("RAY_ADDRESS")
+    if given is None:
+        if env is None:
+            raise UsageError("--on ray needs the cluster's address: --address "
+                             "http://HEAD:8265, [tool.manifest.executors.ray] address, "
+                             "or RAY_ADDRESS.")
+        return env
+    if env is not None and strip_url_credentials(env) == given:
+        return env
+    return given
+
+
+class RayJob:
+    """One submitted Ray job (a :class:`~manifest.rerun.cluster.remote_run.Submission`)."""
+
+    def __init__(self, client: Any, job_id: str, dashboard: str) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.where = f"{dashboard}/#/jobs/{job_id}"
+        self._logs: str | None = None
+
+    def state(self) -> str:
+        return str(self.client.get_job_status(self.job_id).value)
+
+    def finished(self) -> bool:
+        return self.state() in _TERMINAL
+
+    def _log(self) -> str:
+        if self._logs is None:
+            self._logs = str(self.client.get_job_logs(self.job_id))
+        return self._logs
+
+    def result(self) -> dict[str, Any] | None:
+        from manifest.rerun.remote import decode_result
+
+        return decode_result(self._log())
+
+    def log_tail(self) -> str:
+        from manifest.rerun.remote import BEGIN
+
+        log = self._log()
+        return log[:log.find(BEGIN)] if BEGIN in log else log
+
+    def cancel(self) -> None:
+        # Already finished, or the cluster is unreachable: nothing left to stop.
+        with contextlib.suppress(Exception):
+            self.client.stop_job(self.job_id)
+
+
+class RayExecutor(ClusterExecutor):
+    """Submits each run of a plan as a Ray job."""
+
+    def submit(self, plan: RerunPlan, bundle: Bundle) -> RayJob:
+        from ray.job_submission import JobSubmissionClient
+
+        from manifest.redact import strip_url_credentials
+
+        address = _address(self.options.address)
+        client = JobSubmissionClient(address)
+        job_id = f"manifest-{bundle.name.removeprefix('blake3:')[:12]}-{uuid.uuid4().hex[:8]}"
+        entrypoint = " ".join(shlex.quote(a) for a in (
+            self.options.python, "-m", "manifest.rerun.remote", ".", "--expect", bundle.name,
+            "--emit"))
+        topology = plan.topology or {}
+        import logging
+
+        # Ray's client logs each upload at INFO on stderr: the verb's progress is its own.
+        logging.getLogger("ray").setLevel(logging.WARNING)
+        previous = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE")
+        os.environ["RAY_RUNTIME_ENV_IGNORE_GITIGNORE"] = "1"
+        try:
+            client.submit_job(
+                entrypoint=entrypoint, submission_id=job_id,
+                runtime_env={"working_dir": str(bundle.path)},
+                entrypoint_num_cpus=plan.settings.threads,
+                entrypoint_num_gpus=topology.get("gpus") or None,
+                metadata={"manifest.bundle": bundle.name, "manifest.verb": plan.verb})
+        finally:
+            if previous is None:
+                os.environ.pop("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", None)
+            else:
+                os.environ["RAY_RUNTIME_ENV_IGNORE_GITIGNORE"] = previous
+        return RayJob(client, job_id, strip_url_credentials(address).rstrip("/"))

@@ -1,0 +1,221 @@
+"""The remote entrypoint: ``python -m manifest.rerun.remote BUNDLE OUTDIR --expect NAME``.
+
+Every cluster executor (``manifest.rerun.cluster``: Ray, SLURM, Kubernetes)
+runs this where the re-run runs, so arrival checks, the launcher and what
+comes back are one piece of code:
+
+1. check the bundle (``manifest.rerun.cluster.bundle.check_bundle``): its index
+   is the one named ``NAME`` on the command line, its patch is the recorded
+   one and its tree holds exactly the files indexed; otherwise refuse (exit 3)
+   and run nothing;
+2. copy the tree to ``OUTDIR/tree`` (the bundle stays as it arrived) and run
+   the command there under the launcher, with the recorded settings and the
+   environment delta the verb set; confined by bubblewrap when it works on
+   this host (the bundle's ``--no-sandbox``/``--network`` carry over; with
+   ``--require-sandbox`` a host without it refuses);
+3. write ``OUTDIR/result.json``: the launcher's records, op streams, files
+   opened (this host's paths as ``{tree}``), the per-tensor table of every
+   declared output (``manifest.weights``: only the tables, so a checkpoint
+   never travels back unless the bundle asks for it, ``--fetch-outputs``),
+   the files written in the verb's writable directories, and the
+   confinement applied. ``--emit`` also prints it on stdout between marker
+   lines (base64 of zlib), for executors that read results back from the
+   job's log (Ray Jobs).
+
+Exit status: the command's own, or 3 when the bundle was refused or the
+host cannot honour ``--require-sandbox``. The verdict is never made here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+RESULT = "result.json"
+RESULT_FORMAT = "manifest-remote-result/v1"
+BEGIN = "----- manifest result begin -----"
+END = "----- manifest result end -----"
+LINE = 76 * 1024
+MAX_WRITABLE_BYTES = 256 << 20
+"""What a run may write into a verb's writable directories (op streams, audits) and still
+come back."""
+RETURNED_ENV = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "OMP_NUM_THREADS",
+                "MKL_NUM_THREADS")
+"""The only variables of the run's environment that come back (the verdict reads them)."""
+
+
+def _fill(value: str, tree: Path, writable: list[Path]) -> str:
+    from manifest.rerun.cluster.bundle import TREE_TOKEN
+
+    for i, path in enumerate(writable):
+        value = value.replace(f"{{writable:{i}}}", str(path))
+    return value.replace(TREE_TOKEN, str(tree))
+
+
+def _files_under(directory: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    total = 0
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            total += path.stat().st_size
+            if total > MAX_WRITABLE_BYTES:
+                break
+            out[path.relative_to(directory).as_posix()] = base64.b64encode(
+                path.read_bytes()).decode("ascii")
+    return out
+
+
+def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
+    """Check, run and describe one bundle (the result document)."""
+    from manifest.capture.launcher import LaunchSettings
+    from manifest.capture.run import digest_outputs
+    from manifest.errors import NoVerdictError
+    from manifest.rerun.cluster.bundle import TREE, check_bundle
+    from manifest.rerun.executor import LocalExecutor
+    from manifest.rerun.workspace import Workspace
+
+    index = check_bundle(bundle, expect)
+    outdir.mkdir(parents=True, exist_ok=True)
+    tree = outdir / "tree"
+    if tree.exists():
+        shutil.rmtree(tree)
+    shutil.copytree(bundle / TREE, tree, symlinks=False)
+    writable = [outdir / "writable" / str(i) for i in range(int(index["writable"]))]
+    for path in writable:
+        path.mkdir(parents=True, exist_ok=True)
+    settings_doc = json.loads(_fill(json.dumps(index["settings"]), tree, writable))
+    settings = LaunchSettings(**settings_doc)
+    env = {k: v for k, v in os.environ.items() if k not in set(index["unset"])}
+    env.update({k: _fill(v, tree, writable) for k, v in index["env"].items()})
+    cwd = (tree / index["cwd"]).resolve()
+    if not cwd.is_relative_to(tree.resolve()):
+        raise NoVerdictError("the bundle's working directory leaves its tree.")
+
+    confinement = index["confinement"]
+    confined = False
+    reason = "--no-sandbox"
+    if confinement["sandbox"]:
+        from manifest.rerun.sandbox import unavailable_reason
+
+        why = unavailable_reason()
+        confined, reason = why is None, why or ""
+    if not confined and confinement["require_sandbox"]:
+        raise NoVerdictError(f"--require-sandbox: the re-run cannot be confined on this host: "
+                             f"{reason}.")
+    workspace = Workspace(root=tree, scratch=outdir, tree=tree, cwd=cwd, mount_at=tree)
+    executor = LocalExecutor(confined=confined, network=bool(confinement["network"]))
+    # The plan's own fields are not read by the local executor beyond argv.
+    plan = _StubPlan(tuple(index["argv"]))
+    result = executor.run(plan, workspace, settings, env,  # type: ignore[arg-type]
+                          writable=writable)
+    artifacts, missing = digest_outputs(list(index["outputs"]), cwd, malformed_ok=True)
+    fetched: dict[str, str] = {}
+    if index["fetch_outputs"]:
+        for artifact in artifacts:
+            fetched[artifact.path] = base64.b64encode(
+                (cwd / artifact.path).read_bytes()).decode("ascii")
+    where = ("bubblewrap on " + os.uname().nodename + ": system read-only, private /tmp, "
+             + ("network allowed (--network)" if confinement["network"] else "no network")
+             if confined else f"not confined on the host ({reason})")
+    tree_text = str(tree)
+    return {
+        "format": RESULT_FORMAT,
+        "bundle": expect,
+        "exit_code": result.exit_code,
+        "records": json.loads(json.dumps(result.records).replace(tree_text, "{tree}")),
+        "env": {k: result.env[k] for k in RETURNED_ENV if k in result.env},
+        "op_streams": {k: base64.b64encode(v).decode("ascii")
+                       for k, v in result.op_streams.items()},
+        "opened": {p.replace(tree_text, "{tree}"): k for p, k in result.opened.items()},
+        "modules": sorted(result.modules),
+        "started_ns": result.started_ns,
+        "outside": result.outside,
+        "workers": result.workers,
+        "artifacts": [a.model_dump(mode="json") for a in artifacts],
+        "missing": missing,
+        "writable": [_files_under(path) for path in writable],
+        "outputs": fetched,
+        "confinement": where,
+        "host_tree": tree_text,
+    }
+
+
+class _StubPlan:
+    """What :class:`~manifest.rerun.executor.LocalExecutor` reads of a plan: its argv."""
+
+    def __init__(self, argv: tuple[str, ...]) -> None:
+        self.argv = argv
+
+
+def encode_result(doc: dict[str, Any]) -> list[str]:
+    """The result as marker-delimited lines of base64 (zlib), for a job log."""
+    text = base64.b64encode(zlib.compress(json.dumps(doc).encode(), 6)).decode("ascii")
+    return [BEGIN, *(text[i:i + LINE] for i in range(0, len(text), LINE)), END]
+
+
+def decode_result(log: str) -> dict[str, Any] | None:
+    """The result a job printed with ``--emit`` (the last one), or None."""
+    start = log.rfind(BEGIN)
+    end = log.find(END, start)
+    if start < 0 or end < 0:
+        return None
+    body = "".join(log[start + len(BEGIN):end].split())
+    try:
+        doc: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(body)))
+    except (ValueError, zlib.error):
+        return None
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m manifest.rerun.remote")
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("outdir", type=Path, nargs="?",
+                        help="where to run and write result.json (default: a temporary "
+                        "directory removed at exit; use with --emit)")
+    parser.add_argument("--expect", required=True, help="the bundle's name (blake3:…)")
+    parser.add_argument("--emit", action="store_true",
+                        help="also print the result on stdout between marker lines")
+    args = parser.parse_args(argv)
+    if args.outdir is None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="manifest-remote-") as tmp:
+            args.outdir = Path(tmp)
+            return _main(args)
+    return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from manifest.errors import EXIT_NO_VERDICT, ManifestError
+
+    try:
+        doc = run_bundle(args.bundle.resolve(), args.outdir.resolve(), args.expect)
+    except ManifestError as exc:
+        sys.stderr.write(f"manifest remote: refused: {exc.message}\n")
+        refusal = {"format": RESULT_FORMAT, "bundle": args.expect, "refused": exc.message}
+        try:
+            args.outdir.mkdir(parents=True, exist_ok=True)
+            (args.outdir / RESULT).write_text(json.dumps(refusal), encoding="utf-8")
+        except OSError:
+            pass
+        if args.emit:
+            sys.stdout.write("\n".join(encode_result(refusal)) + "\n")
+        return EXIT_NO_VERDICT
+    (args.outdir / RESULT).write_text(json.dumps(doc), encoding="utf-8")
+    if args.emit:
+        sys.stdout.write("\n".join(encode_result(doc)) + "\n")
+        sys.stdout.flush()
+    code: int = doc["exit_code"]
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
