@@ -191,6 +191,18 @@ class Gpu(Model):
     ecc_mode: bool | None
 
 
+class NodeHardware(Model):
+    """One node's hardware in a merged multi-node run (``manifest merge``)."""
+
+    node: Count
+    gpus: list[Gpu] | None
+    gpu_count: Count | None
+    gpu_driver: str | None
+    cpu_model: str | None
+    cpu_isa: list[str]
+    unavailable: Reasons = Field(default_factory=dict)
+
+
 class Hardware(Model):
     gpus: list[Gpu] | None
     gpu_count: Count | None
@@ -198,6 +210,9 @@ class Hardware(Model):
     cpu_model: str | None
     cpu_isa: list[str]
     unavailable: Reasons = Field(default_factory=dict)
+    nodes: list[NodeHardware] | None = later(
+        "a merged multi-node run: each node's hardware (the fields above are node 0's); "
+        "nodes may differ, and the diff labels each difference")
 
 
 # --------------------------------------------------------------- randomness
@@ -332,6 +347,38 @@ class Determinism(Model):
 # ------------------------------------------------------------------ command
 
 
+class RankPlace(Model):
+    """Where one global rank ran: its node, its place there, its device."""
+
+    rank: Count
+    node: Count
+    local_rank: Count | None
+    device: str | None
+    """``cpu`` or ``cuda:<index>`` (the physical index on its node), as the process saw it
+    at exit; None when the process never imported torch."""
+
+
+class Topology(Model):
+    """How a distributed run was laid out (``manifest.nodes.topology``): part of its identity,
+    since a reduction's order follows the ranks, the backend and the collective settings."""
+
+    launcher: Literal["torchrun", "slurm", "kubernetes", "mpi", "env"]
+    """What placed the processes: torchrun/torchelastic, srun, an Indexed Job, mpirun, or
+    only ``RANK``/``WORLD_SIZE`` in the environment."""
+    nodes: Count
+    world_size: Count
+    local_world_size: Count | None
+    """Processes per node, when every node runs the same number."""
+    backend: str | None
+    """The process group's backend (``gloo``, ``nccl`` …) when the script started one."""
+    ranks: list[RankPlace]
+    nccl: dict[str, str]
+    """Collective settings in force in the ranks (``NCCL_ALGO``, ``NCCL_PROTO`` …)."""
+    node: Count | None = later(
+        "a node record: the node this record covers, waiting for manifest merge (a merged "
+        "run's command.argv is the command every node ran, its --node-rank set aside)")
+
+
 class Command(Model):
     argv: list[str]
     cwd: str
@@ -340,6 +387,8 @@ class Command(Model):
     datasets: list[str]
     code_env: dict[str, str] | None = later(
         "variables that decide which code runs (PYTHONPATH …); repository paths as {repo}/…")
+    topology: Topology | None = later(
+        "a distributed run: nodes × processes, backend, rank → device, NCCL settings")
 
 
 # ------------------------------------------------------------------ outputs
@@ -357,6 +406,8 @@ class Artifact(Model):
     bytes: Count
     format: Literal["safetensors", "torch", "file"]
     tensors: dict[str, Tensor] | None
+    node: Count | None = later(
+        "a multi-node run: the node whose processes wrote it (each node has its own disk)")
 
 
 class TrailPoint(Model):
@@ -381,6 +432,20 @@ class ProcessOutcome(Model):
     ops: OpStreamRef | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
+class Segment(Model):
+    """One attempt of an elastic run (torchelastic ``--max-restarts``, a SLURM requeue)."""
+
+    restart: Count
+    world_size: Count | None
+    ranks: list[Count]
+    """The ranks that left a record in this attempt."""
+    error: str | None
+    """Why the attempt ended, when it failed."""
+    resized: str | None = later(
+        "a restart that resumed on another world size, e.g. '2 → 4': named, since its "
+        "reductions differ from the attempt before")
+
+
 class Outputs(Model):
     status: Literal["ok", "failed", "not-run"]
     exit_code: int | None
@@ -390,6 +455,8 @@ class Outputs(Model):
     workers: Count | None = later(
         "worker processes the run's processes forked or spawned (DataLoader workers, "
         "multiprocessing): they draw from generators whose states are not recorded")
+    segments: list[Segment] | None = later(
+        "an elastic run that restarted: its attempts in order, the last one's ranks above")
 
 
 # ----------------------------------------------------------------- observed
@@ -450,6 +517,9 @@ class Observed(Model):
     compute: Compute | None = Field(default=None, exclude_if=_absent)
     large_untracked: dict[str, Count] | None = later(
         "untracked, not-ignored files over 1 MiB left out of the code patch (path -> bytes)")
+    rendezvous: str | None = later(
+        "a distributed run: its torchelastic run id or SLURM job.step, so merge can tell "
+        "node records of one run from another's")
     inputs_not_digested: dict[str, Count] | None = later(
         "files the run read that git does not track and that were too large to digest "
         "unasked (path -> bytes): declare them with --data")

@@ -41,6 +41,13 @@ from manifest.errors import UsageError
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch" / "boot"
 CUBLAS_DETERMINISTIC = ":4096:8"
+RECIPE_NCCL = {"NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
+"""What the recipe sets for collectives, where the user did not: torch's
+``use_deterministic_algorithms`` sets no NCCL variable, and NCCL picks its algorithm per
+message size from a tuning model, NVLS reducing inside the switch. Megatron-LM's
+``--deterministic-mode`` refuses to start unless ``NCCL_ALGO`` is one of Tree, Ring,
+CollnetDirect, CollnetChain or ^NVLS; its MCore helpers set ``Ring`` and
+``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` (Transformer Engine's kernels), as here."""
 
 def default_threads() -> int:
     """The thread count torch would use here: OMP_NUM_THREADS, else the CPUs we may run on."""
@@ -88,6 +95,8 @@ class LaunchSettings:
         env.setdefault("PYTHONHASHSEED", self.hashseed or "0")
         if self.deterministic:
             env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+            for name, value in RECIPE_NCCL.items():
+                env.setdefault(name, value)
         env["OMP_NUM_THREADS"] = str(self.threads)
         env["MKL_NUM_THREADS"] = str(self.threads)
         return env
@@ -109,6 +118,9 @@ class LaunchResult:
     """Python processes that ran outside the recipe (``manifest.capture.outside``)."""
     workers: int = 0
     """Worker processes started (forks, multiprocessing children), each counted at its start."""
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """Earlier attempts of an elastic run (torchelastic ``--max-restarts``) whose ranks were
+    replaced by a restart: their records, not counted among ``records``."""
     tables: tuple[list[Any], list[str]] | None = None
     """(output artifacts with their tensor tables, declared globs that matched nothing) as
     computed where the run ran (a cluster executor, ``manifest.rerun.cluster``), whose
@@ -158,8 +170,10 @@ def run_under_launcher(
         for path, kind in (r.get("opened") or {}).items():
             opened[path] = kind if opened.get(path, kind) == kind else "rw"
         modules.update(r.get("modules") or ())
-    return LaunchResult(code, select_ranks(records), env, streams, opened, frozenset(modules),
-                        started_ns, outside_found(argv, env, watch.found, records), workers)
+    ranks = select_ranks(records)
+    return LaunchResult(code, latest_attempt(ranks), env, streams, opened, frozenset(modules),
+                        started_ns, outside_found(argv, env, watch.found, records), workers,
+                        attempts=earlier_attempts(ranks))
 
 
 def outside_found(argv: list[str], env: dict[str, str], watched: list[dict[str, str]],
@@ -197,11 +211,42 @@ def _run_to_end(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
 def select_ranks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records that stand for ranks, each with its ``rank`` set."""
     records = [r for r in records if not r.get("mp_child")]
+    # Without RANK, the rank srun or mpirun gave the process (manifest.nodes.topology).
+    for i, r in enumerate(records):
+        env = r.get("launch_env") or {}
+        if not isinstance(r.get("rank"), int) and isinstance(env, dict):
+            given = next((str(env[k]) for k in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                                "PMI_RANK") if str(env.get(k, "")).isdigit()),
+                         None)
+            if given is not None:
+                records[i] = dict(r, rank=int(given))
     ranked = [r for r in records if isinstance(r.get("rank"), int)]
     if ranked:
         return sorted(ranked, key=lambda r: int(r["rank"]))
     ordered = sorted(records, key=lambda r: (int(r.get("start_ns") or 0), int(r.get("pid") or 0)))
     return [dict(r, rank=i) for i, r in enumerate(ordered)]
+
+
+def restart_of(record: dict[str, Any]) -> int:
+    """The elastic restart a record's process belongs to (0 without torchelastic)."""
+    value = (record.get("launch_env") or {}).get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(value) if str(value).isdigit() else 0
+
+
+def latest_attempt(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks of the last restart: a restarted elastic run records each rank once per
+    attempt, and only the last attempt's ranks produced the outputs."""
+    if not ranks:
+        return ranks
+    last = max(restart_of(r) for r in ranks)
+    return [r for r in ranks if restart_of(r) == last]
+
+
+def earlier_attempts(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not ranks:
+        return []
+    last = max(restart_of(r) for r in ranks)
+    return [r for r in ranks if restart_of(r) != last]
 
 
 def stream_ranks(result: LaunchResult) -> dict[str, int]:

@@ -207,7 +207,9 @@ def build_run_manifest(
         status = "failed"
         error = (f"output(s) {', '.join(stale)} were left by an earlier run, not written by this "
                  "one; move or delete them and capture again")
-    elif missing:
+    elif missing and not _one_node_of_several(result):
+        # On a multi-node run a node whose processes saved nothing is normal (most
+        # scripts save on global rank 0 only): merge checks the outputs of all nodes.
         status = "failed"
         error = f"declared output(s) matched no file: {', '.join(missing)}"
     root = snap.code.root or cwd
@@ -257,13 +259,47 @@ def build_run_manifest(
     }
     if result.workers:
         doc["outputs"]["workers"] = result.workers
+    _add_topology(doc, result, cwd, error)
     pids = [int(r["pid"]) for r in result.records if r.get("pid")]
     doc["observed"] = observed_for(snap, pids=pids)
     if compute is not None:
         doc["observed"]["compute"] = compute
     if not_digested:
         doc["observed"]["inputs_not_digested"] = dict(sorted(not_digested.items()))
+    if doc["command"].get("topology") is not None:
+        from manifest.nodes.topology import rendezvous_of
+
+        doc["observed"]["rendezvous"] = rendezvous_of(result.records)
     return seal(doc)
+
+
+def _one_node_of_several(result: LaunchResult) -> bool:
+    from manifest.nodes.topology import topology_from_records
+
+    topology = topology_from_records(result.records)
+    return topology is not None and topology.node is not None
+
+
+def _add_topology(doc: dict[str, Any], result: LaunchResult, cwd: Path,
+                  error: str | None) -> None:
+    """A distributed run's layout (``manifest.nodes.topology``), its elastic restarts, and on
+    a multi-node run the node that wrote each output; left out of a run no launcher placed,
+    so its bytes and run_id stay as they were."""
+    from manifest.nodes.topology import segments_from, topology_from_records, writer_nodes
+
+    topology = topology_from_records(result.records)
+    if topology is None:
+        return
+    doc["command"]["topology"] = topology.model_dump(mode="json")
+    segments = segments_from(result.attempts, result.records, error)
+    if segments is not None:
+        doc["outputs"]["segments"] = [s.model_dump(mode="json") for s in segments]
+    if topology.nodes > 1:
+        writers = writer_nodes(result.records, topology, cwd)
+        for artifact in doc["outputs"]["artifacts"]:
+            node = writers.get(artifact["path"], topology.node)
+            if node is not None:
+                artifact["node"] = node
 
 
 def _config_int(table: dict[str, Any], key: str, origin: Path | None) -> int | None:

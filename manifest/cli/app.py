@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from manifest import __version__
-from manifest.cli import verbs_check, verbs_record, verbs_study, verbs_travel
+from manifest.cli import verbs_check, verbs_nodes, verbs_record, verbs_study, verbs_travel
 from manifest.cli.options import Parser
 from manifest.cli.startup import keep_pydantic_plugins_out
 from manifest.errors import EXIT_BAD_INPUT, EXIT_NO_VERDICT, ManifestError
@@ -30,7 +30,8 @@ from manifest.errors import EXIT_BAD_INPUT, EXIT_NO_VERDICT, ManifestError
 _VERBS: list[tuple[str, Callable[[argparse._SubParsersAction[Parser]], None]]] = [
     ("capture", verbs_record.register_capture), ("show", verbs_record.register_show),
     ("schema", verbs_record.register_schema), ("verify", verbs_check.register_verify),
-    ("hash", verbs_record.register_hash), ("diff", verbs_check.register_diff),
+    ("hash", verbs_record.register_hash), ("merge", verbs_nodes.register_merge),
+    ("diff", verbs_check.register_diff),
     ("gate", verbs_check.register_gate), ("explain", verbs_study.register_explain),
     ("pack", verbs_travel.register_pack), ("sign", verbs_travel.register_sign),
     ("attest", verbs_travel.register_attest), ("lab", verbs_study.register_lab),

@@ -12,7 +12,7 @@ a rule. New labels go here, never as special cases in a renderer.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -48,6 +48,7 @@ _CODE = "different source code"
 _DATA = "different training data"
 _WEIGHTS = "different weights"
 _UNAVAILABLE = "why a fact was not recorded; the fact itself is compared on its own line"
+_LAYOUT = "another rank layout: sums may be taken in another order"
 
 RULES: Mapping[str, Rule] = {
     "schema": Rule(B, "schema"),
@@ -163,6 +164,10 @@ RULES: Mapping[str, Rule] = {
                                 missing="absent"),
     "hardware.unavailable[*]": Rule(N, "hardware: reason for {key}", _UNAVAILABLE,
                                     missing="none"),
+    "hardware.nodes": Rule(B, "per-node hardware", "only one run spans several nodes",
+                           missing="none (one node)", show_values=False),
+    "hardware.nodes[*]": Rule(B, "node {key} hardware", "a different node layout",
+                              missing="absent", show_values=False),
     # ---------------------------------------------------------- randomness
     "randomness.seed": Rule(B, "seed"),
     "randomness.derivation": Rule(B, "per-rank seed derivation", "ranks draw other streams"),
@@ -304,6 +309,30 @@ RULES: Mapping[str, Rule] = {
                              show_values=False),
     "command.code_env[*]": Rule(B, "{key}", "decides which modules are imported",
                                 missing="unset"),
+    "command.topology": Rule(B, "distributed layout", "only one run was distributed",
+                             missing="none (one process)", show_values=False),
+    "command.topology.launcher": Rule(B, "launcher", "another tool placed the processes"),
+    "command.topology.nodes": Rule(B, "nodes", _LAYOUT),
+    "command.topology.world_size": Rule(B, "world size",
+                                        "each sum is split over another number of ranks"),
+    "command.topology.local_world_size": Rule(B, "processes per node", _LAYOUT,
+                                              missing="uneven"),
+    "command.topology.backend": Rule(B, "collective backend",
+                                     "another library takes the sums, in its own order",
+                                     missing="none"),
+    "command.topology.ranks[*]": Rule(B, "rank {key}", "only one run has it", missing="absent"),
+    "command.topology.ranks[*].node": Rule(B, "rank {key} node", _LAYOUT),
+    "command.topology.ranks[*].local_rank": Rule(B, "rank {key} local rank", _LAYOUT,
+                                                 missing="none"),
+    "command.topology.ranks[*].device": Rule(B, "rank {key} device",
+                                             "NCCL's rings and trees follow the rank → GPU map",
+                                             missing="none"),
+    "command.topology.nccl[*]": Rule(B, "{key}", "chooses the collective's algorithm, "
+                                     "protocol or channels, and so its reduction order",
+                                     missing="unset"),
+    "command.topology.node": Rule(B, "node record", "a record of one node, not of the "
+                                  "whole run: merge the node records first",
+                                  missing="none (the whole run)"),
     # ------------------------------------------------------------- outputs
     "outputs": Rule(B, "outputs", "only one run recorded its results", show_values=False),
     "outputs.status": Rule(B, "run status", "the runs did not end alike"),
@@ -325,6 +354,22 @@ RULES: Mapping[str, Rule] = {
                                                   _WEIGHTS),
     "outputs.artifacts[*].tensors[*].digest": Rule(B, "tensor {key} of {keys[0]}", _WEIGHTS,
                                                    show_values=False),
+    "outputs.artifacts[*].node": Rule(N, "artifact {key} node",
+                                      "where it was written; its bytes are compared on their "
+                                      "own lines", missing="none"),
+    "outputs.segments": Rule(B, "elastic restarts", "a run that restarted resumed from "
+                             "another state", missing="none", show_values=False),
+    "outputs.segments[*]": Rule(B, "attempt {key}", "only one run restarted this often",
+                                missing="absent", show_values=False),
+    "outputs.segments[*].world_size": Rule(B, "attempt {key} world size",
+                                           "each sum is split over another number of ranks",
+                                           missing="unknown"),
+    "outputs.segments[*].ranks": Rule(B, "attempt {key} ranks", "other ranks took part"),
+    "outputs.segments[*].error": Rule(N, "attempt {key} error",
+                                      "the text of a failure, not the weights", missing="none"),
+    "outputs.segments[*].resized": Rule(B, "attempt {key} resumed on another world size",
+                                        "each sum is split over another number of ranks",
+                                        missing="no"),
     "outputs.workers": Rule(B, "worker processes", "other per-worker random streams",
                             missing="none"),
     "outputs.processes[*]": Rule(B, "rank {key} outcome", "only one run recorded it",
@@ -393,6 +438,8 @@ RULES: Mapping[str, Rule] = {
     "observed.large_untracked[*]": Rule(N, "large untracked file {key}",
                                         "named, not packed; not part of the code",
                                         missing="absent"),
+    "observed.rendezvous": Rule(N, "rendezvous", "names one run's node records, not what "
+                                "they computed", missing="none"),
     "observed.inputs_not_digested": Rule(N, "inputs too large to digest unasked",
                                          "declare them with --data to compare them",
                                          show_values=False),
@@ -401,6 +448,20 @@ RULES: Mapping[str, Rule] = {
                                             missing="absent"),
 }
 """Field pattern -> impact and reason. Keys on a path are ``[*]``; a concrete key overrides."""
+
+
+def _per_node(rules: Mapping[str, Rule]) -> dict[str, Rule]:
+    """``hardware.nodes[*].…``: each hardware rule, said of one node of a merged run."""
+    out: dict[str, Rule] = {}
+    for name, rule in rules.items():
+        if name.startswith("hardware.") and not name.startswith("hardware.nodes"):
+            label = "node {keys[0]} " + rule.label
+            out["hardware.nodes[*]." + name.removeprefix("hardware.")] = replace(
+                rule, label=label)
+    return out
+
+
+RULES = {**RULES, **_per_node(RULES)}
 
 FALLBACK_RULE = Rule(B, "{path}", "not in the impact table, so assumed to change bits")
 

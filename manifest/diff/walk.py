@@ -45,10 +45,14 @@ KEYED_LISTS: Mapping[str, str] = {
     "randomness.processes[*].loaders": "site",
     "determinism.processes[*].switches": "switch",
     "determinism.outside_recipe": "command",
+    "hardware.nodes": "node",
+    "hardware.nodes[*].gpus": "index",
+    "command.topology.ranks": "rank",
+    "outputs.segments": "restart",
 }
 """List pattern -> the field that names an element. The key field itself is never a difference."""
 
-SET_LISTS = frozenset({"hardware.cpu_isa"})
+SET_LISTS = frozenset({"hardware.cpu_isa", "hardware.nodes[*].cpu_isa"})
 """Lists whose order carries no meaning: compared as sets of strings."""
 
 

@@ -15,7 +15,8 @@ Per-process record (JSON, written atomically at exit to
      "seed", "torch_imported", "numpy_imported", "flags", "pythonhashseed",
      "cuda_runtime", "cudnn", "nccl", "devices", "at_start", "at_exit",
      "trail", "log", "errors", "modules", "fp32_precision",
-     "opened", "reseeds", "switches", "loaders", "unaccounted", "outside"}
+     "opened", "reseeds", "switches", "loaders", "unaccounted", "outside",
+     "launch_env", "backend", "device"}
 
 Each worker (a fork, a multiprocessing child) also leaves ``worker-<pid>`` there
 the moment it starts (``note_worker``): one killed later writes no record.
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # mypy checks the calls between these modules through the pac
     from manifest.launch.boot import _manifest_observe as observe
     from manifest.launch.boot import _manifest_rng as rng
     from manifest.launch.boot import _manifest_switches as switches
+    from manifest.launch.boot import _manifest_topology as topology
     from manifest.launch.boot import _manifest_trail as trail
     from manifest.launch.boot._manifest_state import state as _state
 else:
@@ -68,12 +70,14 @@ else:
         import _manifest_observe as observe
         import _manifest_rng as rng
         import _manifest_switches as switches
+        import _manifest_topology as topology
         import _manifest_trail as trail
         from _manifest_state import state as _state
     except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
         from manifest.launch.boot import _manifest_observe as observe
         from manifest.launch.boot import _manifest_rng as rng
         from manifest.launch.boot import _manifest_switches as switches
+        from manifest.launch.boot import _manifest_topology as topology
         from manifest.launch.boot import _manifest_trail as trail
         from manifest.launch.boot._manifest_state import state as _state
 
@@ -223,6 +227,7 @@ def _on_torch(module: ModuleType) -> None:
         _manifest_audit.start(os.environ["MANIFEST_AUDIT"])
     observe.note_launch_state(["python", "numpy", "torch_cpu"])
     observe.on_torch(module)
+    topology.on_torch(module, record)
 
 
 def _write_record() -> None:
@@ -244,6 +249,7 @@ def _write_record() -> None:
         record["modules"] = observe.modules_imported()
         torch = sys.modules.get("torch")
         record["fp32_precision"] = observe.fp32_precision(torch) if torch is not None else None
+        topology.at_exit(record, torch)
         mp = sys.modules.get("multiprocessing")
         record["mp_child"] = bool(mp is not None and mp.parent_process() is not None)
     except Exception as exc:
@@ -300,6 +306,8 @@ def install() -> None:
         "rank": _rank_env("RANK"),
         "local_rank": _rank_env("LOCAL_RANK"),
         "world_size": _rank_env("WORLD_SIZE"),
+        # Where it sits in a distributed run, as its launcher said (_manifest_topology).
+        "launch_env": topology.launch_env(),
         "seed": process_seed(config),
         "torch_imported": False,
         "numpy_imported": False,

@@ -1,0 +1,167 @@
+"""A capture's process records → ``command.topology`` and ``outputs.segments``.
+
+Each launched process records the variables its launcher gave it
+(``_manifest_topology``): torchrun's ``GROUP_RANK``/``RANK``/``LOCAL_RANK``/
+``WORLD_SIZE``/``LOCAL_WORLD_SIZE``, SLURM's ``SLURM_NODEID``/``SLURM_PROCID``,
+an Indexed Job's ``JOB_COMPLETION_INDEX``, MPI's ``OMPI_COMM_WORLD_*``/
+``PMI_*``. The first variable present in each list below wins, so torchrun
+inside ``srun`` is read as torchrun (its ranks are the process group's).
+
+A capture whose ranks cover the whole world is a complete run; one that
+covers part of it is a node record (``topology.node`` set) that ``manifest
+merge`` joins with the others. A run without any of these variables (a plain
+``python train.py``) has no topology, and its manifest keeps its bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from manifest.models import RankPlace, Segment, Topology
+
+GLOBAL_RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+NODE_RANK = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_NODE_RANK",
+             "JOB_COMPLETION_INDEX")
+LOCAL_RANK = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+WORLD = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+LOCAL_WORLD = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+NODE_COUNT = ("GROUP_WORLD_SIZE", "SLURM_NNODES")
+
+
+def _first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = env.get(name, "")
+        if value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def launch_env(record: dict[str, Any]) -> dict[str, str]:
+    raw = record.get("launch_env")
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
+def launcher_of(env: dict[str, str]) -> str | None:
+    if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
+        return "torchrun"
+    if "SLURM_PROCID" in env:
+        return "slurm"
+    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        return "mpi"
+    if "JOB_COMPLETION_INDEX" in env:
+        return "kubernetes"
+    if "RANK" in env:
+        return "env"
+    return None
+
+
+def global_rank(record: dict[str, Any]) -> int | None:
+    """The rank a launcher gave a process, whichever launcher it was."""
+    return _first_int(launch_env(record), GLOBAL_RANK)
+
+
+def _rank_of(record: dict[str, Any]) -> int:
+    rank = global_rank(record)
+    return int(record["rank"]) if rank is None else rank
+
+
+def rendezvous_of(records: list[dict[str, Any]]) -> str | None:
+    """What names one distributed run across its node records: torchelastic's run id, or
+    SLURM's job and step."""
+    for record in records:
+        env = launch_env(record)
+        if env.get("TORCHELASTIC_RUN_ID"):
+            return f"torchelastic:{env['TORCHELASTIC_RUN_ID']}"
+        if env.get("SLURM_JOB_ID"):
+            return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}".rstrip(".")
+    return None
+
+
+def topology_from_records(records: list[dict[str, Any]]) -> Topology | None:
+    """The topology of the ranks in ``records`` (the last attempt's), or None for a run
+    that no launcher placed."""
+    from manifest.launch.boot._manifest_topology import NCCL_VARS
+
+    envs = [launch_env(r) for r in records]
+    kinds = [k for k in (launcher_of(e) for e in envs) if k is not None]
+    if not kinds:
+        return None
+    places: list[RankPlace] = []
+    for record, env in zip(records, envs, strict=True):
+        rank = _first_int(env, GLOBAL_RANK)
+        places.append(RankPlace(
+            rank=int(record["rank"]) if rank is None else rank,
+            node=_first_int(env, NODE_RANK) or 0,
+            local_rank=_first_int(env, LOCAL_RANK),
+            device=record.get("device") if isinstance(record.get("device"), str) else None))
+    places.sort(key=lambda p: p.rank)
+    first = envs[0]
+    world = _first_int(first, WORLD) or len(places)
+    local_world = _first_int(first, LOCAL_WORLD)
+    nodes = _first_int(first, NODE_COUNT)
+    if nodes is None:
+        nodes = world // local_world if local_world and world % local_world == 0 else (
+            max(p.node for p in places) + 1)
+    backends = sorted({str(r["backend"]) for r in records if isinstance(r.get("backend"), str)})
+    lowest = min(range(len(records)), key=lambda i: _first_int(envs[i], GLOBAL_RANK) or 0)
+    nccl = {k: v for k, v in envs[lowest].items() if k in NCCL_VARS}
+    covered = {p.rank for p in places}
+    node = None
+    if covered != set(range(world)):
+        node = min(p.node for p in places)
+    return Topology(
+        launcher=kinds[0],  # type: ignore[arg-type]
+        nodes=nodes, world_size=world, local_world_size=local_world,
+        backend=backends[0] if backends else None, ranks=places, nccl=nccl, node=node)
+
+
+def segments_from(earlier: list[dict[str, Any]], last: list[dict[str, Any]],
+                  error: str | None) -> list[Segment] | None:
+    """The attempts of an elastic run in order (None when it never restarted)."""
+    from manifest.capture.launcher import restart_of
+
+    if not earlier:
+        return None
+    by_restart: dict[int, list[dict[str, Any]]] = {}
+    for record in [*earlier, *last]:
+        by_restart.setdefault(restart_of(record), []).append(record)
+    out: list[Segment] = []
+    final = max(by_restart)
+    previous_world: int | None = None
+    for restart in sorted(by_restart):
+        group = by_restart[restart]
+        world = _first_int(launch_env(group[0]), WORLD)
+        failure = next((str(r["exception"]) for r in group if r.get("exception")), None)
+        if failure is None and restart != final:
+            failure = "a process of this attempt failed or was stopped, and the run restarted"
+        resized = (f"{previous_world} → {world}" if previous_world is not None
+                   and world is not None and world != previous_world else None)
+        out.append(Segment(
+            restart=restart, world_size=world,
+            ranks=sorted({_rank_of(r) for r in group}),
+            error=error if restart == final else failure, resized=resized))
+        previous_world = world if world is not None else previous_world
+    return out
+
+
+def writer_nodes(records: list[dict[str, Any]], topology: Topology,
+                 cwd: Any) -> dict[str, int]:
+    """Output path (relative to ``cwd``) → the node whose rank opened it for writing: on a
+    multi-node run each node writes to its own disk, so the merged manifest says where."""
+    import os
+
+    node_of = {p.rank: p.node for p in topology.ranks}
+    out: dict[str, int] = {}
+    base = os.path.realpath(str(cwd))
+    for record in records:
+        rank = _rank_of(record)
+        opened = record.get("opened")
+        if rank not in node_of or not isinstance(opened, dict):
+            continue
+        for path, kind in opened.items():
+            if "w" not in str(kind):
+                continue
+            rel = os.path.relpath(os.path.realpath(str(path)), base)
+            if not rel.startswith(".."):
+                out.setdefault(rel, node_of[rank])
+    return out
