@@ -16,9 +16,10 @@ fails :func:`test_every_block_is_marked`. Kinds:
   ``manifest`` command is parsed by the real parser, each other program must be
   one a reader has (pip, git …), and a script or file it names must exist;
 * ``python``: executed in a fresh interpreter (``slow`` when it imports torch);
-* ``config``: TOML and YAML parse; a ``[tool.manifest]`` table passes the
+* ``config``: TOML, YAML and JSON parse; a ``[tool.manifest]`` table passes the
   validator capture uses; a pre-commit hook id and a reusable workflow or
-  action named with ``uses:`` exist in this repository.
+  action named with ``uses:`` exist in this repository; each member of a JSON
+  excerpt of a manifest validates against the schema's field of that name.
 
 A small runner of our own rather than a Markdown-testing plugin: pytest-examples
 and phmdoctest run Python and print output only, and sybil would need a custom
@@ -30,6 +31,7 @@ marker regex, the matcher and the four kinds above.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import shlex
@@ -44,9 +46,6 @@ from pathlib import Path
 import pytest
 
 from tests.runs import REPO
-
-OTHERS = {"remote-data.md", "launcher.md", "security-inputs.md"}
-"""Pages other engineers write; their examples are theirs to mark."""
 
 KINDS = {"run", "session", "parse", "python", "config", "layout"}
 """``layout``: README's package listing, which tests/test_layout.py checks against the package."""
@@ -98,7 +97,7 @@ class Step:
 
 def pages() -> list[Path]:
     found = [REPO / "README.md"]
-    found += sorted(p for p in (REPO / "docs").rglob("*.md") if p.name not in OTHERS)
+    found += sorted((REPO / "docs").rglob("*.md"))
     return found
 
 
@@ -309,6 +308,9 @@ def test_config_block(block: Block, tmp_path: Path) -> None:
             table, _ = load_config(tmp_path)
             assert table == data["tool"]["manifest"]
         return
+    if block.lang == "json":
+        _check_json_excerpt(json.loads(block.body))
+        return
     assert block.lang == "yaml", block.name
     yaml = importlib.import_module("yaml")  # PyYAML comes with mkdocs (the docs extra)
 
@@ -318,6 +320,46 @@ def test_config_block(block: Block, tmp_path: Path) -> None:
         assert hook in _pre_commit_ids(), hook
     for target in re.findall(r"uses: OWNER/manifest/(\S+)@", block.body):
         assert (REPO / target).exists(), target
+
+
+def _schema_fields(schema: dict[str, object]) -> dict[str, list[dict[str, object]]]:
+    """Every property of the manifest schema, by name, with the definitions it may have."""
+    found: dict[str, list[dict[str, object]]] = {}
+    defs = schema["$defs"]
+    assert isinstance(defs, dict)
+    for definition in [schema, *defs.values()]:
+        for name, prop in (definition.get("properties") or {}).items():
+            found.setdefault(name, []).append(prop)
+    return found
+
+
+def _check_json_excerpt(doc: object) -> None:
+    """Each member of a JSON excerpt is a manifest field, and its value validates as one."""
+    jsonschema = importlib.import_module("jsonschema")
+    schema = json.loads((REPO / "schemas" / "manifest.v1.schema.json").read_text("utf-8"))
+    fields = _schema_fields(schema)
+    assert isinstance(doc, dict) and doc, "a JSON excerpt is an object of manifest fields"
+    for name, value in doc.items():
+        assert name in fields, f"{name}: not a field of the manifest schema"
+        errors = []
+        for prop in fields[name]:
+            try:
+                jsonschema.validate(value, {**prop, "$defs": schema["$defs"]})
+                break
+            except jsonschema.ValidationError as exc:
+                errors.append(exc.message)
+        else:
+            raise AssertionError(f"{name}: {errors}")
+
+
+def test_json_check_has_teeth() -> None:
+    _check_json_excerpt({"outside_recipe": [{"command": "python -S c.py", "reason": "-S",
+                                             "site": "c.py:1"}]})
+    bad: list[dict[str, object]] = [{"outside_recipes": []},
+                                    {"outside_recipe": [{"command": "python"}]}]
+    for doc in bad:
+        with pytest.raises(AssertionError):
+            _check_json_excerpt(doc)
 
 
 def _slow(block: Block) -> bool:
