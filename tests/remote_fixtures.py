@@ -27,17 +27,23 @@ S3_ENV = {
 
 
 class RequestLog:
-    """(method, path, query) of every request a WSGI app answered."""
+    """(method, path, query) of every request a WSGI app answered, and its headers
+    (``headers``, ``Authorization`` and ``X-Amz-Security-Token`` included: the hostile
+    suite's positive control that the planted credentials reached the server)."""
 
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self.app = app
         self.requests: list[tuple[str, str, str]] = []
+        self.headers: list[dict[str, str]] = []
         self.lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         with self.lock:
             self.requests.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
                                   environ.get("QUERY_STRING", "")))
+            self.headers.append({key[5:].replace("_", "-").lower(): str(value)
+                                 for key, value in environ.items()
+                                 if key.startswith("HTTP_")})
         return self.app(environ, start)
 
     def object_gets(self, bucket: str) -> int:
@@ -51,6 +57,7 @@ class RequestLog:
     def clear(self) -> None:
         with self.lock:
             self.requests.clear()
+            self.headers.clear()
 
 
 class MotoS3:
@@ -84,6 +91,20 @@ class MotoS3:
         urllib.request.urlopen(urllib.request.Request(  # noqa: S310 (127.0.0.1)
             f"{self.endpoint}/moto-api/reset", method="POST")).read()
         self.log.clear()
+
+
+@pytest.fixture(scope="module", name="gcs_emulator")
+def gcs_emulator_fixture() -> Iterator[str]:
+    """gcp-storage-emulator on 127.0.0.1, in memory, with the bucket ``gcs-data``."""
+    from gcp_storage_emulator.server import create_server
+
+    from tests.runs import free_port
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="gcs-data")
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
 
 
 @pytest.fixture(scope="session", name="moto_server")

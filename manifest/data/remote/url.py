@@ -134,13 +134,76 @@ def strip_userinfo(url: str) -> str:
 
 
 def scrub(message: str) -> str:
-    """A provider's error text fit for the user: secrets and URL userinfo withheld."""
+    """A provider's error text fit for the user: secrets and URL userinfo withheld.
+
+    Besides what the one redactor withholds (shapes, signed-URL parameters, the
+    values of secret-named variables), the secrets the providers' standard
+    chains read from files (:func:`chain_secrets`) are withheld wherever they
+    occur: a provider or proxy may echo any of them.
+    """
     import re
 
     from manifest.redact import redact_text
 
     message = re.sub(r"(?<=://)[^/@\s]+@", "", message)  # a custom endpoint's userinfo
-    return redact_text(message)
+    env = dict(os.environ)
+    env.update({f"CHAIN_SECRET_{i}": value for i, value in enumerate(chain_secrets())})
+    return redact_text(message, env=env)
+
+
+_SECRET_FIELDS = ("private_key", "private_key_id", "client_secret", "refresh_token",
+                  "aws_secret_access_key", "aws_session_token", "aws_access_key_id")
+
+
+def chain_secrets() -> list[str]:
+    """Secret values in the files the standard chains read (never recorded, only withheld).
+
+    Google's ``GOOGLE_APPLICATION_CREDENTIALS`` file and the gcloud ADC file
+    (``private_key``, its id, ``client_secret``, ``refresh_token``; each line of a
+    PEM key too), boto3's shared credentials file (``AWS_SHARED_CREDENTIALS_FILE``
+    or ``~/.aws/credentials``), huggingface_hub's token file. Read through the
+    bounded reader (regular files, 64 KiB at most); anything unreadable is skipped.
+    """
+    import json
+    from pathlib import Path
+
+    from manifest.bounded import InputKind, read_user_file_if_exists
+    from manifest.errors import ManifestError
+
+    home = Path.home()
+    gcloud = Path(os.environ.get("CLOUDSDK_CONFIG") or home / ".config" / "gcloud")
+    hf_home = Path(os.environ.get("HF_HOME") or home / ".cache" / "huggingface")
+    files = [os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or "",
+             str(gcloud / "application_default_credentials.json"),
+             os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or str(home / ".aws" / "credentials"),
+             os.environ.get("HF_TOKEN_PATH") or str(hf_home / "token")]
+    values: list[str] = []
+    for name in files:
+        if not name:
+            continue
+        try:
+            raw = read_user_file_if_exists(name, InputKind.KEY)
+        except (ManifestError, OSError):
+            continue
+        if not raw:
+            continue
+        text = raw.decode("utf-8", "replace")
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            found = [str(doc[k]) for k in _SECRET_FIELDS if isinstance(doc.get(k), str)]
+        elif name.endswith("token"):
+            found = [text.strip()]
+        else:  # an INI file: key = value
+            found = [line.partition("=")[2].strip() for line in text.splitlines()
+                     if line.partition("=")[0].strip().lower() in _SECRET_FIELDS]
+        for value in found:
+            values.append(value)
+            values.extend(line.strip() for line in value.splitlines()
+                          if len(line.strip()) >= 16 and "-----" not in line)
+    return [v for v in values if len(v) >= 6]
 
 
 _ENDPOINT_VARS = {
