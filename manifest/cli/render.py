@@ -144,12 +144,15 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
     from rich.table import Table
 
     console = _console(file)
-    style = {"identical": "green", "checked": "green", "differs": "red"}.get(
+    style = {"identical": "green", "checked": "green", "differs": "red",
+             "changed-topology": "red"}.get(
         report.verdict, "yellow")
     console.print(f"[bold {style}]{markup(report.verdict)}[/bold {style}]  {markup(report.file)}  "
                   f"run_id {markup(report.run_id[:23])}…")
     if report.reason:
         console.print(f"reason: {markup(report.reason)}")
+    if report.topology is not None and report.topology.get("text") != report.reason:
+        console.print(f"topology: {markup(report.topology['text'])}")
     for sentence in report.outside_recipe:  # before any verdict detail: it qualifies them all
         console.print(f"[yellow]outside the recipe[/yellow]: {markup(sentence)}")
     for drift in report.drift:

@@ -108,6 +108,9 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="check integrity, drift and data only")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="override the recorded thread count (expect differences)")
+    p.add_argument("--layout", metavar="NxP", default=None,
+                   help="re-run a torchrun run here on N nodes x P processes per node (the "
+                   "report says whether that layout is the same, equivalent or changed)")
     p.add_argument("--keep", action="store_true", help="keep the scratch tree")
     p.add_argument("--no-cache", action="store_true", help="re-read every data file")
     p.add_argument("--explain", action="store_true",
@@ -128,7 +131,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
                             no_cache=args.no_cache, quiet=args.quiet, network=args.network,
                             sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
-                            signer=signer, cluster=cluster_from_args(args))
+                            signer=signer, cluster=cluster_from_args(args), layout=args.layout)
     report = verify_run(data, file=args.file, cwd=Path.cwd(),
                         options=options, announce=render_command, show_plan=show_plan)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:

@@ -96,4 +96,8 @@ def executor_for(plan: RerunPlan) -> Executor:
         from manifest.rerun.cluster import executor_for_cluster
 
         return executor_for_cluster(plan)
+    if plan.nodes:  # a multi-node run, every node here at once (manifest.rerun.nodes)
+        from manifest.rerun.nodes import LocalNodesExecutor
+
+        return LocalNodesExecutor(confined=plan.confined, network=plan.network)
     return LocalExecutor(confined=plan.confined, network=plan.network)

@@ -65,6 +65,17 @@ class RerunOptions:
     threads: int | None = None
     cluster: ClusterOptions | None = None
     """``--on ray|slurm|k8s``: run where the run ran (``manifest.rerun.cluster``); None: here."""
+    layout: str | None = None
+    """``--layout NxP``: re-run a torchrun run on N nodes × P processes on this machine
+    (``manifest.nodes.layout``); None: the recorded layout."""
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """One node's launch of a multi-node re-run on this machine (``manifest.rerun.nodes``)."""
+
+    node: int
+    argv: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -108,11 +119,17 @@ class RerunPlan:
     """Nodes, processes and GPUs the recorded run used (a cluster places the job by it)."""
     sandbox_requested: bool = True
     """Whether to confine where the job runs (a cluster's host decides if it can)."""
+    nodes: tuple[NodeRun, ...] = ()
+    """A multi-node re-run here: each node's torchrun, run together (``LocalNodesExecutor``)."""
+    layout: str | None = None
+    """The layout the nodes re-run on, e.g. ``2 nodes × 1 process``."""
 
     @property
     def executor(self) -> str:
         if self.cluster is not None:
             return self.cluster.on
+        if self.nodes:
+            return "local-nodes-confined" if self.confined else "local-nodes-unconfined"
         return "local-confined" if self.confined else "local-unconfined"
 
     @property
@@ -140,6 +157,10 @@ class RerunPlan:
             out.append(f"links: {escape_text(item.path)} -> {escape_text(item.source)} "
                        f"(read-only){where}")
         out.extend(f"writes: {escape_text(glob)}" for glob in self.outputs)
+        if self.nodes:
+            out.append(f"layout: {self.layout} on this machine, every node at once")
+        out.extend(f"node {n.node}: {' '.join(quote_arg(a) for a in n.argv)}"
+                   for n in self.nodes)
         out.extend(f"runs: {escape_text(run)}" for run in self.runs)
         out.append(f"confinement: {self.confinement}")
         return out
@@ -157,6 +178,9 @@ class RerunPlan:
                       "reason": self.trust.reason},
             **({"cluster": self.cluster.to_json(), "topology": self.topology}
                if self.cluster is not None else {}),
+            **({"layout": self.layout,
+                "nodes": [{"node": n.node, "argv": list(n.argv)} for n in self.nodes]}
+               if self.nodes else {}),
         }
 
     def require(self) -> None:
@@ -257,7 +281,9 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
         variables=variables, options=options, trust=decision, runs=runs,
         unconfined_because=unconfined_because)
     if options.cluster is None:
-        return plan
+        from manifest.nodes.plan import node_runs
+
+        return node_runs(plan, recorded, options.layout)
     from dataclasses import replace
 
     return replace(plan, commit=recorded.code.commit, diff_digest=recorded.code.diff_digest,
@@ -268,5 +294,7 @@ def recorded_topology(recorded: Manifest) -> dict[str, int]:
     """Nodes, processes (ranks) and GPUs of the recorded run, for a cluster's placement."""
     ranks = len(recorded.determinism.processes) or 1
     world = max((p.world_size or 0 for p in recorded.determinism.processes), default=0)
-    return {"nodes": 1, "processes": max(ranks, world),
+    topology = recorded.command.topology if recorded.command is not None else None
+    return {"nodes": topology.nodes if topology is not None else 1,
+            "processes": max(ranks, world),
             "gpus": recorded.hardware.gpu_count or 0}

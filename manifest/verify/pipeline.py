@@ -56,6 +56,8 @@ def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
     doc["env"], doc["hardware"], _ = machine
     if recorded.env.imported is not None:  # what the run imported is not a fact of today
         doc["env"] = dict(doc["env"], imported=recorded.env.imported)
+    if recorded.hardware.nodes is not None:  # a merged run: this machine against node 0
+        doc["hardware"] = dict(doc["hardware"], nodes=to_document(recorded)["hardware"]["nodes"])
     today = seal(doc)
     return [
         Drift(d.path, d.impact.value, d.reason)
@@ -139,7 +141,8 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     rerun_options = RerunOptions(
         trust=options.trust, signer=options.signer, sandbox=options.sandbox,
         require_sandbox=options.require_sandbox, network=options.network,
-        in_place=options.in_place, threads=options.threads, cluster=options.cluster)
+        in_place=options.in_place, threads=options.threads, cluster=options.cluster,
+        layout=options.layout)
     # Before hashing: a crafted "/" would read the whole disk, and a dataset
     # outside the repository is read only with the trust its command would need.
     inputs = plan_inputs(root, [(ds.path, ds.from_repo) for ds in recorded.data])
@@ -208,5 +211,6 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         report.notes.extend(workspace.notes)
         report.workdir = str(workspace.cwd)
         if announce is not None:  # every check passed: only now does anything run
-            announce(argv)
+            for shown in [list(n.argv) for n in plan.nodes] or [argv]:  # each node's launch
+                announce(shown)
         return rerun_and_compare(recorded, report, plan, workspace, options, machine, blobs)

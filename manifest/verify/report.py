@@ -51,7 +51,8 @@ class VerifyReport:
     run_id: str
     command: list[str]
     verdict: str = "no-verdict"
-    """``identical``, ``differs``, ``no-verdict``, or ``checked`` (--no-rerun)."""
+    """``identical``, ``differs``, ``no-verdict``, ``checked`` (--no-rerun), or
+    ``changed-topology`` (outputs differ on another world size: expected, measured)."""
     reason: str | None = None
     drift: list[Drift] = field(default_factory=list)
     data: list[DataChange] = field(default_factory=list)
@@ -73,6 +74,9 @@ class VerifyReport:
     """``--in-place``: ``the recorded code`` or ``not checked: …`` (no git)."""
     plan: dict[str, Any] | None = None
     """What the re-run was planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
+    topology: dict[str, str] | None = None
+    """A distributed run: how the re-run's layout relates to the recorded one
+    (``manifest.nodes.layout.Relation``: same, equivalent, changed-layout, changed-world-size)."""
     outside_recipe: list[str] = field(default_factory=list)
     """Python processes that ran outside the recipe, in the recorded run or the re-run
     (``manifest.capture.outside.outside_recipe``): the verdict speaks only for the
@@ -90,7 +94,7 @@ class VerifyReport:
     def exit_code(self) -> int:
         if self.verdict in ("identical", "checked"):
             return EXIT_OK
-        if self.verdict == "differs":
+        if self.verdict in ("differs", "changed-topology"):
             return EXIT_FAILED
         return EXIT_NO_VERDICT
 
@@ -120,6 +124,7 @@ class VerifyReport:
             "plan": self.plan,
             "outside_recipe": self.outside_recipe,
             **({"job": self.job} if self.job is not None else {}),
+            **({"topology": self.topology} if self.topology is not None else {}),
         }
 
 
@@ -143,3 +148,5 @@ class VerifyOptions:
     """A verb's stated reason to re-run unconfined (the gate), reported as such."""
     cluster: ClusterOptions | None = None
     """``--on ray|slurm|k8s``: re-run where the run ran (``manifest.rerun.cluster``)."""
+    layout: str | None = None
+    """``--layout NxP``: re-run a torchrun run on this layout here (``manifest.nodes``)."""

@@ -125,7 +125,43 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     if identical and report.first_divergent_step is not None:
         report.verdict = "differs"
         report.reason = "outputs match but the step trails part"
+    _judge_topology(recorded, new, report)
     return report
+
+
+def _judge_topology(recorded: Manifest, new: Manifest, report: VerifyReport) -> None:
+    """Say which layout case the re-run is in (``manifest.nodes.layout.relation``); on
+    another world size, a difference is reported with its size, never as a bare differs."""
+    old_t = recorded.command.topology if recorded.command else None
+    new_t = new.command.topology if new.command else None
+    if old_t is None or new_t is None:
+        return
+    from manifest.nodes.layout import relation
+
+    rel = relation(old_t, new_t)
+    report.topology = rel.to_json()
+    if rel.kind == "same":
+        return
+    report.notes.append(rel.text)
+    if rel.kind == "changed-world-size" and report.verdict == "differs":
+        report.verdict = "changed-topology"
+        report.reason = f"{rel.text}; {_size_of_difference(report)}"
+
+
+def _size_of_difference(report: VerifyReport) -> str:
+    tensors = [t for a in report.artifacts for t in a.tensors]
+    deltas = [t.max_abs for t in tensors if t.max_abs is not None]
+    ulps = [t.max_ulp for t in tensors if t.max_ulp is not None]
+    parts = [f"{len(tensors)} tensor(s) differ"]
+    parts.append(f"max |Δ| {max(deltas):.3g}" if deltas else "max |Δ| not measured")
+    parts.append(f"max ULP {max(ulps)}" if ulps else "max ULP not measured")
+    step = report.first_divergent_step
+    if step is not None:
+        parts.append(f"first divergent step {step}")
+    else:
+        parts.append("step trails agree" if report.trail_compared
+                     else "first divergent step not found (no step trail in common)")
+    return ", ".join(parts)
 
 
 # ----------------------------------------------------------------- compare

@@ -1,0 +1,135 @@
+"""How two topologies relate, and the node launches that re-run one on this machine.
+
+Megatron-LM, DeepSpeed and TorchTitan promise bit-identical results only for
+the same parallel layout; NCCL's rings and trees follow the rank → GPU map.
+So verify says which case a re-run is in (:func:`relation`):
+
+* ``same``: nodes, processes per node, rank → node/device, backend and NCCL
+  settings all as recorded: the verdict is ``identical`` or ``differs``;
+* ``equivalent``: the same world size and rank order under gloo, laid out on
+  other nodes (2 nodes × 1 process against 1 node × 2 processes): gloo
+  reduces over TCP in rank order whatever the host, so the same bits are
+  expected, and the report says the layout was equivalent;
+* ``changed-layout``: the same world size on another layout under NCCL (or
+  another backend or NCCL settings): bits may differ;
+* ``changed-world-size``: every sum is split over another number of ranks;
+  the report gives max |Δ|, ULP and the first divergent step, never a bare
+  ``differs``.
+
+:func:`local_launches` turns a recorded torchrun command into one command
+per node on ``127.0.0.1`` (a free port chosen when the plan is made, shown in
+it): ``--nnodes``/``--nproc-per-node`` from the layout, ``--node-rank=i``,
+c10d rendezvous at the local endpoint, a join timeout so a node that fails
+to start does not hold the others for torchrun's default 15 minutes.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+
+from manifest.errors import UsageError
+from manifest.models import Topology
+from manifest.nodes.torchrun import find_torchrun, option, with_options
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: int
+    per_node: int
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.per_node
+
+    def __str__(self) -> str:
+        return (f"{self.nodes} node{'s' if self.nodes != 1 else ''} × {self.per_node} "
+                f"process{'es' if self.per_node != 1 else ''}")
+
+
+def parse_layout(text: str) -> Layout:
+    """``NxP`` (nodes × processes per node), as ``--layout`` takes it."""
+    match = re.fullmatch(r"\s*([1-9][0-9]{0,3})\s*[x×]\s*([1-9][0-9]{0,3})\s*", text)
+    if match is None:
+        raise UsageError(f"--layout {text!r} is not NODESxPROCESSES (e.g. 2x1 or 1x2).")
+    return Layout(int(match.group(1)), int(match.group(2)))
+
+
+def layout_of(topology: Topology) -> Layout:
+    per_node = topology.local_world_size
+    if per_node is None:
+        per_node = max(1, topology.world_size // max(1, topology.nodes))
+    return Layout(topology.nodes, per_node)
+
+
+def describe(topology: Topology) -> str:
+    return f"{layout_of(topology)}, {topology.backend or 'no process group'}"
+
+
+@dataclass(frozen=True)
+class Relation:
+    kind: str
+    """``same``, ``equivalent``, ``changed-layout`` or ``changed-world-size``."""
+    recorded: str
+    rerun: str
+    text: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"relation": self.kind, "recorded": self.recorded, "rerun": self.rerun,
+                "text": self.text}
+
+
+def _placement(t: Topology) -> list[tuple[int, int, int | None, str | None]]:
+    return [(p.rank, p.node, p.local_rank, p.device) for p in t.ranks]
+
+
+def relation(recorded: Topology, rerun: Topology) -> Relation:
+    """Which case a re-run is in against its record (see the module docstring)."""
+    a, b = describe(recorded), describe(rerun)
+    if recorded.world_size != rerun.world_size:
+        return Relation("changed-world-size", a, b,
+                        f"changed topology: world size {recorded.world_size} → "
+                        f"{rerun.world_size} ({a} → {b}); every sum is split over another "
+                        "number of ranks, so the bits are not expected to match")
+    if (recorded.backend != rerun.backend or recorded.nccl != rerun.nccl):
+        return Relation("changed-layout", a, b,
+                        f"changed collective settings ({a}, NCCL {recorded.nccl} → {b}, "
+                        f"NCCL {rerun.nccl}): reductions may be taken in another order")
+    if (recorded.nodes == rerun.nodes and recorded.local_world_size == rerun.local_world_size
+            and _placement(recorded) == _placement(rerun)):
+        return Relation("same", a, b, f"same topology: {a}")
+    devices = {p.device for p in [*recorded.ranks, *rerun.ranks]}
+    if recorded.backend == "gloo" and devices <= {"cpu", None}:
+        return Relation("equivalent", a, b,
+                        f"equivalent layout: {b} against the recorded {a}; same world size "
+                        "and rank order, and gloo reduces in rank order on any host")
+    return Relation("changed-layout", a, b,
+                    f"changed layout: {a} → {b}, same world size; NCCL's rings and trees "
+                    "follow the rank → device map, so bits may differ")
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for the re-run's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def local_launches(argv: list[str], layout: Layout, port: int) -> list[list[str]]:
+    """One torchrun command per node of ``layout``, all meeting on ``127.0.0.1:port``."""
+    if find_torchrun(argv) is None:
+        raise UsageError("the recorded command does not start torchrun, so its nodes cannot "
+                         "be re-run on this machine.",
+                         hint="Re-run it where it ran (--on slurm|k8s|ray).")
+    conf = option(argv, "rdzv_conf")
+    timeout = "join_timeout=120"
+    values: dict[str, str | None] = {
+        "nnodes": str(layout.nodes), "nproc_per_node": str(layout.per_node),
+        "rdzv_backend": "c10d", "rdzv_endpoint": f"127.0.0.1:{port}",
+        "rdzv_id": option(argv, "rdzv_id") or "manifest-verify",
+        "rdzv_conf": conf if conf and "join_timeout" in conf else (
+            f"{conf},{timeout}" if conf else timeout),
+        "master_addr": None, "master_port": None, "standalone": None,
+    }
+    return [with_options(argv, {**values, "node_rank": str(i)}) for i in range(layout.nodes)]
