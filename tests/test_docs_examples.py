@@ -157,11 +157,12 @@ def _regex(expected: list[str]) -> re.Pattern[str]:
 
 
 def normalise(text: str) -> str:
-    """What a session compares: digests, hex ids and numbers as one token each;
-    runs of spaces and table rules collapsed."""
+    """What a session compares: digests, hex ids and numbers (with their sign: a
+    timing difference may fall either way) as one token each; runs of spaces and
+    table rules collapsed."""
     text = re.sub(r"blake3:[0-9a-f]+…?", "blake3:H", text)
     text = re.sub(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", "H", text)
-    text = re.sub(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", text)
+    text = re.sub(r"(?:(?<=\s)[-+])?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", text)
     text = re.sub(r"[━─]+", "━", text)
     return re.sub(r"[ \t]+", " ", text)
 
@@ -218,6 +219,8 @@ def test_matcher_has_teeth() -> None:
     assert matches(["run_id blake3:abc…", "took 1.5 s"],
                    "run_id  blake3:0123def…\ntook 22.75 s\n", loose=True)
     assert not matches(["seed 0 → 1"], "seed 0 -> 1\n", loose=True)
+    assert matches(["determinism_cost_pct  -1.9%"], "determinism_cost_pct  +32.9%\n", loose=True)
+    assert not matches(["cost 1.9%"], "cost 1.9 s\n", loose=True)
 
 
 @pytest.fixture
