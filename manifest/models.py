@@ -11,6 +11,10 @@ CLI, byte counts cannot reach it. Floats are finite (no NaN/Infinity).
 
 Which sections name a run (``run_id``) is decided in ``manifest.canonical``.
 
+Longer than 500 lines because it is the whole schema in one file: the JSON
+Schema is generated from it and the diff's rule table follows it field by
+field, so a section split across modules would hide a field from both.
+
 Fields added after the first release are declared with :func:`later`: they
 default to ``None`` and are left out of the document while ``None``, so a
 manifest written before they existed keeps its exact bytes and ``run_id``

@@ -205,6 +205,9 @@ def flag_problems(manifest: Manifest) -> list[str]:
                                 f"(the recipe sets {wanted}); the script changed it")
         if p.flags.autocast:
             problems.append(f"rank {p.rank}: autocast was on at exit")
+    from manifest.nodes.topology import collective_problems
+
+    problems.extend(collective_problems(manifest))
     return problems
 
 
@@ -246,6 +249,12 @@ def _hygiene_result(found: list[str], manifest: Manifest | None) -> CheckResult:
     notes = []
     if manifest is not None and manifest.code.dirty:
         notes.append("uncommitted changes recorded as a patch")
+    if manifest is not None:
+        from manifest.nodes.topology import collective_summary
+
+        collectives = collective_summary(manifest)
+        if collectives is not None:
+            notes.append(f"collectives: {collectives}")
     return CheckResult("hygiene", Status.PASS,
                        "tree, lockfile, datasets, flags and thread count in order"
                        + (f" ({'; '.join(notes)})" if notes else ""))

@@ -150,6 +150,16 @@ def _numerics(m: Manifest, default: ModeResult) -> list[Check]:
               fix="reduced precision is repeatable, but a different GPU changes its bits"
               if flags.autocast else None),
     ]
+    from manifest.nodes.topology import collective_problems, collective_summary
+
+    collectives = collective_summary(m)
+    if collectives is not None:
+        problems = collective_problems(m)
+        checks.append(Check(category="numerics", name="collectives",
+                            status="warn" if problems else "pass",
+                            detail=collectives + (f"; {problems[0]}" if problems else ""),
+                            fix="export NCCL_ALGO=Ring (or Tree) before the run"
+                            if problems else None))
     if flags.deterministic_algorithms and not flags.deterministic_warn_only:
         checks.append(Check(category="numerics", name="deterministic switch", status="pass",
                             detail="use_deterministic_algorithms(True), cuDNN deterministic, "

@@ -11,13 +11,25 @@ A capture whose ranks cover the whole world is a complete run; one that
 covers part of it is a node record (``topology.node`` set) that ``manifest
 merge`` joins with the others. A run without any of these variables (a plain
 ``python train.py``) has no topology, and its manifest keeps its bytes.
+
+Collective settings, which lab and gate report (:func:`collective_summary`,
+:func:`collective_problems`): torch's ``use_deterministic_algorithms`` sets no
+NCCL variable (it only checks ``CUBLAS_WORKSPACE_CONFIG`` for cuBLAS), and
+NCCL otherwise picks its algorithm per message size from a tuning model, NVLS
+reducing inside the NVSwitch. Megatron-LM's ``--deterministic-mode`` refuses
+to start unless ``NCCL_ALGO`` is one of :data:`DETERMINISTIC_ALGOS` (and
+turns off flash attention and fused cross-entropy); its MCore helpers set
+``Ring`` and ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``. The launcher's recipe
+sets the same two where the user did not
+(``manifest.capture.launcher.RECIPE_NCCL``); the ranks record what they saw
+(``command.topology.nccl``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from manifest.models import RankPlace, Segment, Topology
+from manifest.models import Manifest, RankPlace, Segment, Topology
 
 GLOBAL_RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 NODE_RANK = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_NODE_RANK",
@@ -165,3 +177,37 @@ def writer_nodes(records: list[dict[str, Any]], topology: Topology,
             if not rel.startswith(".."):
                 out.setdefault(rel, node_of[rank])
     return out
+
+
+DETERMINISTIC_ALGOS = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS")
+"""The ``NCCL_ALGO`` values Megatron-LM's deterministic mode accepts."""
+
+
+def collective_summary(manifest: Manifest) -> str | None:
+    """One line: layout, backend and the NCCL settings in force; None for one process."""
+    topology = manifest.command.topology if manifest.command is not None else None
+    if topology is None:
+        return None
+    per_node = topology.local_world_size or "uneven"
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(topology.nccl.items())) or "none set"
+    return (f"{topology.nodes} node(s) × {per_node} process(es), world size "
+            f"{topology.world_size}, backend {topology.backend or 'none'}; NCCL settings: "
+            f"{settings}")
+
+
+def collective_problems(manifest: Manifest) -> list[str]:
+    """What keeps a distributed run from being recorded as one deterministic run."""
+    topology = manifest.command.topology if manifest.command is not None else None
+    if topology is None:
+        return []
+    problems = []
+    if topology.node is not None:
+        problems.append(f"a node record (node {topology.node} of {topology.nodes}), not the "
+                        "whole run: merge the node records (manifest merge)")
+    algo = topology.nccl.get("NCCL_ALGO")
+    if topology.backend == "nccl" and algo not in DETERMINISTIC_ALGOS:
+        problems.append(
+            f"NCCL_ALGO is {algo or 'unset'}: NCCL then picks its algorithm per message size "
+            f"(NVLS reduces inside the switch); Megatron-LM's deterministic mode accepts "
+            f"{', '.join(DETERMINISTIC_ALGOS)}")
+    return problems
