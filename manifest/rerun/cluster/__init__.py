@@ -110,7 +110,11 @@ def missing_extra(on: str) -> str | None:
     import importlib.util
 
     # The top-level package only: finding it imports nothing (ray's own import is ~1 s).
-    if importlib.util.find_spec(MODULE[on].partition(".")[0]) is None:
+    try:
+        found = importlib.util.find_spec(MODULE[on].partition(".")[0])
+    except ValueError:  # in sys.modules as None: imports of it are blocked
+        found = None
+    if found is None:
         return (f"--on {on} needs its client library: pip install "
                 f"'torch-manifest[{EXTRA[on]}]'.")
     return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -94,10 +95,15 @@ class RayExecutor(ClusterExecutor):
     def submit(self, plan: RerunPlan, bundle: Bundle) -> RayJob:
         from ray.job_submission import JobSubmissionClient
 
-        from manifest.redact import strip_url_credentials
+        from manifest.errors import NoVerdictError
+        from manifest.redact import redact_text, strip_url_credentials
 
         address = _address(self.options.address)
-        client = JobSubmissionClient(address)
+        try:
+            client = JobSubmissionClient(address)
+        except (ConnectionError, RuntimeError) as exc:
+            raise NoVerdictError(f"cannot reach Ray Jobs at {strip_url_credentials(address)}: "
+                                 f"{redact_text(str(exc))}") from exc
         job_id = f"manifest-{bundle.name.removeprefix('blake3:')[:12]}-{uuid.uuid4().hex[:8]}"
         entrypoint = " ".join(shlex.quote(a) for a in (
             self.options.python, "-m", "manifest.rerun.remote", ".", "--expect", bundle.name,
@@ -106,16 +112,30 @@ class RayExecutor(ClusterExecutor):
         import logging
 
         # Ray's client logs each upload at INFO on stderr: the verb's progress is its own.
-        logging.getLogger("ray").setLevel(logging.WARNING)
+        for logger in [*logging.root.manager.loggerDict, "ray"]:
+            if logger == "ray" or logger.startswith("ray."):
+                logging.getLogger(logger).setLevel(logging.WARNING)
         previous = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE")
         os.environ["RAY_RUNTIME_ENV_IGNORE_GITIGNORE"] = "1"
         try:
-            client.submit_job(
-                entrypoint=entrypoint, submission_id=job_id,
-                runtime_env={"working_dir": str(bundle.path)},
-                entrypoint_num_cpus=plan.settings.threads,
-                entrypoint_num_gpus=topology.get("gpus") or None,
-                metadata={"manifest.bundle": bundle.name, "manifest.verb": plan.verb})
+            # A head that has just started answers "No available agent" until its job
+            # agent is up (seconds): retried for up to a minute, anything else is final.
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    client.submit_job(
+                        entrypoint=entrypoint, submission_id=job_id,
+                        runtime_env={"working_dir": str(bundle.path)},
+                        entrypoint_num_cpus=plan.settings.threads,
+                        entrypoint_num_gpus=topology.get("gpus") or None,
+                        metadata={"manifest.bundle": bundle.name, "manifest.verb": plan.verb})
+                    break
+                except RuntimeError as exc:
+                    if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                        raise NoVerdictError(
+                            f"Ray at {strip_url_credentials(address)} refused the job: "
+                            f"{redact_text(str(exc))}") from exc
+                    time.sleep(2)
         finally:
             if previous is None:
                 os.environ.pop("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", None)
