@@ -23,9 +23,10 @@ pytest.importorskip("deltalake")
 def _rows(start: int, n: int = 3, part: str | None = None) -> Any:
     import arro3.core as arrow
 
-    columns: dict[str, Any] = {"x": arrow.Array(list(range(start, start + n)), arrow.DataType.int64()),
-               "y": arrow.Array([f"row {i}" for i in range(start, start + n)],
-                                arrow.DataType.string())}
+    columns: dict[str, Any] = {
+        "x": arrow.Array(list(range(start, start + n)), arrow.DataType.int64()),
+        "y": arrow.Array([f"row {i}" for i in range(start, start + n)], arrow.DataType.string()),
+    }
     if part is not None:
         columns["p"] = arrow.Array([part] * n, arrow.DataType.string())
     return arrow.Table.from_pydict(columns)
