@@ -200,3 +200,28 @@ def test_capture_show_diff_verify(tmp_path: Path) -> None:
     [change] = json.loads(strict.stdout)["data"]
     assert len(change["files"]) == 2
     assert all(line.startswith("gone: part-") for line in change["files"])
+
+
+def test_a_rerun_reads_the_table_where_it_lies(tmp_path: Path) -> None:
+    """A Delta table is pinned like remote data but read from a local folder: the plan lists
+    it as an input and a confined re-run sees it read-only (under /tmp, as here, bubblewrap's
+    private /tmp would otherwise hide it)."""
+    table = tmp_path / "table"
+    _write(table, _rows(0))
+    job = ("import os, pathlib, sys\n"
+           "n = len(os.listdir(os.path.join(sys.argv[1], '_delta_log')))\n"
+           "pathlib.Path('out').mkdir(exist_ok=True)\n"
+           "pathlib.Path('out/w.bin').write_bytes(bytes([n]))\n")
+    repo = make_repo(tmp_path / "repo", {"job.py": job}, example=False)
+    proc = manifest_cli("capture", "--artifact", "out/*.bin", "--data",
+                        f"rows=delta://{table}@0", "--", "python", "job.py", str(table),
+                        cwd=repo)
+    assert proc.returncode == 0, proc.stderr.decode()
+    (repo / "run.json").write_bytes(proc.stdout)
+    shown = manifest_cli("show", "run.json", cwd=repo, env={"COLUMNS": "300"})
+    assert "; version 0)" in shown.stdout.decode()
+    ok = manifest_cli("verify", "--json", "run.json", cwd=repo)
+    assert ok.returncode == 0, ok.stderr.decode()
+    report = json.loads(ok.stdout)
+    assert report["verdict"] == "identical"
+    assert [i["path"] for i in report["plan"]["inputs"]] == [str(table)]

@@ -41,7 +41,8 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
             add("data", ds.name, f"{ds.path} {ds.root} ({ds.files} objects, {ds.bytes} bytes)")
             add("", f"{ds.name} pinned by", f"{pin.strength.replace('-', ' ')} ({pin.mode}; "
                 f"{kinds}; {pin.versioned} versioned"
-                f"{'; commit ' + pin.revision if pin.revision else ''})")
+                + (f"; {'version' if pin.provider == 'delta' else 'commit'} {pin.revision}"
+                   if pin.revision else "") + ")")
             continue
         add("data", ds.name, f"{ds.root} ({ds.files} files, {ds.bytes} bytes{found})")
     env = manifest.env

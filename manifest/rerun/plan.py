@@ -49,6 +49,16 @@ def is_remote(path: str) -> bool:
     return bool(_REMOTE.match(path))
 
 
+def local_table(path: str) -> str | None:
+    """The folder a ``delta:///ABS/PATH[@VERSION]`` dataset lives in: remote by how it is
+    pinned (from its log), local by where the command reads it, so the re-run must see
+    it (read-only) like any absolute input. None for any other path."""
+    if not path.startswith("delta:///"):
+        return None
+    folder, at, version = path.removeprefix("delta://").rpartition("@")
+    return folder if at and version.isdigit() else path.removeprefix("delta://")
+
+
 @dataclass(frozen=True)
 class RerunOptions:
     """What a verb's flags say about its re-run (the same flags on every verb)."""
@@ -212,6 +222,7 @@ def plan_inputs(root: Path, data: list[tuple[str, str | None]]) -> tuple[Planned
 
     out: list[PlannedInput] = []
     for path, from_repo in data:
+        path = local_table(path) or path
         if is_remote(path):
             continue  # pinned from metadata and re-listed by verify; nothing to link
         rel = dataset_link(root, path)

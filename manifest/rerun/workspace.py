@@ -110,16 +110,17 @@ def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path
     named as a destination.
     """
     from manifest.rerun.paths import dataset_link
-    from manifest.rerun.plan import is_remote
+    from manifest.rerun.plan import is_remote, local_table
 
     binds: list[tuple[Path, Path]] = []
     for ds in recorded.data:
-        if is_remote(ds.path):
+        path = local_table(ds.path) or ds.path  # a Delta table is read where it lies
+        if is_remote(path):
             continue  # pinned from metadata, re-listed by verify: nothing to link
-        rel = dataset_link(root, ds.path)
+        rel = dataset_link(root, path)
         if rel is None:
-            if os.path.exists(ds.path):
-                binds.append((Path(os.path.realpath(ds.path)), Path(ds.path)))
+            if os.path.exists(path):
+                binds.append((Path(os.path.realpath(path)), Path(path)))
             continue
         target = tree / rel
         if os.path.isdir(target) and not os.path.islink(target) and (root / rel).is_dir():
