@@ -84,7 +84,8 @@ def main() -> None:
             git(tmp, "clone", "-q", str(origin), str(tmp / f"n{i}"))
             repos.append(tmp / f"n{i}")
         _timed(repos, "5", captured=False, out=tmp)  # warm the page cache
-        bare, captured = [], []
+        bare: list[float] = []
+        captured: list[float] = []
         for k in range(pairs):
             order = (False, True) if k % 2 == 0 else (True, False)
             for flag in order:

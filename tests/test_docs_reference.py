@@ -117,6 +117,10 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     assert commands[0].endswith("&& bash examples/demo.sh")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert commands[1] in ci
+    # A failure of pip, ruff or mypy (not the last command of the && list) does not stop
+    # `set -e`: the status is checked before anything else runs, or a later line hides it.
+    after = [line for line in ci[ci.index(commands[1]) + 1:] if not line.startswith("#")]
+    assert after[0] == 'rc=$?; [ "$rc" -eq 0 ] || exit "$rc"', after[:1]
     assert any(line.startswith("NO_MKDOCS_2_WARNING=1 mkdocs build --strict") for line in ci)
 
 

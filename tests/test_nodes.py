@@ -20,7 +20,7 @@ import pytest
 from manifest.canonical import dumps, seal
 from manifest.diff.engine import diff_manifests
 from manifest.errors import UsageError
-from manifest.models import Manifest, Topology
+from manifest.models import Manifest, RankPlace, Topology
 from manifest.nodes.layout import Layout, local_launches, parse_layout, relation
 from manifest.nodes.merge import MergeRefused, merge_nodes
 from manifest.nodes.topology import segments_from, topology_from_records
@@ -32,7 +32,8 @@ ARGV = ["torchrun", "--nnodes=4", "--nproc-per-node", "2", "--node-rank=0",
         "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "train.py", "--lr", "1"]
 
 
-def node_record(node: int, nodes: int = 2, per_node: int = 2, **changes: Any) -> Manifest:
+def node_record(node: int, nodes: int = 2, per_node: int = 2,
+                changes: dict[str, Any] | None = None) -> Manifest:
     """The golden manifest as node ``node``'s record of a nodes × per_node torchrun run."""
     doc: dict[str, Any] = json.loads(GOLDEN.read_bytes())
     ranks = [node * per_node + i for i in range(per_node)]
@@ -53,7 +54,7 @@ def node_record(node: int, nodes: int = 2, per_node: int = 2, **changes: Any) ->
     if node != 0:  # only global rank 0 saves
         doc["outputs"]["artifacts"] = []
     doc["observed"]["rendezvous"] = "torchelastic:job"
-    for path, value in changes.items():
+    for path, value in (changes or {}).items():
         target = doc
         *parents, leaf = path.split(".")
         for p in parents:
@@ -163,7 +164,7 @@ def test_merge_is_byte_identical_in_every_order() -> None:
 def test_merge_refuses_nodes_that_disagree_naming_node_and_field(
         field: str, value: Any, named: str) -> None:
     good = node_record(0)
-    bad = node_record(1, **{field: value})
+    bad = node_record(1, changes={field: value})
     for order in ([good, bad], [bad, good]):
         with pytest.raises(MergeRefused) as err:
             merged_of(order)
@@ -172,7 +173,8 @@ def test_merge_refuses_nodes_that_disagree_naming_node_and_field(
 
 def test_merge_refuses_other_runs_duplicates_gaps_and_non_node_records() -> None:
     with pytest.raises(MergeRefused, match="another run"):
-        merged_of([node_record(0), node_record(1, **{"observed.rendezvous": "torchelastic:x"})])
+        merged_of([node_record(0),
+                   node_record(1, changes={"observed.rendezvous": "torchelastic:x"})])
     with pytest.raises(MergeRefused, match="rank 0 is in two"):
         merged_of([node_record(0), node_record(0)])
     with pytest.raises(MergeRefused, match="ranks 4, 5"):
@@ -186,14 +188,15 @@ def test_merge_heterogeneous_hardware_is_kept_and_diffed_node_by_node() -> None:
     gpu = [{"index": 0, "name": "NVIDIA H100", "memory_bytes": 1, "compute_capability": "9.0",
             "mig_mode": False, "ecc_mode": True}]
     a = merge_nodes([("0", node_record(0)), ("1", node_record(1))])
-    b = merge_nodes([("0", node_record(0)), ("1", node_record(1, **{"hardware.gpus": gpu}))])
+    b = merge_nodes([("0", node_record(0)),
+                     ("1", node_record(1, changes={"hardware.gpus": gpu}))])
     lines = [d for d in diff_manifests(a, b).differences if d.path.startswith("hardware.nodes")]
     assert lines and all(d.impact.value == "bits" for d in lines)
     assert any("node 1 GPU 0" in d.reason for d in lines), [d.reason for d in lines]
 
 
 def test_merged_output_missing_everywhere_fails_the_run() -> None:
-    empty = node_record(0, **{"outputs.artifacts": []})
+    empty = node_record(0, changes={"outputs.artifacts": []})
     merged = merge_nodes([("0", empty), ("1", node_record(1))])
     assert merged.outputs is not None and merged.outputs.status == "failed"
     assert "no file on any node" in (merged.outputs.error or "")
@@ -214,7 +217,7 @@ def test_merge_64_synthetic_node_records_timed(capsys: pytest.CaptureFixture[str
 
 
 def test_merge_cli_exit_2_one_sentence(tmp_path: Path) -> None:
-    for i, m in enumerate([node_record(0), node_record(1, **{"randomness.seed": 5})]):
+    for i, m in enumerate([node_record(0), node_record(1, changes={"randomness.seed": 5})]):
         (tmp_path / f"n{i}.json").write_bytes(dumps(m))
     proc = manifest_cli("merge", "n0.json", "n1.json", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == b""
@@ -231,8 +234,8 @@ def _topology(nodes: int, per_node: int, backend: str = "gloo",
               device: str = "cpu") -> Topology:
     return Topology(launcher="torchrun", nodes=nodes, world_size=nodes * per_node,
                     local_world_size=per_node, backend=backend, nccl={},
-                    ranks=[{"rank": r, "node": r // per_node, "local_rank": r % per_node,
-                            "device": device} for r in range(nodes * per_node)])
+                    ranks=[RankPlace(rank=r, node=r // per_node, local_rank=r % per_node,
+                                     device=device) for r in range(nodes * per_node)])
 
 
 def test_layout_relations() -> None:
