@@ -155,3 +155,23 @@ def test_a_stored_blob_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -
     assert proc.returncode == 2, stderr
     assert "FIFO" in stderr and "Traceback" not in stderr
     assert elapsed < 60, elapsed
+
+
+def test_lab_takes_an_absolute_artifact_glob_inside_its_tree(tmp_path: Path) -> None:
+    """capture records ``--artifact /abs/out/*.bin`` as typed; the lab (in place) takes it
+    too: the plan sees it relative to the tree, and each run's copy is kept apart (it used
+    to be copied onto itself: 'are the same file'). One outside the tree is one sentence."""
+    script = ("import pathlib\npathlib.Path('out').mkdir(exist_ok=True)\n"
+              "pathlib.Path('out/w.bin').write_bytes(b'weights')\n")
+    repo = make_repo(tmp_path / "repo", {"w.py": script}, example=False)
+    inside = manifest_cli("lab", "--runs", "1", "--format", "json", "--artifact",
+                          str(repo / "out" / "*.bin"), "--", "python", "w.py", cwd=repo)
+    assert inside.returncode == 0, inside.stderr.decode()
+    report = json.loads(inside.stdout)
+    assert report["recipe"]["bit_identical"] is True
+    assert report["plan"]["outputs"] == ["out/*.bin"]
+    outside = manifest_cli("lab", "--runs", "1", "--artifact", str(tmp_path / "*.bin"), "--",
+                           "python", "w.py", cwd=repo)
+    stderr = outside.stderr.decode()
+    assert outside.returncode == 2, stderr
+    assert "lies outside the tree the lab runs in" in stderr and "Traceback" not in stderr

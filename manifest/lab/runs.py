@@ -153,7 +153,8 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
     recipe_settings = LaunchSettings(seed=seed, derivation="same", threads=threads,
                                      deterministic=True)
     plan = plan_command(
-        verb="lab", root=root, argv=command, cwd=os.path.relpath(cwd, root), outputs=outputs,
+        verb="lab", root=root, argv=command, cwd=os.path.relpath(cwd, root),
+        outputs=[_in_tree(glob, cwd, root) for glob in outputs],
         data=[(str(d["path"]), d.get("from_repo")) for d in datasets],
         settings=recipe_settings, variables={"OMP_NUM_THREADS": str(threads),
                                              "MKL_NUM_THREADS": str(threads)},
@@ -186,8 +187,9 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
                                          f"{_confined_hint(plan)}.")
                 saved = work / f"{mode}-{i}"
                 for art in manifest.outputs.artifacts:
-                    (saved / art.path).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(cwd / art.path, saved / art.path)
+                    kept = _kept(saved, art.path)
+                    kept.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(cwd / art.path, kept)
                 runs[mode].append(_Run(mode, i, wall, manifest, result.records, saved))
         say("audit run: every aten op, its module and line")
         catalogue = _audit(plan, workspace, executor, seed, threads, work / "audit")
@@ -213,6 +215,25 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
         checklist=checklist(first, threads=threads, default=default, recipe=recipe),
         explained=explained, confinement=plan.confinement, plan=plan.to_json(),
     )
+
+
+def _kept(saved: Path, path: str) -> Path:
+    """Where a run's output is copied aside: below ``saved`` even when it was recorded by
+    its absolute path (``saved / "/abs"`` would be the output itself)."""
+    return saved / path.lstrip("/")
+
+
+def _in_tree(glob: str, cwd: Path, root: Path) -> str:
+    """An output glob as the plan takes it: relative to ``cwd``. capture records an
+    absolute one as typed; the lab runs in place, so one inside the tree is the same
+    files, and one outside it is refused (the lab compares what the run writes here)."""
+    if not os.path.isabs(glob):
+        return glob
+    real_root = os.path.realpath(root)
+    if not os.path.realpath(glob).startswith(real_root.rstrip("/") + "/"):
+        raise UsageError(f"--artifact {glob} lies outside the tree the lab runs in "
+                         f"({root}); give a path inside it.")
+    return os.path.relpath(glob, cwd)
 
 
 def _confined_hint(plan: RerunPlan) -> str:
@@ -304,14 +325,14 @@ def _compare(first: _Run, other: _Run) -> tuple[list[TensorDiff], int]:
             diffs.append(TensorDiff(artifact=art.path, name="", change="missing"))
             continue
         compared += len(art.tensors or {}) or 1
-        delta = compare_artifacts(art, new, recorded_file=first.saved / art.path,
-                                  new_file=other.saved / art.path)
+        delta = compare_artifacts(art, new, recorded_file=_kept(first.saved, art.path),
+                                  new_file=_kept(other.saved, art.path))
         if delta.identical:
             continue
         if not delta.tensors:
             diffs.append(TensorDiff(artifact=art.path, name="", change="file bytes"))
             continue
-        norms = _l2(first.saved / art.path, other.saved / art.path,
+        norms = _l2(_kept(first.saved, art.path), _kept(other.saved, art.path),
                     [t.name for t in delta.tensors if t.change == "values"])
         diffs.extend(TensorDiff(artifact=art.path, name=t.name, change=t.change,
                                 elements=t.elements, total=t.total, max_abs=t.max_abs,
