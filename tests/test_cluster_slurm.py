@@ -1,4 +1,4 @@
-"""``verify --on slurm`` through submitit's local executor, end to end (issue 23).
+"""``verify`` and ``explain --on slurm`` through submitit's local executor, end to end (issue 23).
 
 A real single-host SLURM (slurmctld, slurmd, munge) is used when ``sbatch`` is on PATH;
 this machine has none, so that case skips with the reason.
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster_runs import EXPLAIN_KEYS, explain_both, threads_manifest
 from tests.runs import capture, make_repo, manifest_cli
 
 pytest.importorskip("submitit", reason="the slurm extra is not installed")
@@ -51,3 +52,20 @@ def test_verify_on_real_slurm(tmp_path: Path) -> None:
     proc = manifest_cli("verify", str(manifest), "--json", "--on", "slurm", cwd=repo,
                         timeout=600)
     assert proc.returncode == 0, proc.stderr.decode()
+
+
+def test_explain_on_slurm_names_what_a_local_explain_names(tmp_path: Path) -> None:
+    """explain's four runs (two op windows writing to its writable directories) as four
+    submitit jobs: the findings are the local ones."""
+    repo = make_repo(tmp_path / "repo", {})
+    folder = tmp_path / "slurm"
+    (repo / "pyproject.toml").write_text(
+        "[tool.manifest.executors.slurm]\n"
+        f"folder = {json.dumps(str(folder))}\nlocal = true\ntime_min = 10\n")
+    manifest = threads_manifest(repo)
+    here, there = explain_both(repo, manifest, "--on", "slurm")
+    assert here["verdict"] == "parted" and here["findings"], here  # positive control
+    assert {k: there[k] for k in EXPLAIN_KEYS} == {k: here[k] for k in EXPLAIN_KEYS}
+    assert there["plan"]["executor"] == "slurm" and "jobs" not in here
+    assert [j["run"] for j in there["jobs"]] == list(there["timings_s"])
+    assert all(j["where"].startswith(str(folder / "logs")) for j in there["jobs"])

@@ -81,6 +81,8 @@ class ExplainReport:
     confinement: str | None = None
     plan: dict[str, Any] | None = None
     """What the re-runs were planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    """Where a cluster executor (``--on``) ran each run: one entry per run, as verify's ``job``."""
 
     @property
     def exit_code(self) -> int:
@@ -102,6 +104,7 @@ class ExplainReport:
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
             "confinement": self.confinement,
             "plan": self.plan,
+            **({"jobs": self.jobs} if self.jobs else {}),
         }
 
 
@@ -208,6 +211,8 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
             writable.append(Path(ops["dir"]))
         result = executor.run(plan, workspace, settings, env, writable=writable)
         report.timings[label] = time.perf_counter() - started
+        if result.job is not None:
+            report.jobs.append({"run": label, **result.job})
         return result
 
     recorded_trails = _recorded_trails(recorded)

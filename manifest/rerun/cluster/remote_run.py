@@ -8,9 +8,10 @@ here, once:
 * the workspace becomes a bundle (``manifest.rerun.cluster.bundle``); its
   patch is the code probe's over the scratch clone, which must reproduce the
   recorded ``code.diff_digest`` before anything is shipped;
-* the job is watched with backoff (0.2 s doubling to 5 s: one status call per
-  interval whatever the job does); Ctrl-C cancels the job and re-raises; the
-  timeout (``--timeout``) cancels it and gives no verdict;
+* the job is watched with backoff (0.2 s doubling to 2 s: one status call per
+  interval whatever the job does; a short job, as each of explain's four
+  runs can be, is seen to end within 2 s); Ctrl-C cancels the job and
+  re-raises; the timeout (``--timeout``) cancels it and gives no verdict;
 * the remote result (``manifest.rerun.remote``) becomes a ``LaunchResult``:
   records and op streams as a local run has them, files the run wrote into
   the verb's writable directories written there, each output's tensor table
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from manifest.rerun.workspace import Workspace
 
 TAIL_LINES = 40
+POLL_MAX_S = 2.0
 
 
 class Submission(Protocol):
@@ -151,7 +153,7 @@ class ClusterExecutor:
                         f"the {self.name} job {job.job_id} did not finish within "
                         f"{self.options.timeout_s:g} s (--timeout); it was cancelled.")
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, POLL_MAX_S)
         except KeyboardInterrupt:
             job.cancel()
             raise
