@@ -2,24 +2,29 @@
 
 The objects are built with the official client's models and read back into them
 (``V1Job``/``V1Service``), pinned by a golden YAML file; the pods' entrypoint runs
-here as two ranks (``JOB_COMPLETION_INDEX`` 0 and 1, gloo over localhost).
+here as two ranks (``JOB_COMPLETION_INDEX`` 0 and 1, gloo over localhost). The image
+defaults to the container image the manifest recorded (``verify --on k8s --dry-run``
+against a second golden file); without one and without ``--image``, one sentence, exit 2.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.runs import free_port
+from tests.runs import free_port, make_repo, manifest_cli
 
 pytest.importorskip("kubernetes", reason="the k8s extra is not installed")
 
 GOLDEN = Path(__file__).parent / "golden" / "k8s" / "job.yaml"
+GOLDEN_RECORDED = Path(__file__).parent / "golden" / "k8s" / "recorded-image.yaml"
+IMAGE = "registry.example/train@sha256:" + "0" * 64
 NAME = "blake3:" + "ab" * 32
 
 
@@ -118,3 +123,61 @@ def test_entrypoint_runs_two_ranks_over_gloo(tmp_path: Path) -> None:
     assert set(tables) == {"out/rank0.pt", "out/rank1.pt"}
     # all_reduce gave both ranks the same tensor: the same digest in both tables.
     assert tables["out/rank0.pt"] == tables["out/rank1.pt"]
+
+
+def test_image_from_the_flag_then_the_record() -> None:
+    from manifest.errors import UsageError
+    from manifest.rerun.cluster import cluster_options
+    from manifest.rerun.cluster.k8s import image_for
+
+    given = cluster_options("k8s", {"image": "mine:1"}, {})
+    bare = cluster_options("k8s", {}, {})
+    assert image_for(given, IMAGE) == "mine:1"  # the user's wins
+    assert image_for(bare, IMAGE) == IMAGE
+    # podman's image id names no repository: a node could not pull it
+    with pytest.raises(UsageError, match=r"pass --image REPOSITORY@sha256:0+\.$"):
+        image_for(bare, "sha256:" + "0" * 64)
+    with pytest.raises(UsageError, match="needs an image"):
+        image_for(bare, None)
+
+
+def _capture(repo: Path, name: str, image: str | None) -> Path:
+    env = {"MANIFEST_CONTAINER_IMAGE_DIGEST": image or ""}  # empty: not recorded
+    proc = manifest_cli("capture", "--seed", "0", "--threads", "2", "--artifact",
+                        "out/*.safetensors", "--", "python", "train.py", "--steps", "1",
+                        cwd=repo, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    path = repo / name
+    path.write_bytes(proc.stdout)
+    if image is not None:  # without: a podman host records its own image id (still refused)
+        assert json.loads(proc.stdout)["env"]["container"]["image_digest"] == image
+    return path
+
+
+@pytest.mark.slow
+def test_recorded_image_is_the_default(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {})
+    recorded = _capture(repo, "recorded.json", IMAGE)
+    proc = manifest_cli("verify", str(recorded), "--on", "k8s", "--dry-run", cwd=repo)
+    assert proc.returncode == 3, proc.stderr.decode()  # --dry-run: printed, not submitted
+    # The bundle's name depends on this machine's environment delta: a placeholder.
+    text = proc.stdout.decode()
+    found = re.search(r"--expect\n\s+- blake3:([0-9a-f]{64})\n", text)
+    assert found, text
+    text = text.replace(found[1], "<bundle>").replace(found[1][:12], "<bundle12>")
+    if os.environ.get("MANIFEST_UPDATE_GOLDEN"):
+        GOLDEN_RECORDED.write_text(text)
+    assert text == GOLDEN_RECORDED.read_text()
+    assert f"image: {IMAGE}" in text
+    # --image wins over the record.
+    proc = manifest_cli("verify", str(recorded), "--on", "k8s", "--dry-run", "--image",
+                        "registry.example/other:1", cwd=repo)
+    assert "image: registry.example/other:1" in proc.stdout.decode()
+
+    none = _capture(repo, "none.json", None)
+    proc = manifest_cli("verify", str(none), "--on", "k8s", "--dry-run", cwd=repo)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 2, stderr
+    assert not proc.stdout  # refused before anything is rendered
+    [line] = stderr.splitlines()
+    assert line.startswith("manifest: --on k8s needs an image")

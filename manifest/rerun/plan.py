@@ -297,8 +297,13 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
         return node_runs(plan, recorded, options.layout)
     from dataclasses import replace
 
-    return replace(plan, commit=recorded.code.commit, diff_digest=recorded.code.diff_digest,
-                   topology=recorded_topology(recorded))
+    cluster = options.cluster
+    if cluster.on == "k8s":  # the recorded container image is the default --image
+        from manifest.rerun.cluster.k8s import with_recorded_image
+
+        cluster = with_recorded_image(cluster, recorded.env.container.image_digest)
+    return replace(plan, cluster=cluster, commit=recorded.code.commit,
+                   diff_digest=recorded.code.diff_digest, topology=recorded_topology(recorded))
 
 
 def recorded_topology(recorded: Manifest) -> dict[str, int]:

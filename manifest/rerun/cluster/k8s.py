@@ -12,7 +12,10 @@ so a field the API does not have fails here, not on the cluster:
   (:func:`rank_env` turns it into ``NODE_RANK``/``RANK``, ``WORLD_SIZE``,
   ``MASTER_ADDR``, ``MASTER_PORT``); CPU and GPU requests follow the recorded
   thread and GPU counts;
-* the image is the user's (``--image``) or the manifest's container digest;
+* the image is the user's (``--image``) or the container image the manifest
+  recorded (``env.container.image_digest``, when it names a repository),
+  decided when the plan is made (:func:`with_recorded_image`): without one
+  the verb stops with one sentence (exit 2) before anything is built;
   the bundle is read from a PersistentVolumeClaim (``claim``) mounted at
   ``/bundle``; the pods run ``python -m manifest.rerun.cluster.k8s BUNDLE
   --expect NAME`` (:func:`main`), which sets the rank variables and runs the
@@ -105,12 +108,29 @@ def rank_env(index: int, nodes: int, service: str) -> dict[str, str]:
 
 
 def image_for(options: ClusterOptions, recorded_image: str | None) -> str:
+    """The pods' image: ``--image`` (or ``[tool.manifest.executors.k8s] image``), else the
+    container image the manifest recorded (``env.container.image_digest``) when it names a
+    repository (``registry/train@sha256:…``). A bare ``sha256:…`` (podman's image id) is
+    not something a node can pull: it, or no recorded image, is one sentence (exit 2)."""
     if options.image:
         return options.image
-    if recorded_image:
+    if recorded_image and not recorded_image.startswith("sha256:"):
         return recorded_image
+    if recorded_image:
+        raise UsageError(f"--on k8s needs an image a node can pull: the manifest recorded "
+                         f"only the image id {recorded_image}; pass --image "
+                         f"REPOSITORY@{recorded_image}.")
     raise UsageError("--on k8s needs an image: --image, [tool.manifest.executors.k8s] image, "
-                     "or a manifest that recorded its container digest.")
+                     "or a manifest that recorded its container image "
+                     "(MANIFEST_CONTAINER_IMAGE_DIGEST=registry/train@sha256:… at capture).")
+
+
+def with_recorded_image(options: ClusterOptions, recorded_image: str | None) -> ClusterOptions:
+    """``options`` with the image decided (:func:`image_for`) before anything runs, so the plan
+    shows it and a missing one stops the verb before a workspace is built."""
+    from dataclasses import replace
+
+    return replace(options, image=image_for(options, recorded_image))
 
 
 class KubernetesExecutor(ClusterExecutor):
