@@ -14,7 +14,13 @@ its re-run the same way (issue 20, item 1).
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -175,3 +181,50 @@ def test_lab_takes_an_absolute_artifact_glob_inside_its_tree(tmp_path: Path) -> 
     stderr = outside.stderr.decode()
     assert outside.returncode == 2, stderr
     assert "lies outside the tree the lab runs in" in stderr and "Traceback" not in stderr
+
+
+_ON_TERMINAL = (
+    "import fcntl, os, sys, termios\n"
+    "fcntl.ioctl(1, termios.TIOCSCTTY, 0)\n"  # the pty is our controlling terminal
+    "attrs = termios.tcgetattr(1)\n"
+    "attrs[3] |= termios.TOSTOP\n"  # stty tostop: a background job that writes is stopped
+    "termios.tcsetattr(1, termios.TCSANOW, attrs)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+)
+
+
+@contextlib.contextmanager
+def _on_terminal(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """``python ARGV`` as the foreground job of a terminal with ``tostop`` set (as a verb
+    typed at a shell); stdin is /dev/null, as the launcher gives the command. Killed
+    (its whole session) at the end."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", _ON_TERMINAL, *argv],
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    os.close(slave)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        os.close(master)
+
+
+def test_the_unconfined_keeper_is_not_stopped_by_the_terminal() -> None:
+    """The keeper puts the command in a session of its own (as bubblewrap's
+    --new-session does). In a process group of the verb's session it was a background
+    job of the user's terminal: a write under ``stty tostop`` (SIGTTOU) or getpass's
+    read of /dev/tty (SIGTTIN) stopped it, and the verb waited forever."""
+    from manifest.rerun.executor import GUARD
+
+    command = ("import getpass; print('written', flush=True); "
+               "getpass.getpass('key: ')")  # /dev/tty is not ours: EOF from stdin
+    with _on_terminal(["-I", "-S", str(GUARD), "--", sys.executable, "-c", command]) as proc:
+        assert proc.wait(timeout=30) == 1  # getpass's EOFError, not a stopped job
+    # Positive control: the same command in a process group of its own is stopped.
+    with _on_terminal(["-c", "import subprocess, sys; subprocess.run("
+                       "[sys.executable, '-c', sys.argv[1]], process_group=0)",
+                       command]) as control, pytest.raises(subprocess.TimeoutExpired):
+        control.wait(timeout=3)

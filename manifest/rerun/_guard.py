@@ -12,9 +12,13 @@ process sits between the verb and the command:
 * ``PR_SET_CHILD_SUBREAPER``: every descendant whose parent exits is
   re-parented here, not to init, so one that left the process group
   (``setsid``) is still found;
-* the command runs in a process group of its own; on SIGTERM, SIGHUP or
-  SIGINT, and also when the command itself exits, the group is killed and
-  every descendant still alive is killed and reaped before this exits.
+* the command runs in a session (so a process group) of its own, as
+  bubblewrap's ``--new-session`` does: no controlling terminal, so a command
+  that writes to the terminal under ``stty tostop`` or opens ``/dev/tty``
+  (``getpass``) is not stopped by SIGTTOU/SIGTTIN as a background job, which
+  hung the verb (nor can it push input into the user's terminal); on SIGTERM,
+  SIGHUP or SIGINT, and also when the command itself exits, the group is
+  killed and every descendant still alive is killed and reaped before this exits.
 
 Exit status: the command's own (a command killed by a signal makes this die
 of the same signal), 127 when the command cannot be started.
@@ -93,7 +97,7 @@ def main() -> int:
     if pid == 0:
         os.close(read_end)
         try:
-            os.setpgid(0, 0)
+            os.setsid()  # its own session and group (pgid = pid); no controlling terminal
             for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
                 signal.signal(signum, signal.SIG_DFL)
             os.execvp(argv[0], argv)  # noqa: S606 (argv is the planned command)
@@ -101,8 +105,9 @@ def main() -> int:
             os.write(write_end, str(exc.errno or errno.ENOENT).encode())
         os._exit(127)
     os.close(write_end)
-    with contextlib.suppress(OSError):  # the child already did it (or already exec'd)
-        os.setpgid(pid, pid)
+    # No setpgid(pid, pid) here: it would make the child a group leader, and its
+    # setsid() would then fail. Until the child has its group, _reap_all finds it
+    # among our children.
 
     def stop(signum: int, frame: object) -> None:
         del frame
