@@ -228,3 +228,25 @@ def test_the_unconfined_keeper_is_not_stopped_by_the_terminal() -> None:
                        "[sys.executable, '-c', sys.argv[1]], process_group=0)",
                        command]) as control, pytest.raises(subprocess.TimeoutExpired):
         control.wait(timeout=3)
+
+
+@pytest.mark.slow
+def test_explain_in_place_refuses_a_tree_that_is_not_the_recorded_code(tmp_path: Path) -> None:
+    """explain --in-place runs the tree as it is, like verify --in-place, so it checks the
+    tree is the recorded code first (verify did, explain did not: an edited script ran,
+    and a parting was blamed on the environment)."""
+    script = ("import pathlib, torch\nfrom safetensors.torch import save_file\n"
+              "m = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+              "for _ in range(2):\n    opt.zero_grad()\n    m(torch.ones(3, 2)).sum().backward()\n"
+              "    opt.step()\npathlib.Path('out').mkdir(exist_ok=True)\n"
+              "save_file(m.state_dict(), 'out/m.safetensors')\n")
+    repo = make_repo(tmp_path / "repo", {"fit.py": script}, example=False)
+    manifest, _ = capture(repo, command=["python", "fit.py"])
+    with (repo / "fit.py").open("a") as fh:
+        fh.write("torch.manual_seed(1)\n")
+    for verb in ("explain", "verify"):  # verify: the control, it always refused
+        proc = manifest_cli(verb, str(manifest), "--in-place", "--format", "json", cwd=repo)
+        assert proc.returncode == 3, proc.stderr.decode()
+        report = json.loads(proc.stdout)
+        assert report["reason"].startswith("--in-place: the tree has uncommitted changes")
+        assert report["plan"] is None  # refused before anything was planned or run

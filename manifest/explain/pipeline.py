@@ -58,6 +58,9 @@ class ExplainOptions:
     """The first divergent step when already known (``verify --explain``)."""
     values_budget: int = 256 * 2**20
     """Bytes of tensor values each run keeps from the explained step (per process)."""
+    code_checked: bool = False
+    """The caller knows the tree is the recorded code (the lab, which recorded it a
+    moment ago); otherwise ``--in-place`` checks it, as verify does."""
 
 
 @dataclass
@@ -171,6 +174,14 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
             "determinism.num_threads", "bits",
             f"threads {recorded.determinism.num_threads} → {options.threads} (--threads): "
             "CPU reduction order changes"))
+    if options.rerun.in_place and not options.code_checked:
+        from manifest.rerun.inputs import in_place_code_problem
+
+        # Other code would part from the record and be blamed on the environment.
+        problem = in_place_code_problem(recorded, root, local)
+        if problem is not None and not problem.startswith("cannot check"):
+            report.reason = f"--in-place: {problem}"
+            return report
     threads_a = recorded.determinism.num_threads or 1
     runs = (f"A: the recorded settings ({threads_a} thread(s))",
             f"B: {options.threads or threads_a} thread(s)",

@@ -254,7 +254,8 @@ def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions) -> E
         # The user typed this command to the lab a moment ago: no trust question to ask.
         report = explain_run(dumps(manifest), file="(lab: recipe run 1)", cwd=cwd,
                              options=ExplainOptions(
-                                 rerun=replace(rerun, trust=True, in_place=True), step=step))
+                                 rerun=replace(rerun, trust=True, in_place=True), step=step,
+                                 code_checked=True))
     except ManifestError as exc:
         return Explained(verdict="no-verdict", reason=str(exc), step=step)
     return Explained(
