@@ -250,3 +250,27 @@ def test_explain_in_place_refuses_a_tree_that_is_not_the_recorded_code(tmp_path:
         report = json.loads(proc.stdout)
         assert report["reason"].startswith("--in-place: the tree has uncommitted changes")
         assert report["plan"] is None  # refused before anything was planned or run
+
+
+def test_a_kept_scratch_tree_is_not_swept_by_the_next_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--keep`` keeps the scratch tree past the next re-run: the sweep for trees whose
+    verb died used to remove it a minute later (its lock is free, like a killed one's)."""
+    import tempfile
+
+    from manifest.rerun.scratch import scratch_dir, sweep
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with scratch_dir(keep=True) as kept:
+        (kept / "w").mkdir()
+    with scratch_dir(keep=False) as gone:
+        pass
+    dead = tmp_path / "manifest-verify-dead"  # the control: a killed verb's, lock free
+    dead.mkdir()
+    (dead / ".lock").touch()
+    for path in (kept, dead):
+        os.utime(path, (0, 0))
+    assert not gone.exists()
+    assert sweep() == [dead]
+    assert (kept / "w").is_dir()

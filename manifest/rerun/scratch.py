@@ -16,7 +16,8 @@ example: ~2 MB; a real project: the repository's size). Before this module a
 * Entering a new scratch directory first sweeps every
   ``manifest-verify-*`` whose lock can be taken (older than a minute, so a
   directory whose owner is still between ``mkdtemp`` and ``flock`` is left
-  alone).
+  alone). One kept on purpose (``--keep``) holds a ``.kept`` marker and is
+  never swept: the next re-run a minute later used to remove it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from types import FrameType
 
 PREFIX = "manifest-verify-"
 LOCK = ".lock"
+KEPT = ".kept"
 GRACE_S = 60.0
 
 
@@ -71,6 +73,8 @@ def sweep(tmpdir: Path | None = None, *, grace_s: float = GRACE_S) -> list[Path]
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or now - st.st_mtime < grace_s:
             continue
         path = Path(entry.path)
+        if os.path.lexists(path / KEPT):
+            continue  # kept on purpose (--keep): the user removes it
         try:
             fd = os.open(path / LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -107,6 +111,8 @@ def scratch_dir(*, keep: bool = False) -> Iterator[Path]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
-        if not keep:
+        if keep:
+            (path / KEPT).touch()
+        else:
             shutil.rmtree(path, ignore_errors=True)
         os.close(fd)

@@ -209,6 +209,8 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     with open_workspace(plan, root, recorded=None if options.in_place else recorded,
                         store=blobs, keep=options.keep) as workspace:
         report.notes.extend(workspace.notes)
+        if options.keep:
+            report.notes.append(f"the scratch tree is kept (--keep): {workspace.scratch}")
         report.workdir = str(workspace.cwd)
         if announce is not None:  # every check passed: only now does anything run
             for shown in [list(n.argv) for n in plan.nodes] or [argv]:  # each node's launch
