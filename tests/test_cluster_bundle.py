@@ -150,3 +150,30 @@ def test_help_and_diff_never_import_a_cluster_library(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True, cwd=tmp_path)
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_users_tree_ships_what_git_lists_and_its_data(tmp_path: Path) -> None:
+    """lab (and --in-place) run in the user's tree: tracked and untracked-not-ignored files,
+    the declared data inside the tree even when ignored, never .venv or ignored builds."""
+    from manifest.errors import UsageError
+    from manifest.rerun.cluster.bundle import check_bundle, tree_files
+    from tests.runs import make_repo
+
+    repo = make_repo(tmp_path / "repo", {"lib/util.py": "X = 1\n"}, example=False)
+    (repo / ".gitignore").write_text("data/\nbuild/\n.venv/\n")
+    (repo / "new.py").write_text("Y = 2\n")  # untracked, not ignored: shipped
+    for ignored in (".venv/lib/site.py", "build/out.bin", "data/train/a.bin"):
+        (repo / ignored).parent.mkdir(parents=True, exist_ok=True)
+        (repo / ignored).write_bytes(b"x")
+    assert tree_files(repo) == [".gitignore", "lib/util.py", "new.py"]
+    shipped = tree_files(repo, [str(repo / "data" / "train")])
+    assert shipped == [".gitignore", "data/train/a.bin", "lib/util.py", "new.py"]
+    with pytest.raises(UsageError, match="lies outside it"):
+        tree_files(repo, [str(tmp_path)])
+    # What is listed is what arrives: the arrival check walks the copy and agrees.
+    settings = {"seed": 0, "derivation": "same", "threads": 1, "deterministic": True,
+                "trail": "off", "ops": None, "root": str(repo), "hashseed": None}
+    bundle = build_bundle(tmp_path / "bundle", tree=repo, cwd=repo, mount_at=repo,
+                          argv=["python", "new.py"], outputs=[], patch=None, commit=None,
+                          diff_digest=None, settings=settings, env={}, only=shipped)
+    assert sorted(check_bundle(bundle.path, bundle.name)["files"]) == shipped

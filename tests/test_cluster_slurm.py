@@ -69,3 +69,39 @@ def test_explain_on_slurm_names_what_a_local_explain_names(tmp_path: Path) -> No
     assert there["plan"]["executor"] == "slurm" and "jobs" not in here
     assert [j["run"] for j in there["jobs"]] == list(there["timings_s"])
     assert all(j["where"].startswith(str(folder / "logs")) for j in there["jobs"])
+
+
+def test_lab_on_slurm_runs_the_users_tree(tmp_path: Path) -> None:
+    """lab runs in the user's tree: what git lists (an untracked helper the script imports
+    included, .venv not) is shipped, the outputs come back, and the recipe run is the one a
+    local lab gets (same run_id); two remote recipe runs are bit-identical."""
+    import os
+    import subprocess
+    import sys
+
+    repo = make_repo(tmp_path / "repo", {})
+    (repo / "helper.py").write_text("LOADED = True\n")  # untracked, not ignored
+    (repo / "train.py").write_text((repo / "train.py").read_text() + "\nimport helper  # noqa\n")
+    (repo / ".venv").mkdir()
+    (repo / ".venv" / "big.bin").write_bytes(b"\0" * (1 << 20))  # not shipped
+    folder = tmp_path / "slurm"
+    (repo / "pyproject.toml").write_text(
+        "[tool.manifest.executors.slurm]\n"
+        f"folder = {json.dumps(str(folder))}\nlocal = true\ntime_min = 10\n")
+    lab = [sys.executable, "-m", "manifest", "lab", "--threads", "2", "--seed", "0",
+           "--artifact", "out/*.safetensors", "--format", "json", "-q"]
+    train = ["--", "python", "train.py", "--steps", "4"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    # Local first: both write out/ in the same tree.
+    here = subprocess.run([*lab, "--runs", "1", *train], cwd=repo, env=env,
+                          capture_output=True, timeout=600, check=False)
+    assert here.returncode == 0, here.stderr.decode()
+    there = subprocess.run([*lab, "--runs", "2", "--on", "slurm", *train], cwd=repo, env=env,
+                           capture_output=True, timeout=600, check=False)
+    assert there.returncode == 0, there.stderr.decode()
+    local, remote = json.loads(here.stdout), json.loads(there.stdout)
+    assert remote["plan"]["executor"] == "slurm"
+    assert remote["recipe"]["bit_identical"] and remote["recipe"]["tensors_compared"] > 0
+    assert remote["identity"]["recipe_run_id"] == local["identity"]["recipe_run_id"]
+    assert remote["catalogue"]["audit_error"] is None  # the audit files came back
+    assert remote["catalogue"]["ops_total"] == local["catalogue"]["ops_total"] > 0

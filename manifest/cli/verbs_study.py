@@ -125,7 +125,14 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
     if args.no_sandbox and args.require_sandbox:
         raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
-    options = LabOptions(rerun=rerun_options(args, None), runs=args.runs, seed=args.seed,
+    rerun = rerun_options(args, None)
+    if rerun.cluster is not None:
+        # The lab compares the output files themselves (tensor by tensor, L2 between
+        # runs): with --on they come back after each run, as with --fetch-outputs.
+        from dataclasses import replace
+
+        rerun = replace(rerun, cluster=replace(rerun.cluster, fetch_outputs=True))
+    options = LabOptions(rerun=rerun, runs=args.runs, seed=args.seed,
                          threads=args.threads, data=args.data, outputs=args.outputs,
                          store_dir=args.store, no_cache=args.no_cache, quiet=args.quiet)
     report = run_lab(Path.cwd(), command, options, progress=progress,

@@ -11,7 +11,9 @@ or mounted filesystem):
   verb set (a delta, see :func:`env_delta`) and the launcher settings;
 * ``patch``: the recorded patch, the bytes whose blake3 is ``code.diff_digest``;
 * ``tree/``: the scratch clone at the commit with the patch applied (its
-  ``.git`` left out; datasets copied into it, links followed).
+  ``.git`` left out; datasets copied into it, links followed); for a verb
+  that runs in the user's own tree (``lab``, ``--in-place``), the files git
+  lists there and the declared data inside it (:func:`tree_files`).
 
 The bundle's name is ``blake3:`` + the blake3 of the index's canonical bytes.
 The submitter passes that name to the remote entrypoint on its command line,
@@ -92,6 +94,15 @@ def _walk(tree: Path) -> Iterator[tuple[str, Path]]:
                 yield full.relative_to(tree).as_posix(), full
 
 
+def _listed(tree: Path, only: Sequence[str]) -> Iterator[tuple[str, Path]]:
+    """(POSIX path, path) for each of ``only`` that is a file of ``tree`` (links followed),
+    sorted as :func:`_walk` sorts, so the arrival check's walk of the copy agrees."""
+    for rel in sorted(set(only)):
+        full = tree / rel
+        if full.is_file() and full.resolve().is_relative_to(tree.resolve()):
+            yield Path(rel).as_posix(), full
+
+
 def env_delta(env: Mapping[str, str], here: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """(variables the verb set or changed, variables it removed) relative to ``here``,
     without secrets: what the remote side applies to its own environment."""
@@ -116,8 +127,9 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
                  diff_digest: str | None, settings: dict[str, Any], env: Mapping[str, str],
                  writable: Sequence[Path] = (), topology: dict[str, Any] | None = None,
                  fetch_outputs: bool = False, sandbox: bool = True, network: bool = False,
-                 require_sandbox: bool = False) -> Bundle:
-    """Write the bundle for one run into ``dest`` (which must not exist)."""
+                 require_sandbox: bool = False, only: Sequence[str] | None = None) -> Bundle:
+    """Write the bundle for one run into ``dest`` (which must not exist). ``only``: the
+    files of ``tree`` to ship (the user's own tree: see :func:`tree_files`), else all."""
     if patch is not None and "blake3:" + blake3.blake3(patch).hexdigest() != diff_digest:
         raise NoVerdictError("the scratch tree does not reproduce the recorded patch; "
                              "refusing to ship it.")
@@ -127,7 +139,7 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
     delta, removed = env_delta(env, os.environ)
     files: dict[str, str] = {}
     total = 0
-    for rel, full in _walk(tree):
+    for rel, full in (_walk(tree) if only is None else _listed(tree, only)):
         target = dest / TREE / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(full, target)
@@ -199,3 +211,35 @@ def check_bundle(path: Path, expect: str) -> dict[str, Any]:
             raise BundleRefused(f"{rel} arrived as {seen[rel]}, not the shipped {files[rel]}: "
                                 "refusing to run edited code.")
     return index
+
+
+def tree_files(tree: Path, inputs: Sequence[str] = ()) -> list[str]:
+    """What to ship of a user's own tree (a verb run in place: ``lab``, ``--in-place``): the
+    files git tracks and the untracked ones it does not ignore (``git ls-files``: no
+    ``.venv``, no store, no build output), plus every file under the declared inputs that
+    lie inside the tree (datasets are often ignored). Outside a git repository: every file.
+    An input outside the tree cannot travel with it: one sentence (exit 2)."""
+    import subprocess
+
+    from manifest.errors import UsageError
+
+    real = tree.resolve()
+    extra: list[str] = []
+    for source in inputs:
+        where = Path(source).resolve()
+        if not where.is_relative_to(real):
+            raise UsageError(f"--on ships the tree the command runs in; the data at {source} "
+                             "lies outside it: move it into the tree or run here.")
+        if where.is_file():
+            extra.append(where.relative_to(real).as_posix())
+        else:
+            extra.extend((where / rel).relative_to(real).as_posix() for rel, _ in _walk(where))
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(tree), "ls-files", "-z", "--cached", "--others",
+             "--exclude-standard"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return [rel for rel, _ in _walk(tree)]
+    listed = [name for name in proc.stdout.decode("utf-8", "surrogateescape").split("\0")
+              if name]
+    return sorted(set(listed) | set(extra))

@@ -112,13 +112,16 @@ class ClusterExecutor:
         import shutil
 
         from manifest.probes.code import probe_code
-        from manifest.rerun.cluster.bundle import build_bundle
+        from manifest.rerun.cluster.bundle import build_bundle, tree_files
 
         figures = RunFigures()
         started = time.perf_counter()
         patch = None
         if plan.diff_digest is not None:
             patch = probe_code(workspace.tree).patch
+        only = None
+        if workspace.tree == workspace.root:  # the user's own tree, not a scratch clone
+            only = tree_files(workspace.tree, [i.source for i in plan.inputs])
         staged = self.stage()
         try:
             bundle = build_bundle(
@@ -128,7 +131,7 @@ class ClusterExecutor:
                 settings=dataclasses.asdict(settings), env=env, writable=writable,
                 topology=topology_of(plan), fetch_outputs=self.options.fetch_outputs,
                 sandbox=plan.sandbox_requested, network=plan.network,
-                require_sandbox=plan.require_sandbox)
+                require_sandbox=plan.require_sandbox, only=only)
             figures.bundle_s = time.perf_counter() - started
             figures.shipped_bytes, figures.files = bundle.bytes, bundle.files
             submitted = time.perf_counter()
