@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from manifest.canonical import dumps, load_manifest, seal, to_document
+from manifest.rerun.sandbox import unavailable_reason
 from tests.runs import capture, make_repo, manifest_cli
 
 PACKAGE = Path(__file__).resolve().parent.parent / "manifest"
@@ -274,3 +275,28 @@ def test_a_kept_scratch_tree_is_not_swept_by_the_next_rerun(
     assert not gone.exists()
     assert sweep() == [dead]
     assert (kept / "w").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(unavailable_reason() is not None, reason=f"{unavailable_reason()}")
+def test_a_confined_failure_says_so_in_every_verb(tmp_path: Path) -> None:
+    """A re-run that fails confined (a write to the read-only home) says what failed and
+    that it ran confined, with --no-sandbox, in verify and explain as in the lab (explain
+    said only 'the re-run failed (exit 1)', verify gave no hint)."""
+    script = ("import os, pathlib, torch\nfrom safetensors.torch import save_file\n"
+              "m = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+              "opt.zero_grad()\nm(torch.ones(3, 2)).sum().backward()\nopt.step()\n"
+              "if os.environ.get('CACHE'):\n    pathlib.Path(os.environ['CACHE']).mkdir()\n"
+              "pathlib.Path('out').mkdir(exist_ok=True)\n"
+              "save_file(m.state_dict(), 'out/m.safetensors')\n")
+    repo = make_repo(tmp_path / "repo", {"fit.py": script}, example=False)
+    manifest, _ = capture(repo, command=["python", "fit.py"])
+    cache = Path.home() / f".cache-manifest-test-{os.getpid()}"  # read-only when confined
+    for verb in ("verify", "explain"):
+        proc = manifest_cli(verb, str(manifest), "--format", "json", cwd=repo,
+                            env={"CACHE": str(cache)})
+        assert proc.returncode == 3, proc.stderr.decode()
+        reason = json.loads(proc.stdout)["reason"]
+        assert "Read-only file system" in reason, reason
+        assert "the run was confined" in reason and "--no-sandbox" in reason, reason
+    assert not cache.exists()

@@ -232,7 +232,7 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
         a = launch("locate A", base, None)
         b = launch("locate B", other, None)
         if a.exit_code != 0 or b.exit_code != 0:
-            report.reason = f"the re-run failed (exit {a.exit_code or b.exit_code})"
+            report.reason = f"the re-run failed: {_failure(plan, a if a.exit_code else b)}"
             return
         trail_a, trail_b = _trails(a.records, auto=True), _trails(b.records, auto=True)
         report.steps_run = max((len(t) for t in trail_a.values()), default=0)
@@ -262,7 +262,8 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
     a2 = launch("pinpoint A", base, {**window, "dir": str(dir_a)})
     b2 = launch("pinpoint B", other, {**window, "dir": str(dir_b)})
     if a2.exit_code != 0 or b2.exit_code != 0:
-        report.reason = f"the re-run up to step {step} failed (exit {a2.exit_code or b2.exit_code})"
+        failed = _failure(plan, a2 if a2.exit_code else b2)
+        report.reason = f"the re-run up to step {step} failed: {failed}"
         return
     streams_a, streams_b = streams_in(dir_a), streams_in(dir_b)
     if not streams_a:
@@ -285,6 +286,17 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
                                 for s in recorded_streams.values()):
         report.findings = compare_streams(recorded_streams, streams_a, step,
                                           "recorded op stream vs run A", values=False)
+
+
+def _failure(plan: RerunPlan, result: Any) -> str:
+    """Why a run failed, as verify says it: the child's error (redacted), its exit status,
+    and that it ran confined."""
+    from manifest.capture.run import _process_error
+    from manifest.redact import redact_text
+    from manifest.rerun.executor import confined_hint
+
+    error = _process_error(result.records) or f"command exited with status {result.exit_code}"
+    return redact_text(error, argv=list(plan.argv)) + confined_hint(plan)
 
 
 def _environment(report: ExplainReport, step: int) -> None:

@@ -126,7 +126,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
     read-only, private ``/tmp``, no network unless ``--network``).
     """
     from manifest.capture.snapshot import take_snapshot
-    from manifest.rerun.executor import executor_for
+    from manifest.rerun.executor import confined_hint, executor_for
     from manifest.rerun.plan import plan_command
     from manifest.rerun.trust import TrustDecision
     from manifest.rerun.workspace import open_workspace
@@ -184,7 +184,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
                 assert manifest.outputs is not None
                 if manifest.outputs.status != "ok":
                     raise NoVerdictError(f"{mode} run {i} failed: {manifest.outputs.error}"
-                                         f"{_confined_hint(plan)}.")
+                                         f"{confined_hint(plan)}.")
                 saved = work / f"{mode}-{i}"
                 for art in manifest.outputs.artifacts:
                     kept = _kept(saved, art.path)
@@ -234,14 +234,6 @@ def _in_tree(glob: str, cwd: Path, root: Path) -> str:
         raise UsageError(f"--artifact {glob} lies outside the tree the lab runs in "
                          f"({root}); give a path inside it.")
     return os.path.relpath(glob, cwd)
-
-
-def _confined_hint(plan: RerunPlan) -> str:
-    if not plan.confined:
-        return ""
-    return (" (the run was confined: the system read-only outside your tree"
-            + ("" if plan.network else ", no network")
-            + "; --no-sandbox runs it unconfined)")
 
 
 def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions) -> Explained:

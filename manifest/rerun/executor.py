@@ -90,6 +90,17 @@ class LocalExecutor:
         return run_under_launcher(argv, workspace.cwd, settings, base_env=env, wrap=guard)
 
 
+def confined_hint(plan: RerunPlan) -> str:
+    """What a failed re-run's reason adds when it ran confined (every verb says the same:
+    a write to the home directory or a download fails there, and it is not the code)."""
+    if not plan.confined:
+        return ""
+    return (" (the run was confined: the system read-only outside "
+            + ("your tree" if plan.in_place else "the scratch tree")
+            + ("" if plan.network else ", no network")
+            + "; --no-sandbox runs it unconfined)")
+
+
 def executor_for(plan: RerunPlan) -> Executor:
     """The executor the plan names: this machine, or a cluster (``--on``, imported lazily)."""
     if plan.cluster is not None:

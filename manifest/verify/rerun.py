@@ -59,7 +59,7 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     from manifest.capture.run import build_run_manifest
     from manifest.capture.snapshot import take_snapshot
     from manifest.rerun.environment import rerun_env
-    from manifest.rerun.executor import executor_for
+    from manifest.rerun.executor import confined_hint, executor_for
     from manifest.rerun.inputs import missing_inputs_hint
 
     assert recorded.command is not None
@@ -90,7 +90,7 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         [f"recorded run: {s}" for s in outside_recipe(recorded)]
         + [f"re-run: {s}" for s in outside_recipe(new)]))
     if result.exit_code != 0:
-        report.reason = f"the re-run failed: {new.outputs.error}"
+        report.reason = f"the re-run failed: {new.outputs.error}{confined_hint(plan)}"
         if result.job is not None and result.job.get("log_tail"):
             report.reason += (f"; the {result.job['executor']} job {result.job['job_id']} "
                               f"log ends with:\n{result.job['log_tail']}")
