@@ -83,7 +83,8 @@ def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
         out.write(f"{report.reason}\n")
     for drift in report.drift:
         out.write(f"drift ({drift.impact}): {drift.reason}\n")
-    out.write(f"re-runs: {report.confinement}\n")
+    if report.confinement is not None:  # None: explain stopped before planning a re-run
+        out.write(f"re-runs: {report.confinement}\n")
     if report.timings:
         spent = ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items())
         out.write(f"runs: {spent}\n")
