@@ -195,25 +195,24 @@ class Gpu(Model):
     ecc_mode: bool | None
 
 
-class NodeHardware(Model):
+class HardwareFacts(Model):
+    """What one machine has: the ``hardware`` section, and each node's in a merged run."""
+
+    gpus: list[Gpu] | None
+    gpu_count: Count | None
+    gpu_driver: str | None
+    cpu_model: str | None
+    cpu_isa: list[str]
+    unavailable: Reasons = Field(default_factory=dict)
+
+
+class NodeHardware(HardwareFacts):
     """One node's hardware in a merged multi-node run (``manifest merge``)."""
 
     node: Count
-    gpus: list[Gpu] | None
-    gpu_count: Count | None
-    gpu_driver: str | None
-    cpu_model: str | None
-    cpu_isa: list[str]
-    unavailable: Reasons = Field(default_factory=dict)
 
 
-class Hardware(Model):
-    gpus: list[Gpu] | None
-    gpu_count: Count | None
-    gpu_driver: str | None
-    cpu_model: str | None
-    cpu_isa: list[str]
-    unavailable: Reasons = Field(default_factory=dict)
+class Hardware(HardwareFacts):
     nodes: list[NodeHardware] | None = later(
         "a merged multi-node run: each node's hardware (the fields above are node 0's); "
         "nodes may differ, and the diff labels each difference")
