@@ -39,7 +39,7 @@ from manifest.explain.stream import OpStream, parse_stream, streams_in
 from manifest.models import Manifest
 from manifest.rerun.plan import RerunOptions
 from manifest.rerun.workspace import repo_root_of, store_for
-from manifest.verify.pipeline import environment_drift
+from manifest.verify.pipeline import environment_drift, threads_drift
 from manifest.verify.report import Drift
 
 if TYPE_CHECKING:
@@ -169,11 +169,7 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
     if recorded.command is None or recorded.outputs is None:
         report.reason = "the manifest records no command to re-run"
         return report
-    if options.threads is not None and options.threads != recorded.determinism.num_threads:
-        report.drift.append(Drift(
-            "determinism.num_threads", "bits",
-            f"threads {recorded.determinism.num_threads} → {options.threads} (--threads): "
-            "CPU reduction order changes"))
+    report.drift.extend(threads_drift(recorded, options.threads))
     if options.rerun.in_place and not options.code_checked:
         from manifest.rerun.inputs import in_place_code_problem
 

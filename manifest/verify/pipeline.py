@@ -66,6 +66,15 @@ def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
     ]
 
 
+def threads_drift(recorded: Manifest, threads: int | None) -> list[Drift]:
+    """``--threads N`` against the recorded count (verify, explain): a ``bits`` drift."""
+    if threads is None or threads == recorded.determinism.num_threads:
+        return []
+    return [Drift("determinism.num_threads", "bits",
+                  f"threads {recorded.determinism.num_threads} → {threads} (--threads): "
+                  "CPU reduction order changes")]
+
+
 # -------------------------------------------------------------------- data
 
 
@@ -160,11 +169,7 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
                 hint="Read the plan (above) and pass --trust to read them anyway.")
     report.data = check_data(recorded, root, blobs, no_cache=options.no_cache,
                              quiet=options.quiet)
-    if options.threads is not None and options.threads != recorded.determinism.num_threads:
-        report.drift.append(Drift(
-            "determinism.num_threads", "bits",
-            f"threads {recorded.determinism.num_threads} → {options.threads} (--threads): "
-            "CPU reduction order changes"))
+    report.drift.extend(threads_drift(recorded, options.threads))
 
     if options.no_rerun:
         report.verdict = "checked" if not report.data else "differs"
