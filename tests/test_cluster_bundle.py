@@ -148,7 +148,7 @@ def test_help_and_diff_never_import_a_cluster_library(tmp_path: Path) -> None:
             "bad = [m for m in ('ray', 'submitit', 'kubernetes') if m in sys.modules]\n"
             "print(bad)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=True, cwd=tmp_path)
+                          timeout=120, check=True, cwd=tmp_path)
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 

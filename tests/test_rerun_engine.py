@@ -223,7 +223,7 @@ def test_the_unconfined_keeper_is_not_stopped_by_the_terminal() -> None:
     command = ("import getpass; print('written', flush=True); "
                "getpass.getpass('key: ')")  # /dev/tty is not ours: EOF from stdin
     with _on_terminal(["-I", "-S", str(GUARD), "--", sys.executable, "-c", command]) as proc:
-        assert proc.wait(timeout=30) == 1  # getpass's EOFError, not a stopped job
+        assert proc.wait(timeout=120) == 1  # getpass's EOFError, not a stopped job
     # Positive control: the same command in a process group of its own is stopped.
     with _on_terminal(["-c", "import subprocess, sys; subprocess.run("
                        "[sys.executable, '-c', sys.argv[1]], process_group=0)",
