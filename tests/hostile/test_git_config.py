@@ -86,6 +86,8 @@ def _marks(marks: Path) -> set[str]:
     return found
 
 
+QUIET_FSMONITOR = ["-c", "core.fsmonitor=false"]
+
 # The argv our code runs, and what the plant needs to fire (besides the racy tree).
 CASES: dict[str, tuple[list[str], str]] = {
     "capture diff (clean filter, racily clean)": (
@@ -114,7 +116,7 @@ def test_plain_git_runs_the_plant_and_ours_does_not(planted: tuple[GitRepo, Path
         index.write_bytes((repo.path / ".git" / "index").read_bytes())
     # The fsmonitor plant answers "nothing changed" at random times relative to the racy
     # index and could let plain git skip the re-read the other plants need: off for them.
-    quiet_fsmonitor = [] if kind == "fsmonitor" else ["-c", "core.fsmonitor=false"]
+    quiet_fsmonitor = [] if kind == "fsmonitor" else QUIET_FSMONITOR
     _plain(repo, *quiet_fsmonitor, *argv, env=env)
     assert kind in _marks(marks), f"positive control: plain git did not run the {kind} plant"
     if env:
@@ -127,8 +129,10 @@ def test_plain_git_runs_the_plant_and_ours_does_not(planted: tuple[GitRepo, Path
 
 def test_capture_code_probe_runs_nothing(planted: tuple[GitRepo, Path], tmp_path: Path) -> None:
     repo, marks = planted
-    _plain(repo, "diff", "HEAD", "--", "a.txt")
-    _plain(repo, "diff", "HEAD", "--", "b.dat")
+    # fsmonitor off for the controls, as in the cases above: its plant may answer "nothing
+    # changed" and let plain git skip the re-read the other plants need.
+    _plain(repo, *QUIET_FSMONITOR, "diff", "HEAD", "--", "a.txt")
+    _plain(repo, *QUIET_FSMONITOR, "diff", "HEAD", "--", "b.dat")
     assert {"clean", "process", "textconv"} <= _marks(marks)  # positive control
     _make_racy(repo)  # plain git refreshed the index; make the entries racy again
     probe = probe_code(repo.path, BlobStore(tmp_path / "store"))
@@ -144,8 +148,8 @@ def test_gate_baseline_diff_runs_nothing(planted: tuple[GitRepo, Path]) -> None:
     from tests.runs import REPO
 
     repo, marks = planted
-    _plain(repo, "diff", "--name-only", "HEAD~1", "--", ".")
-    assert "clean" in _marks(marks)  # positive control
+    _plain(repo, *QUIET_FSMONITOR, "diff", "--name-only", "HEAD~1", "--", ".")
+    assert "clean" in _marks(marks)  # positive control (seen flaky with fsmonitor on)
     _make_racy(repo)
     repo.write("pyproject.toml", "[tool.manifest]\ncommand = ['true']\n")
     golden = load_manifest((REPO / "tests/golden/manifest_v1.json").read_bytes(), verify=False)
