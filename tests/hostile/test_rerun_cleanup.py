@@ -124,7 +124,7 @@ def test_a_killed_verb_leaves_no_process(slow_repo: tuple[Path, Path, str], tmp_
         _wait_started(proc, where, token)
         started = time.monotonic()
         proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+        proc.communicate(timeout=120)
         left = _wait_gone(token)
         took = time.monotonic() - started
         assert not left, f"{verb} {mode}: processes outlived it: {left}"
@@ -147,7 +147,7 @@ def test_positive_control_a_plain_parent_leaves_orphans(tmp_path: Path) -> None:
     try:
         _wait_started(parent, tmp_path, token)
         parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=60)
+        parent.wait(timeout=120)
         time.sleep(1.0)
         assert len(_alive(token)) == 2, "the control should leave the script and its grandchild"
     finally:
