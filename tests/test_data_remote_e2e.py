@@ -1,9 +1,10 @@
 """End to end: a real CPU training reads its data from moto's S3 server.
 
 capture pins the bucket from its listing (no body read by manifest), verify
-re-lists it and re-runs bit-identically; after one object is overwritten,
-verify names that object before it spends any compute, and ``--strict``
-refuses to re-run.
+re-lists it and re-runs bit-identically; read against another endpoint it says
+what it did not check; an object added that the script never reads makes every
+mode say ``differs``; after one object is overwritten, verify names that object
+before it spends any compute, and ``--strict`` refuses to re-run.
 """
 
 from __future__ import annotations
@@ -68,12 +69,34 @@ def test_capture_verify_then_overwrite(s3: MotoS3, tmp_path: Path) -> None:
     assert report["verdict"] == "identical"
     assert report["data"] == []
 
+    # Read against another endpoint, nothing was checked: said so, not "changed".
+    other = manifest_cli("verify", "--no-rerun", "--json", str(path), cwd=repo,
+                         env={"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"})
+    report = json.loads(other.stdout)
+    assert (other.returncode, report["verdict"]) == (0, "checked"), other.stderr.decode()
+    [unchecked] = report["data"]
+    assert unchecked["checked"] is False
+    assert "not checked" in unchecked["detail"] and "http://127.0.0.1:9" in unchecked["detail"]
+    assert any("not checked" in note for note in report["notes"])
+
+    # An object the script never reads is added under the prefix: the outputs still
+    # match, but the recorded data changed, so every mode says differs (issue 32).
+    client.put_object(Bucket="e2e-data", Key="shards/extra.bin", Body=b"\x01" * 8)
+    for mode in (["--no-rerun"], []):
+        run = manifest_cli("verify", *mode, "--network", "--json", str(path), cwd=repo)
+        report = json.loads(run.stdout)
+        assert (run.returncode, report["verdict"]) == (1, "differs"), run.stderr.decode()
+        assert report["reason"].startswith("recorded data changed since capture: shards")
+        assert report["data"][0]["files"] == ["added: extra.bin (8 bytes)"]
+    assert [a["identical"] for a in report["artifacts"]] == [True]
+    client.delete_object(Bucket="e2e-data", Key="shards/extra.bin")
+
     client.put_object(Bucket="e2e-data", Key="shards/1.bin", Body=b"\x00" * 64)
     s3.log.clear()
     strict = manifest_cli("verify", "--strict", "--network", "--json", str(path), cwd=repo)
     assert s3.log.object_gets("e2e-data") == 0  # refused before the script could read
     report = json.loads(strict.stdout)
-    assert strict.returncode == 3, strict.stderr.decode()
+    assert (strict.returncode, report["verdict"]) == (1, "differs"), strict.stderr.decode()
     [change] = report["data"]
     [line] = change["files"]
     assert line.startswith("changed: 1.bin (version ")

@@ -204,7 +204,50 @@ def test_dataset_byte_change_is_reported_by_file(tmp_path: Path) -> None:
     assert any("a.txt" in f for f in change["files"])
     assert not any("b.txt" in f for f in change["files"])
     code, report, _ = verify(repo, manifest, "--strict")
-    assert code == 3
+    assert (code, report["verdict"]) == (1, "differs"), report
+
+
+def test_changed_data_is_differs_in_every_mode_even_when_outputs_match(tmp_path: Path) -> None:
+    """Issue 32: the script reads a.txt only; b.txt changes. The outputs match, but the
+    recorded data changed, so no mode may say identical (and all say the same)."""
+    repo = make_repo(tmp_path / "repo", {
+        "read.py": "import pathlib\npathlib.Path('out').mkdir(exist_ok=True)\n"
+                   "pathlib.Path('out/y.bin').write_bytes(pathlib.Path('data/a.txt').read_bytes())\n",
+    }, example=False)
+    (repo / "data").mkdir()
+    (repo / "data" / "a.txt").write_text("alpha")
+    (repo / "data" / "b.txt").write_text("beta")
+    manifest, _ = capture(repo, "--data", "data", command=["python", "read.py"],
+                          outputs="out/*.bin")
+    (repo / "data" / "b.txt").write_text("betA")
+    answers = {}
+    for mode in ([], ["--no-rerun"], ["--strict"], ["--no-rerun", "--strict"]):
+        code, report, stderr = verify(repo, manifest, *mode)
+        answers[" ".join(mode) or "full"] = (code, report["verdict"])
+        assert "recorded data changed since capture: data" in str(report["reason"]), stderr
+        [change] = report["data"]
+        assert any("b.txt" in f for f in change["files"])
+        if not mode:  # the re-run's output matched: said, and still not identical
+            assert [a["identical"] for a in report["artifacts"]] == [True]
+            assert "outputs match anyway" in report["reason"]
+    assert set(answers.values()) == {(1, "differs")}, answers
+
+
+def test_nothing_compared_is_its_own_verdict_with_the_fix(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"hello.py": "print('no weights')\n"}, example=False)
+    proc = manifest_cli("capture", "--", "python", "hello.py", cwd=repo)
+    assert proc.returncode == 0, proc.stderr.decode()
+    manifest = repo / "run.json"
+    manifest.write_bytes(proc.stdout)
+    code, report, _ = verify(repo, manifest)
+    assert (code, report["verdict"], report["basis"]) == (3, "nothing-compared", "nothing")
+    assert "the run declared no output" in report["reason"]
+    assert "--artifact PATH" in report["reason"]
+    proc = manifest_cli("verify", str(manifest), cwd=repo)
+    text = proc.stdout.decode()
+    assert proc.returncode == 3
+    assert text.startswith("nothing-compared")
+    assert "compared: nothing: no output was declared" in text
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")

@@ -152,6 +152,8 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
                   f"run_id {markup(report.run_id[:23])}…")
     if report.reason:
         console.print(f"reason: {markup(report.reason)}")
+    if report.verdict != "checked":  # --no-rerun compares no output: it has no basis
+        console.print(f"compared: {markup(report.basis_text)}")
     if report.topology is not None and report.topology.get("text") != report.reason:
         console.print(f"topology: {markup(report.topology['text'])}")
     for sentence in report.outside_recipe:  # before any verdict detail: it qualifies them all
@@ -163,7 +165,8 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
         console.print("the environment drifted in ways that can change bits: "
                       "bit-exactness is not expected.")
     for change in report.data:
-        console.print(f"[red]data[/red]: {markup(change.detail)}")
+        tag = "[red]data[/red]" if change.checked else "[yellow]data not checked[/yellow]"
+        console.print(f"{tag}: {markup(change.detail)}")
         for name in change.files[:20]:
             console.print(f"  {markup(name)}")
         if len(change.files) > 20:

@@ -13,7 +13,8 @@ from manifest.cli.text import json_text, shell_join
 from manifest.cli.text import printable as _p
 from manifest.gate.report import CheckResult, GateReport, Status
 
-_MARK = {Status.PASS: "✅", Status.FAIL: "❌", Status.SKIP: "⏭️", Status.NO_VERDICT: "⚠️"}
+_MARK = {Status.PASS: "✅", Status.FAIL: "❌", Status.SKIP: "⏭️", Status.NO_VERDICT: "⚠️",
+         Status.NOTHING_COMPARED: "⚠️"}
 _TITLE = {"pass": "✅ passed", "fail": "❌ failed", "no-verdict": "⚠️ no verdict"}
 _WORD = {"pass": "PASSED", "fail": "FAILED", "no-verdict": "NO VERDICT"}
 
@@ -29,7 +30,8 @@ def render_gate(report: GateReport, file: TextIO) -> None:
         file.write(f"  {c.status.value.upper():<10} {c.name:<{width}}  {_p(c.reason)}\n")
         for line in c.details:
             file.write(f"  {'':<10} {'':<{width}}    - {_p(line)}\n")
-        if c.hint and c.status in (Status.FAIL, Status.NO_VERDICT, Status.SKIP):
+        if c.hint and c.status in (Status.FAIL, Status.NO_VERDICT, Status.SKIP,
+                                   Status.NOTHING_COMPARED):
             file.write(f"  {'':<10} {'':<{width}}    → {_p(c.hint)}\n")
     for w in report.warnings:
         file.write(f"  warning: {_p(w)}\n")

@@ -64,10 +64,12 @@ def verify_markdown(report: VerifyReport, *, trail: StepTrail | None = None,
            f"{code(report.file)} · run_id {code(report.run_id[:23] + '…')}", ""]
     if report.reason:
         out += [f"> {cell(report.reason)}", ""]
+    if report.verdict != "checked":
+        out += [f"Compared: {cell(report.basis_text)}", ""]
     if report.drift:
         out += [*table(("drift", "reason"), [(d.impact, d.reason) for d in report.drift]), ""]
     for change in report.data:
-        out.append(f"- data: {cell(change.detail)}")
+        out.append(f"- data{'' if change.checked else ' not checked'}: {cell(change.detail)}")
     rows: list[tuple[str, ...]] = []
     for art in report.artifacts:
         if art.identical or not art.tensors:

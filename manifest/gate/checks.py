@@ -147,16 +147,23 @@ def _check_determinism(project: Project, manifest: Manifest, data: bytes,
                            f"the re-run could not be done: {exc.diagnostics()}"), []
     report.plan = verdict.plan
     data_changes = [f"{d.detail}" + (f" ({', '.join(d.files[:5])})" if d.files else "")
-                    for d in verdict.data]
+                    for d in verdict.changed_data]
     argv = " ".join(manifest.command.argv) if manifest.command else "the command"
+    if verdict.verdict == "nothing-compared":
+        return CheckResult("determinism", Status.NOTHING_COMPARED, verdict.reason or "",
+                           (f"compared: {verdict.basis_text}",),
+                           hint="Declare the weights file the smoke command writes: outputs "
+                                "= [\"model.safetensors\"] in [tool.manifest]."), data_changes
     if verdict.verdict == "identical":
         assert manifest.outputs is not None
         tensors = sum(len(a.tensors or {}) for a in manifest.outputs.artifacts)
+        what = (f"bit-identical outputs ({len(verdict.artifacts)} artifact(s), {tensors} "
+                "tensor(s) compared)" if verdict.artifacts else
+                "the same step trail (no output declared: the trail only, not the weights' "
+                "bytes)")
         return CheckResult(
-            "determinism", Status.PASS,
-            f"two runs of `{argv}` gave bit-identical outputs "
-            f"({len(verdict.artifacts)} artifact(s), {tensors} tensor(s) compared)",
-            (f"re-run: {verdict.confinement}",)), data_changes
+            "determinism", Status.PASS, f"two runs of `{argv}` gave {what}",
+            (f"compared: {verdict.basis_text}", f"re-run: {verdict.confinement}")), data_changes
     if verdict.verdict == "differs":
         details: list[str] = []
         for art in verdict.artifacts:
@@ -313,7 +320,10 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
             continue
         for change in verdict.data:
             files = f" ({', '.join(change.files[:5])})" if change.files else ""
-            problems.append(f"{shown}: {change.detail}{files}")
+            if change.checked:
+                problems.append(f"{shown}: {change.detail}{files}")
+            else:
+                drift.append(f"{shown}: {change.detail}")
         drift.extend(f"{shown}: drift: {d.path}: {d.reason}" for d in verdict.bits_drift)
         # A signature that came with it must cover it (else exit 2, as diff and verify).
         signature = input_signature(str(path), data, cwd=project.dir)

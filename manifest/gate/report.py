@@ -23,6 +23,25 @@ class Status(StrEnum):
     FAIL = "fail"
     SKIP = "skip"
     NO_VERDICT = "no-verdict"
+    NOTHING_COMPARED = "nothing-compared"
+    """The re-run finished but there was nothing to compare (no output, no step trail)."""
+
+
+GATE_VERDICTS: dict[Status, tuple[int, str]] = {
+    Status.PASS: (EXIT_OK, "every enabled check passed (determinism: the re-run's outputs "
+                  "are bit-identical; the report says whether tensors or only the step "
+                  "trail were compared)"),
+    Status.FAIL: (EXIT_FAILED, "a check failed: the re-run differs, the baseline moved, a "
+                  "hygiene problem, or recorded data changed"),
+    Status.NO_VERDICT: (EXIT_NO_VERDICT, "a check could not be made: the training failed, or "
+                        "its re-run did"),
+    Status.NOTHING_COMPARED: (EXIT_NO_VERDICT, "the determinism re-run finished but compared "
+                              "nothing: the smoke command declares no output and takes no "
+                              "optimizer step; declare outputs in [tool.manifest]"),
+    Status.SKIP: (EXIT_OK, "a check that this mode does not run (--no-rerun trains nothing); "
+                  "as a check's status only"),
+}
+"""The gate's verdict (and each check's status) → (exit status, meaning), read by the docs."""
 
 
 # ------------------------------------------------------------------ result
@@ -66,16 +85,18 @@ class GateReport:
 
     @property
     def verdict(self) -> str:
-        """``pass``, ``fail`` or ``no-verdict``."""
+        """``pass``, ``fail``, ``no-verdict`` or ``nothing-compared`` (:data:`GATE_VERDICTS`)."""
         if self.failed:
             return Status.FAIL.value
         if any(c.status is Status.NO_VERDICT for c in self.checks):
             return Status.NO_VERDICT.value
+        if any(c.status is Status.NOTHING_COMPARED for c in self.checks):
+            return Status.NOTHING_COMPARED.value
         return Status.PASS.value
 
     @property
     def exit_code(self) -> int:
-        return {"pass": EXIT_OK, "fail": EXIT_FAILED}.get(self.verdict, EXIT_NO_VERDICT)
+        return GATE_VERDICTS[Status(self.verdict)][0]
 
     def check(self, name: str) -> CheckResult | None:
         return next((c for c in self.checks if c.name == name), None)

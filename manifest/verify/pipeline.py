@@ -22,7 +22,12 @@ Steps, in order; each one can end the verification with a result (a
    determinism switch and numerics environment variables, confined by
    bubblewrap where available.
 7. Compare outputs tensor by tensor (``manifest.weights.compare``) and the step
-   trails, if any: verdict ``identical``, ``differs`` or ``no-verdict``.
+   trails, if any: verdict ``identical``, ``differs``, ``nothing-compared`` or
+   ``no-verdict`` (``manifest.verify.report.Verdict``).
+8. One rule after every mode (``judge_data``): recorded data found changed makes the
+   verdict ``differs``, whatever the outputs said, so ``--no-rerun``, ``--strict``
+   and a full re-run agree. Data that could not be checked (another endpoint, no
+   access) is named as not checked; it changes no verdict.
 
 This module holds steps 1–3 and the order of them all; what decides whether
 and how a command runs (4–6) lives in ``manifest.rerun``, and the comparison
@@ -42,7 +47,14 @@ from manifest.rerun.plan import RerunOptions, plan_from_manifest, plan_inputs
 from manifest.rerun.trust import check_trust, escape_text
 from manifest.rerun.workspace import repo_root_of, store_for
 from manifest.store import BlobStore, OverlayStore
-from manifest.verify.report import DataChange, Drift, Machine, VerifyOptions, VerifyReport
+from manifest.verify.report import (
+    DataChange,
+    Drift,
+    Machine,
+    Verdict,
+    VerifyOptions,
+    VerifyReport,
+)
 from manifest.verify.rerun import rerun_and_compare
 
 # ------------------------------------------------------------------- drift
@@ -88,12 +100,17 @@ def check_data(recorded: Manifest, root: Path, store: BlobStore, *, no_cache: bo
     changes: list[DataChange] = []
     for ds in recorded.data:
         if ds.remote is not None:  # a bucket or the Hub: re-listed, no body read
-            from manifest.data.remote import recheck
+            from manifest.data.remote import recheck_pins
 
-            objects = recheck(ds, store)
-            if objects:
+            found = recheck_pins(ds, store)
+            if found.unchecked is not None:
                 changes.append(DataChange(ds.name, ds.path, f"remote dataset {ds.name} "
-                                          f"({ds.path}) no longer matches its pins", objects))
+                                          f"({ds.path}) not checked: {found.unchecked}", [],
+                                          checked=False))
+            elif found.changed:
+                changes.append(DataChange(ds.name, ds.path, f"remote dataset {ds.name} "
+                                          f"({ds.path}) no longer matches its pins",
+                                          found.changed))
             continue
         path = Path(ds.path)
         full = path if path.is_absolute() else root / path
@@ -121,6 +138,31 @@ def check_data(recorded: Manifest, root: Path, store: BlobStore, *, no_cache: bo
 # -------------------------------------------------------------------- main
 
 
+def judge_data(report: VerifyReport) -> VerifyReport:
+    """Step 8: recorded data that changed is never ``identical``, in any mode.
+
+    Outputs can match while data changed (the script read only part of a
+    dataset, or a changed object never reached the weights), so a match proves
+    nothing about the changed files: the verdict is ``differs`` with them named.
+    """
+    changed = report.changed_data
+    unchecked = [d for d in report.data if not d.checked]
+    if unchecked:
+        report.notes.append(f"{len(unchecked)} recorded dataset(s) not checked (named under "
+                            "data): the verdict says nothing about them")
+    if not changed or report.verdict in (Verdict.DIFFERS, Verdict.CHANGED_TOPOLOGY):
+        return report
+    names = ", ".join(f"{d.name} ({d.path})" for d in changed)
+    reason = f"recorded data changed since capture: {names}"
+    if report.verdict == Verdict.IDENTICAL:
+        reason += ("; the re-run's outputs match anyway (the script did not read what "
+                   "changed, or it did not reach the weights)")
+    elif report.reason:
+        reason += f"; {report.reason}"
+    report.verdict, report.reason = Verdict.DIFFERS, reason
+    return report
+
+
 def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
                announce: Any = None, show_plan: Any = None) -> VerifyReport:
     """Verify a manifest or a pack (bytes of the file); never raises for a mismatch.
@@ -130,6 +172,12 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     (unless the manifest was sealed here); ``announce(argv)`` only once the
     command is allowed to run.
     """
+    return judge_data(_verify(data, file=file, cwd=cwd, options=options, announce=announce,
+                              show_plan=show_plan))
+
+
+def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
+            announce: Any, show_plan: Any) -> VerifyReport:
     from manifest.travel.pack import is_pack, read_pack
 
     packed = read_pack(data) if is_pack(data) else None
@@ -172,13 +220,11 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     report.drift.extend(threads_drift(recorded, options.threads))
 
     if options.no_rerun:
-        report.verdict = "checked" if not report.data else "differs"
-        if report.data:
-            report.reason = "recorded data changed"
-        elif options.strict and report.bits_drift:
-            report.verdict, report.reason = "no-verdict", "environment drift under --strict"
+        report.verdict = Verdict.CHECKED  # judge_data makes changed data ``differs``
+        if options.strict and report.bits_drift:
+            report.verdict, report.reason = Verdict.NO_VERDICT, "environment drift under --strict"
         return report
-    if options.strict and (report.bits_drift or report.data):
+    if options.strict and (report.bits_drift or report.changed_data):
         report.reason = "environment or data drift under --strict; refusing to re-run"
         return report
     if recorded.command is None or recorded.outputs is None:

@@ -7,14 +7,15 @@ renderers, the gate and explain. Holding it apart keeps the re-run stage
 below the pipeline (no import cycle between them) and lets a renderer name the
 type without importing git, the store or the sandbox.
 
-A mismatch is a result, not an exception: the verdict (``identical``,
-``differs``, ``no-verdict``, ``checked``) becomes the exit status here, in
-one place (0, 1, 3, 0).
+A mismatch is a result, not an exception: the verdict (a :class:`Verdict`)
+becomes the exit status here, in one place (:data:`VERDICTS`), and the concepts
+page's table of verdicts is generated from that same table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
@@ -26,6 +27,38 @@ if TYPE_CHECKING:
 
 Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
 """(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
+
+
+class Verdict(StrEnum):
+    """Every verdict verify gives; :data:`VERDICTS` holds each one's exit status and meaning."""
+
+    IDENTICAL = "identical"
+    DIFFERS = "differs"
+    CHANGED_TOPOLOGY = "changed-topology"
+    NOTHING_COMPARED = "nothing-compared"
+    NO_VERDICT = "no-verdict"
+    CHECKED = "checked"
+
+
+VERDICTS: dict[Verdict, tuple[int, str]] = {
+    Verdict.IDENTICAL: (EXIT_OK, "every declared output tensor has the recorded dtype, shape "
+                        "and raw bytes, and every step trail point in common agrees; the "
+                        "recorded data was checked and is unchanged"),
+    Verdict.DIFFERS: (EXIT_FAILED, "a tensor's bytes differ (one flipped bit is enough), the "
+                      "step trails part, or recorded data (local or remote) changed since "
+                      "capture; the changed data is named, and this holds with or without a "
+                      "re-run"),
+    Verdict.CHANGED_TOPOLOGY: (EXIT_FAILED, "outputs differ on another world size (expected; "
+                               "the report gives the size of the difference)"),
+    Verdict.NOTHING_COMPARED: (EXIT_NO_VERDICT, "the re-run finished but there was nothing to "
+                               "compare: no output declared (or none written) and no optimizer "
+                               "step in the trail; the fix is to capture with --artifact PATH"),
+    Verdict.NO_VERDICT: (EXIT_NO_VERDICT, "the re-run could not be compared: drift under "
+                         "--strict, the command failed, a declared output is missing"),
+    Verdict.CHECKED: (EXIT_OK, "--no-rerun: integrity, drift and data checked and unchanged, "
+                      "nothing re-run, no output compared"),
+}
+"""Verdict → (exit status, what it means): the one table the CLI and the docs read."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +74,9 @@ class DataChange:
     path: str
     detail: str
     files: list[str]
+    checked: bool = True
+    """False: the check could not be made (another endpoint, no access); ``detail`` says
+    why. Nothing is then known about the data: it counts neither as changed nor as same."""
 
 
 @dataclass
@@ -50,10 +86,12 @@ class VerifyReport:
     file: str
     run_id: str
     command: list[str]
-    verdict: str = "no-verdict"
-    """``identical``, ``differs``, ``no-verdict``, ``checked`` (--no-rerun), or
-    ``changed-topology`` (outputs differ on another world size: expected, measured)."""
+    verdict: str = Verdict.NO_VERDICT
+    """A :class:`Verdict` (see :data:`VERDICTS` for what each means)."""
     reason: str | None = None
+    basis: str = "nothing"
+    """What the verdict rests on, in words: ``tensors``, ``trail``, ``tensors and trail``
+    or ``nothing`` (see :data:`BASES`)."""
     drift: list[Drift] = field(default_factory=list)
     data: list[DataChange] = field(default_factory=list)
     artifacts: list[ArtifactDelta] = field(default_factory=list)
@@ -91,12 +129,21 @@ class VerifyReport:
         return [d for d in self.drift if d.impact == "bits"]
 
     @property
+    def changed_data(self) -> list[DataChange]:
+        """Recorded datasets found changed (not those that could not be checked)."""
+        return [d for d in self.data if d.checked]
+
+    @property
+    def basis_text(self) -> str:
+        """The basis in a sentence, for every renderer."""
+        return BASES.get(self.basis, self.basis)
+
+    @property
     def exit_code(self) -> int:
-        if self.verdict in ("identical", "checked"):
-            return EXIT_OK
-        if self.verdict in ("differs", "changed-topology"):
-            return EXIT_FAILED
-        return EXIT_NO_VERDICT
+        try:
+            return VERDICTS[Verdict(self.verdict)][0]
+        except (ValueError, KeyError):
+            return EXIT_NO_VERDICT
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,8 +151,9 @@ class VerifyReport:
             "file": self.file,
             "run_id": self.run_id,
             "command": self.command,
-            "verdict": self.verdict,
+            "verdict": str(self.verdict),
             "reason": self.reason,
+            "basis": self.basis,
             "drift": [d.__dict__ for d in self.drift],
             "data": [d.__dict__ for d in self.data],
             "artifacts": [
@@ -126,6 +174,17 @@ class VerifyReport:
             **({"job": self.job} if self.job is not None else {}),
             **({"topology": self.topology} if self.topology is not None else {}),
         }
+
+
+BASES: dict[str, str] = {
+    "tensors": "the declared outputs, tensor by tensor (dtype, shape, raw bytes)",
+    "tensors and trail": "the declared outputs tensor by tensor, and the step trail",
+    "trail": "the step trail only: per kept optimizer step, one bit-sum of each parameter "
+             "(every step to 1000); strong evidence of the same training, but not a byte "
+             "comparison of the weights (declare --artifact PATH for that)",
+    "nothing": "nothing: no output was declared or written, and no optimizer step was seen",
+}
+"""What a verdict was based on → the words every report prints beside it."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from manifest.models import Manifest
 from manifest.store import BlobStore
-from manifest.verify.report import Drift, Machine, VerifyOptions, VerifyReport
+from manifest.verify.report import Drift, Machine, Verdict, VerifyOptions, VerifyReport
 from manifest.weights.compare import compare_artifacts
 
 if TYPE_CHECKING:
@@ -120,13 +120,33 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     if result.op_streams:
         # ``blobs``: the local store, overlaid with a pack's op streams when verifying one.
         report.first_divergent_op = _first_op_difference(recorded, result, blobs)
+    report.basis = _basis(bool(report.artifacts), report.trail_compared)
+    if report.basis == "nothing":
+        report.verdict = Verdict.NOTHING_COMPARED
+        report.reason = nothing_compared_reason(list(recorded.command.outputs))
+        return report
     identical = all(a.identical for a in report.artifacts)
-    report.verdict = "identical" if identical else "differs"
+    report.verdict = Verdict.IDENTICAL if identical else Verdict.DIFFERS
     if identical and report.first_divergent_step is not None:
-        report.verdict = "differs"
+        report.verdict = Verdict.DIFFERS
         report.reason = "outputs match but the step trails part"
     _judge_topology(recorded, new, report)
     return report
+
+
+def _basis(tensors: bool, trail: bool) -> str:
+    """A key of ``manifest.verify.report.BASES``."""
+    return {(True, True): "tensors and trail", (True, False): "tensors",
+            (False, True): "trail"}.get((tensors, trail), "nothing")
+
+
+def nothing_compared_reason(declared: list[str]) -> str:
+    """Why nothing was compared, and the fix (verify, gate and lab say the same)."""
+    why = (f"the run wrote nothing that matches its declared outputs ({', '.join(declared)})"
+           if declared else "the run declared no output")
+    return (f"nothing was compared: {why}, and no optimizer step was seen for a step trail. "
+            "Fix: capture again with --artifact PATH naming the weights file the script "
+            "writes (or call manifest.trail(model) in the script).")
 
 
 def _judge_topology(recorded: Manifest, new: Manifest, report: VerifyReport) -> None:
@@ -143,8 +163,8 @@ def _judge_topology(recorded: Manifest, new: Manifest, report: VerifyReport) -> 
     if rel.kind == "same":
         return
     report.notes.append(rel.text)
-    if rel.kind == "changed-world-size" and report.verdict == "differs":
-        report.verdict = "changed-topology"
+    if rel.kind == "changed-world-size" and report.verdict == Verdict.DIFFERS:
+        report.verdict = Verdict.CHANGED_TOPOLOGY
         report.reason = f"{rel.text}; {_size_of_difference(report)}"
 
 

@@ -22,7 +22,7 @@ Providers, each an optional extra imported only here, lazily: ``s3``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from manifest.data.listing import path_bytes
 from manifest.data.remote.pins import ObjectPin, PinSink, describe_change, parse_pins
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from manifest.models import Dataset
     from manifest.store import BlobStore
 
-__all__ = ["is_remote", "pin_dataset", "recheck"]
+__all__ = ["Recheck", "is_remote", "pin_dataset", "recheck", "recheck_pins"]
 
 MODES = ("listing", "checksums", "deep")
 
@@ -100,6 +100,14 @@ def pin_dataset(name: str, url_text: str, *, store: BlobStore, mode: str = "list
                    bytes=sink.total_bytes, listing=listing, remote=remote)
 
 
+class Recheck(NamedTuple):
+    """What re-listing a remote dataset found: the objects that changed, or why it
+    could not be checked at all (then nothing is known about its objects)."""
+
+    changed: list[str]
+    unchecked: str | None = None
+
+
 def recheck(dataset: Dataset, store: BlobStore) -> list[str]:
     """Re-list a recorded remote dataset: one line per object that changed (empty: same).
 
@@ -109,22 +117,30 @@ def recheck(dataset: Dataset, store: BlobStore) -> list[str]:
     revision come first: a Hub branch that points at another commit now, a Delta
     table whose latest version moved on. Problems that stop the check (no access, no
     library, a different endpoint) are one line too; nothing is raised for them.
+    ``recheck_pins`` keeps the two apart.
     """
+    found = recheck_pins(dataset, store)
+    return [found.unchecked] if found.unchecked is not None else found.changed
+
+
+def recheck_pins(dataset: Dataset, store: BlobStore) -> Recheck:
+    """``recheck``, with a problem that stopped the check kept apart from a change:
+    verify says "not checked" for the one and "changed" for the other."""
     pin = dataset.remote
     if pin is None:
-        return []
+        return Recheck([])
     recorded_blob = store.get(pin.pins)
     if recorded_blob is None:
-        return [f"the pins of {dataset.path} are not in the store ({pin.pins[:19]}…): "
-                "cannot name what changed."]
+        return Recheck([], f"the pins of {dataset.path} are not in the store "
+                       f"({pin.pins[:19]}…): cannot name what changed.")
     try:
         recorded = parse_pins(recorded_blob)
         return _compare(dataset, recorded, store)
     except DataError as exc:
-        return [exc.diagnostics()]
+        return Recheck([], exc.diagnostics())
 
 
-def _compare(dataset: Dataset, recorded: dict[str, ObjectPin], store: BlobStore) -> list[str]:
+def _compare(dataset: Dataset, recorded: dict[str, ObjectPin], store: BlobStore) -> Recheck:
     from manifest.data.remote.source import open_source
 
     pin = dataset.remote
@@ -134,9 +150,10 @@ def _compare(dataset: Dataset, recorded: dict[str, ObjectPin], store: BlobStore)
     today_endpoint = strip_userinfo(endpoint) if endpoint else None
     if today_endpoint != pin.endpoint:
         # Never follow a manifest's endpoint: it would receive this user's credentials.
-        return [f"{dataset.path} was pinned at endpoint {pin.endpoint or 'the default'}, "
-                f"today's is {today_endpoint or 'the default'}: set the provider's endpoint "
-                "variable to recheck it there."]
+        return Recheck([], f"{dataset.path} was pinned at endpoint "
+                       f"{pin.endpoint or 'the default'}, today's is "
+                       f"{today_endpoint or 'the default'}: set the provider's endpoint "
+                       "variable to recheck it there.")
     source = open_source(url, endpoint, revision=pin.revision)
     changes: list[tuple[str, str]] = []
     seen: set[str] = set()
@@ -154,7 +171,7 @@ def _compare(dataset: Dataset, recorded: dict[str, ObjectPin], store: BlobStore)
     for key in recorded.keys() - seen:
         changes.append((key, f"removed: {key}{_still_there(source, recorded[key], True)}"))
     objects = [line for _, line in sorted(changes, key=lambda item: path_bytes(item[0]))]
-    return source.drift() + objects
+    return Recheck(source.drift() + objects)
 
 
 def _differs(before: ObjectPin, today: ObjectPin) -> bool:
