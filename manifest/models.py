@@ -407,7 +407,10 @@ class Artifact(Model):
     path: str
     digest: Digest
     bytes: Count
-    format: Literal["safetensors", "torch", "file"]
+    format: Literal["safetensors", "torch", "file", "dcp", "safetensors-index"]
+    """``dcp``: a torch.distributed.checkpoint directory; ``safetensors-index``: a
+    ``*.safetensors.index.json`` with its shards (each is one artifact, its digest over
+    its files' names and digests, its table every tensor of them)."""
     tensors: dict[str, Tensor] | None
     node: Count | None = later(
         "a multi-node run: the node whose processes wrote it (each node has its own disk)")

@@ -132,13 +132,15 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
 def digest_outputs(globs: list[str], cwd: Path, *,
                    malformed_ok: bool = False) -> tuple[list[Artifact], list[str]]:
     """Artifacts matching the declared globs, and the globs that matched nothing."""
+    from manifest.weights.dcp import is_dcp_dir
     from manifest.weights.tables import digest_artifact
 
     artifacts: dict[str, Artifact] = {}
     missing: list[str] = []
     for pattern in globs:
         matches = sorted(glob.glob(pattern, root_dir=cwd, recursive=True))
-        files = [m for m in matches if (cwd / m).is_file()]
+        # A DCP checkpoint is a directory, recorded as one artifact (manifest.weights.dcp).
+        files = [m.rstrip("/") for m in matches if (cwd / m).is_file() or is_dcp_dir(cwd / m)]
         if not files:
             missing.append(pattern)
         for rel in files:

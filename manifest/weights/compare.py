@@ -20,7 +20,7 @@ from typing import Any
 from manifest.models import Artifact
 from manifest.weights.bounds import WeightFileError
 from manifest.weights.raw import RawTensor
-from manifest.weights.tables import MappedFile, detect_format, iter_tensors
+from manifest.weights.tables import MappedFile, open_tensors
 
 _INT_VIEWS = {"float64": ("<i8", 63), "float32": ("<i4", 31), "float16": ("<i2", 15),
               "bfloat16": ("<i2", 15)}
@@ -112,17 +112,8 @@ def _itemsize(dtype: str) -> int:
     return ITEMSIZE.get(dtype, 1)
 
 
-def _tensors(path: Path) -> tuple[MappedFile, dict[str, RawTensor]] | None:
-    mapped = MappedFile(path)
-    fmt = detect_format(mapped.view)
-    if fmt == "file":
-        mapped.close()
-        return None
-    try:
-        return mapped, {t.name: t for t in iter_tensors(mapped.view, fmt, path)}
-    except BaseException:
-        mapped.close()
-        raise
+def _tensors(path: Path) -> tuple[list[MappedFile], dict[str, RawTensor]] | None:
+    return open_tensors(path)
 
 
 def compare_artifacts(
@@ -167,7 +158,7 @@ def compare_artifacts(
 def _numbers(
     names: list[str], recorded: Artifact, recorded_file: Path | None, new_file: Path
 ) -> list[TensorDelta] | None:
-    if recorded_file is None or not recorded_file.is_file():
+    if recorded_file is None or not recorded_file.exists():
         return None
     try:
         from manifest.weights.raw import hash_bytes
@@ -178,10 +169,10 @@ def _numbers(
         try:
             new = _tensors(new_file)
         except BaseException:
-            old[0].close()
+            _close(old[0])
             raise
         if new is None:
-            old[0].close()
+            _close(old[0])
             return None
     except (OSError, ValueError, WeightFileError):
         return None  # the original output is unreadable now: name differences by digest
@@ -200,5 +191,10 @@ def _numbers(
     finally:
         old[1].clear()
         new[1].clear()
-        old[0].close()
-        new[0].close()
+        _close(old[0])
+        _close(new[0])
+
+
+def _close(maps: list[MappedFile]) -> None:
+    for mapped in maps:
+        mapped.close()

@@ -9,7 +9,15 @@ tensor, not the file, is the identity). Formats, each with its own reader:
   each tensor's dtype, shape and byte range.
 * **torch.save zip archives** (``manifest.weights.torch_archive``):
   ``data.pkl`` is read by a restricted unpickler that builds inert stand-ins.
+* **DCP directories** (``manifest.weights.dcp``): ``.metadata`` read like
+  ``data.pkl``, each chunk an archive in a byte range of a ``.distcp`` file.
+* **sharded safetensors** (``manifest.weights.sharded``): an
+  ``*.safetensors.index.json`` whose ``weight_map`` names the shard of each tensor.
 * anything else: the file digest only.
+
+A checkpoint made of several files (a DCP directory, an index and its shards)
+is one artifact: its digest is blake3 over the JSON list of its files' names
+and digests (``_set_digest``), its table the tensors of all of them.
 
 Outputs are read after the process that wrote them has exited, so mmap is
 safe from concurrent truncation here (data hashing handles live trees).
@@ -33,8 +41,10 @@ from pathlib import Path
 
 from manifest.models import Artifact, Tensor
 from manifest.weights.bounds import MalformedWeightsError, WeightFileError, short
+from manifest.weights.dcp import is_dcp_dir, iter_dcp, member_files
 from manifest.weights.raw import RawTensor, hash_bytes
 from manifest.weights.safetensors_file import iter_safetensors
+from manifest.weights.sharded import is_index, iter_sharded, shard_paths
 from manifest.weights.torch_archive import iter_torch_archive
 
 
@@ -110,6 +120,8 @@ def digest_artifact(path: Path, display: str, *, malformed_ok: bool = False) -> 
     """
     from manifest.errors import MalformedArtifactError
 
+    if is_dcp_dir(path) or is_index(path):
+        return _digest_set(path, display, malformed_ok=malformed_ok)
     with MappedFile(path) as mapped:
         buf = mapped.view
         file_digest = hash_bytes(buf)
@@ -136,3 +148,72 @@ def digest_artifact(path: Path, display: str, *, malformed_ok: bool = False) -> 
         size = len(buf)
     return Artifact(path=display, digest=file_digest, bytes=size, format=fmt,  # type: ignore[arg-type]
                     tensors=tensors)
+
+
+def _file_digest(path: Path) -> str:
+    with MappedFile(path) as mapped:
+        return hash_bytes(mapped.view)
+
+
+def _set_members(path: Path) -> list[Path]:
+    """The files a multi-file checkpoint is made of (the index first, then its shards)."""
+    if is_dcp_dir(path):
+        return member_files(path)
+    try:
+        return [path, *shard_paths(path).values()]
+    except WeightFileError:
+        return [path]
+
+
+def _set_digest(members: list[Path]) -> tuple[str, int]:
+    import json
+
+    listing = [[p.name, _file_digest(p)] for p in members]
+    size = sum(p.stat().st_size for p in members)
+    return hash_bytes(json.dumps(listing).encode()), size
+
+
+def iter_set(path: Path) -> Iterator[RawTensor]:
+    """The tensors of a DCP directory or a sharded-safetensors index."""
+    return _guarded(iter_dcp(path) if is_dcp_dir(path) else iter_sharded(path))
+
+
+def _digest_set(path: Path, display: str, *, malformed_ok: bool) -> Artifact:
+    from manifest.errors import MalformedArtifactError
+
+    fmt = "dcp" if is_dcp_dir(path) else "safetensors-index"
+    digest, size = _set_digest(_set_members(path))
+    tensors: dict[str, Tensor] | None = {}
+    try:
+        for raw in iter_set(path):
+            assert tensors is not None
+            tensors[raw.name] = Tensor(dtype=raw.dtype, shape=raw.shape, digest=raw.digest())
+    except MalformedWeightsError as exc:
+        if not malformed_ok:
+            raise MalformedArtifactError(
+                f"{display} looks like a {fmt} checkpoint but is malformed: {exc}.",
+                hint="Refusing to record a tensor table from it; check it (it may be crafted) "
+                "or leave it out of --artifact.") from exc
+        fmt, tensors = "file", None
+    except WeightFileError:
+        fmt, tensors = "file", None
+    return Artifact(path=display, digest=digest, bytes=size, format=fmt,  # type: ignore[arg-type]
+                    tensors=tensors)
+
+
+def open_tensors(path: Path) -> tuple[list[MappedFile], dict[str, RawTensor]] | None:
+    """Every tensor of a weight artifact by name, with what to close after; None when the
+    artifact has no tensor table (a plain file)."""
+    if is_dcp_dir(path) or is_index(path):
+        # The readers keep their maps open while a tensor view is referenced.
+        return [], {t.name: t for t in iter_set(path)}
+    mapped = MappedFile(path)
+    fmt = detect_format(mapped.view)
+    if fmt == "file":
+        mapped.close()
+        return None
+    try:
+        return [mapped], {t.name: t for t in iter_tensors(mapped.view, fmt, path)}
+    except BaseException:
+        mapped.close()
+        raise

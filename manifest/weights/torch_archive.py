@@ -281,9 +281,42 @@ def _tensor_bytes(ref: _TensorRef, storage: memoryview, budget: Budget) -> memor
     return np.ascontiguousarray(view).tobytes()
 
 
-def iter_torch_archive(buf: memoryview, path: Path) -> Iterator[RawTensor]:
+class _BufferFile(io.RawIOBase):
+    """A read-only file over a memoryview, for an archive embedded in a larger file (a
+    DCP ``.distcp`` holds one ``torch.save`` archive per item): no copy of the bytes."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self._buf = buf
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._buf)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        chunk = self._buf[self._pos : self._pos + len(b)]
+        n = len(chunk)
+        b[:n] = chunk
+        self._pos += n
+        return n
+
+
+def iter_torch_archive(buf: memoryview, path: Path | None) -> Iterator[RawTensor]:
+    """The tensors of the archive in ``buf`` (the whole file at ``path``, or, with
+    ``path`` None, an archive that is all of ``buf``)."""
     try:
-        zf = zipfile.ZipFile(path)  # reads the central directory only
+        # reads the central directory only
+        zf = zipfile.ZipFile(path if path is not None else _BufferFile(buf))
     except (zipfile.BadZipFile, OSError) as exc:
         raise WeightFileError(f"not a zip archive: {exc}") from exc
     with zf:

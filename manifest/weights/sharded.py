@@ -1,0 +1,84 @@
+"""Tensors of sharded safetensors: ``model.safetensors.index.json`` and its shards.
+
+The Hugging Face convention for a model too big for one file: shards named
+``model-00001-of-00004.safetensors`` beside an index whose ``weight_map``
+says which shard holds each tensor. The index is the artifact: its table is
+every tensor the map names, read from the shard it names, so it equals the
+table of the same state dict saved as one safetensors file.
+
+The index is a file a user can be handed, and its shard names are paths a
+loader joins to the directory. Each is held to a plain file name of a regular
+file beside the index (``manifest.weights.dcp.plain_member``: no separator,
+not ``..``, no link followed), so ``../../home/u/.ssh/id.safetensors`` or a
+planted link reads nothing outside the directory. The index is at most
+:data:`MAX_INDEX` bytes (a 405B-parameter model's index is about 100 KB).
+Each shard is read by the safetensors reader with its own bounds; a tensor the
+map names and its shard lacks is malformed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from manifest.weights.bounds import MalformedWeightsError, WeightFileError, short
+from manifest.weights.raw import RawTensor
+
+INDEX_SUFFIX = ".safetensors.index.json"
+MAX_INDEX = 64 << 20
+
+
+def is_index(path: Path) -> bool:
+    return path.name.endswith(INDEX_SUFFIX)
+
+
+def weight_map(index: Path) -> dict[str, str]:
+    """The index's ``weight_map`` (tensor name → shard name), checked for shape only."""
+    if index.stat().st_size > MAX_INDEX:
+        raise MalformedWeightsError(f"the index is larger than {MAX_INDEX >> 20} MiB")
+    try:
+        doc = json.loads(index.read_bytes())
+    except (ValueError, RecursionError) as exc:
+        raise WeightFileError(f"the index is not JSON: {short(str(exc))}") from exc
+    mapping = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(mapping, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+        raise MalformedWeightsError("the index has no weight_map of names to shard files")
+    return mapping
+
+
+def shard_paths(index: Path) -> dict[str, Path]:
+    """Each shard the index names, checked to be a regular file beside it."""
+    from manifest.weights.dcp import plain_member
+
+    return {name: plain_member(index.parent, name, "shard")
+            for name in sorted(set(weight_map(index).values()))}
+
+
+def iter_sharded(index: Path) -> Iterator[RawTensor]:
+    from manifest.weights.safetensors_file import iter_safetensors
+    from manifest.weights.tables import MappedFile
+
+    mapping = weight_map(index)
+    shards = shard_paths(index)
+    for shard, path in shards.items():
+        wanted = {name for name, s in mapping.items() if s == shard}
+        mapped = MappedFile(path)
+        try:
+            try:
+                found = {t.name: t for t in iter_safetensors(mapped.view)}
+            except WeightFileError as exc:
+                if isinstance(exc, MalformedWeightsError):
+                    raise MalformedWeightsError(f"shard {short(shard)}: {exc}") from exc
+                raise MalformedWeightsError(f"shard {short(shard)} is not safetensors: "
+                                            f"{exc}") from exc
+            lacking = sorted(wanted - set(found))
+            if lacking:
+                raise MalformedWeightsError(f"shard {short(shard)} lacks {short(lacking)}, "
+                                            "which the index places there")
+            for name in sorted(wanted):
+                yield found[name]
+        finally:
+            found = {}
+            mapped.close()
