@@ -148,7 +148,7 @@ def test_lab_on_the_bundled_example(tmp_path: Path) -> None:
     # CPU, same seed, same 2 threads: both modes bit-identical, the noise floor is zero.
     for mode in (report.default, report.recipe):
         assert mode.bit_identical and mode.differing == []
-        assert mode.basis == "outputs and trail"
+        assert mode.basis == "tensors and trail" and mode.outcome == "bit-identical"
         assert mode.tensors_compared == 11  # conv1 (2), bn1 (5), conv2 (2), fc (2)
         assert mode.max_abs == 0.0 and mode.max_ulp == 0 and mode.weight_l2 == 0.0
         assert mode.loss_gap == 0.0 and mode.max_loss_gap == 0.0
@@ -230,3 +230,32 @@ def test_lab_catalogues_scatter_ops_and_sees_an_unseeded_source(tmp_path: Path) 
     checks = {c.name: c for c in report.checklist}
     assert checks["DataLoader workers"].status == "warn"
     _validate(json.loads(report.model_dump_json()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "outcome", "code", "basis"), [
+    ("print('no weights')\n", "nothing-compared", 3, "nothing"),
+    ("import torch\nm = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+     "for _ in range(3):\n    opt.zero_grad(); m(torch.ones(1, 2)).sum().backward(); opt.step()\n",
+     "bit-identical", 0, "trail"),
+])
+def test_lab_says_what_it_compared(tmp_path: Path, script: str, outcome: str, code: int,
+                                   basis: str) -> None:
+    """Issue 32: a lab that compared nothing never says bit-identical; one that compared
+    the step trail only says so, in the report and the checklist."""
+    repo = make_repo(tmp_path / "repo", {"job.py": script}, example=False)
+    proc = manifest_cli("lab", "--runs", "2", "--json", "--", "python", "job.py", cwd=repo)
+    assert proc.returncode == code, proc.stderr.decode()
+    report = LabReport.model_validate_json(proc.stdout)
+    assert (report.recipe.outcome, report.recipe.basis) == (outcome, basis)
+    assert report.recipe.bit_identical is (outcome == "bit-identical")
+    assert report.recipe.tensors_compared == 0
+    [compared] = [c for c in report.checklist if c.name == "compared"]
+    assert compared.status == ("fail" if basis == "nothing" else "warn")
+    assert compared.fix is not None and "--artifact PATH" in compared.fix
+    text = manifest_cli("lab", "--runs", "2", "--", "python", "job.py", cwd=repo)
+    shown = text.stdout.decode()
+    if basis == "nothing":
+        assert "bit-identical     NOTHING COMPARED" in shown
+    else:
+        assert "compared          the step trail only" in shown

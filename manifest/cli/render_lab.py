@@ -31,9 +31,15 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "NO"
 
 
+def _verdict(m: ModeResult) -> str:
+    """``yes`` / ``NO`` / ``NOTHING COMPARED``: never a yes that rests on nothing."""
+    return "NOTHING COMPARED" if m.outcome == "nothing-compared" else _yes(m.bit_identical)
+
+
 def _mode_lines(m: ModeResult) -> list[str]:
-    lines = [f"  bit-identical     {_yes(m.bit_identical)} ({len(m.runs)} runs; compared: "
-             f"{m.basis}, {m.tensors_compared} tensors)"]
+    lines = [f"  bit-identical     {_verdict(m)} ({len(m.runs)} runs, "
+             f"{m.tensors_compared} tensors)",
+             f"  compared          {m.basis_text or m.basis}"]
     lines.append(f"  max |Δ|           {_num(m.max_abs)}    max ULP {_num(m.max_ulp)}    "
                  f"weight L2 {_num(m.weight_l2)}")
     if m.loss_gap is not None:
@@ -84,7 +90,7 @@ def render_lab(report: LabReport, out: TextIO | None = None) -> None:
              *_mode_lines(r.recipe)]
     if r.explained is not None:
         lines += _explained_lines(r)
-    elif not r.recipe.bit_identical:
+    elif r.recipe.outcome == "differs":
         lines.append("  next: capture a recipe run and run 'manifest explain run.json' for the "
                      "first op where the runs part")
     c = r.cost
@@ -183,7 +189,7 @@ def plot_png(report: LabReport) -> bytes | None:
 
 
 def _mode_rows(m: ModeResult) -> list[list[object]]:
-    return [["bit-identical", _yes(m.bit_identical)], ["compared", m.basis],
+    return [["bit-identical", _verdict(m)], ["compared", m.basis_text or m.basis],
             ["tensors compared", m.tensors_compared], ["max |Δ|", _num(m.max_abs)],
             ["max ULP", _num(m.max_ulp)], ["weight L2", _num(m.weight_l2)],
             ["loss gap (final)", _num(m.loss_gap)], ["loss gap (any step)", _num(m.max_loss_gap)],

@@ -96,7 +96,12 @@ def _random(m: Manifest, recipe: ModeResult) -> list[Check]:
                             detail="not in force in every process: set and dict order of "
                             "str keys can change from run to run",
                             fix="export PYTHONHASHSEED=0 before python starts"))
-    if recipe.bit_identical:
+    if recipe.outcome == "nothing-compared":
+        checks.append(Check(category="random state", name="DataLoader workers", status="warn",
+                            detail="not known: the runs compared nothing",
+                            fix="manifest lab --artifact PATH (the weights file the script "
+                                "writes)"))
+    elif recipe.bit_identical:
         checks.append(Check(category="random state", name="DataLoader workers", status="pass",
                             detail="runs agree; under the launcher torch seeds each worker "
                             "from the seeded generator"))
@@ -173,8 +178,24 @@ def _numerics(m: Manifest, default: ModeResult) -> list[Check]:
     return checks
 
 
+def _compared(recipe: ModeResult) -> Check:
+    """What the runs were compared on: a verdict that compared nothing is flagged."""
+    if recipe.basis == "nothing":
+        return Check(category="numerics", name="compared", status="fail",
+                     detail="nothing was compared: no output declared or written, no "
+                     "optimizer step seen, so 'the runs agree' would mean nothing",
+                     fix="manifest lab --artifact PATH (the weights file the script writes)")
+    if recipe.basis == "trail":
+        return Check(category="numerics", name="compared", status="warn",
+                     detail=f"the step trail only ({recipe.runs[0].trail_steps} steps): one "
+                     "bit-sum per parameter per step, not the weights' bytes",
+                     fix="manifest lab --artifact PATH to compare the weights tensor by tensor")
+    return Check(category="numerics", name="compared", status="pass",
+                 detail=f"{recipe.basis_text} ({recipe.tensors_compared} tensors)")
+
+
 def checklist(m: Manifest, *, threads: int, default: ModeResult,
               recipe: ModeResult) -> list[Check]:
     """Every check, category by category, for the recipe run ``m``."""
     return [*_code(m), *_data(m), *_env(m), *_random(m, recipe), *_hardware(m, threads),
-            *_numerics(m, default)]
+            *_numerics(m, default), _compared(recipe)]

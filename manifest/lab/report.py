@@ -60,8 +60,14 @@ class ModeResult(Model):
     runs: list[RunResult]
     wall: WallStats
     bit_identical: bool
+    """True only when something was compared and it all agreed (see ``outcome``)."""
+    outcome: Literal["bit-identical", "differs", "nothing-compared"] = "bit-identical"
+    """``nothing-compared``: no output declared or written, and no optimizer step seen."""
     basis: str
-    """What was compared: ``outputs`` (tensor by tensor) and/or ``trail`` (every step's state)."""
+    """What was compared, a key of ``manifest.verify.report.BASES``: ``tensors``,
+    ``trail``, ``tensors and trail`` or ``nothing``."""
+    basis_text: str = ""
+    """The basis in words, as every report prints it next to the verdict."""
     differing: list[TensorDiff] = Field(default_factory=list)
     tensors_compared: int = 0
     max_abs: float | None = None
@@ -181,8 +187,21 @@ class LabReport(Model):
 
     @property
     def exit_code(self) -> int:
-        """0: bit-identical under the recipe; 1: the recipe runs differ."""
-        return 0 if self.recipe.bit_identical else 1
+        """0: bit-identical under the recipe; 1: the recipe runs differ; 3: nothing compared."""
+        return LAB_OUTCOMES[self.recipe.outcome][0]
+
+
+LAB_OUTCOMES: dict[str, tuple[int, str]] = {
+    "bit-identical": (0, "the recipe runs agree on every declared output tensor and every "
+                      "step trail point; the report says whether tensors or only the trail "
+                      "were compared"),
+    "differs": (1, "the recipe runs differ: a tensor or a trail point (the first divergent "
+                "step and op are named)"),
+    "nothing-compared": (3, "the runs finished but compared nothing: no --artifact declared "
+                         "(or none written) and no optimizer step seen; the checklist flags it "
+                         "with the fix"),
+}
+"""The lab's outcome (of the recipe runs) → (exit status, meaning), read by the docs."""
 
 
 def lab_schema_text() -> str:

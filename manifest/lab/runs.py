@@ -67,6 +67,7 @@ from manifest.lab.report import (
 from manifest.models import Manifest
 from manifest.redact import redact_argv
 from manifest.rerun.plan import RerunOptions
+from manifest.verify.report import BASES
 
 if TYPE_CHECKING:
     from manifest.rerun.executor import Executor
@@ -198,7 +199,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
 
     first = runs["recipe"][0].manifest
     explained = None
-    if not recipe.bit_identical and recipe.first_divergent_step is not None:
+    if recipe.outcome == "differs" and recipe.first_divergent_step is not None:
         say(f"the recipe runs part at step {recipe.first_divergent_step}: explaining")
         explained = _explain(first, cwd, recipe.first_divergent_step, options.rerun)
     identity = Identity(
@@ -370,7 +371,11 @@ def _mode_result(mode: str, runs: list[_Run]) -> ModeResult:
                 break
     differing = sorted(worst.values(), key=lambda d: (d.artifact, d.name))
     has_outputs = bool(first.manifest.outputs and first.manifest.outputs.artifacts)
-    basis = " and ".join(b for b, ok in (("outputs", has_outputs), ("trail", bool(trail0))) if ok)
+    basis = {(True, True): "tensors and trail", (True, False): "tensors",
+             (False, True): "trail"}.get((has_outputs, bool(trail0)), "nothing")
+    outcome: Literal["bit-identical", "differs", "nothing-compared"] = (
+        "nothing-compared" if basis == "nothing" else
+        "bit-identical" if not differing and trail_same else "differs")
     values = [d.max_abs for d in differing if d.max_abs is not None]
     ulps = [d.max_ulp for d in differing if d.max_ulp is not None]
     walls = [r.wall_s for r in runs]
@@ -382,8 +387,10 @@ def _mode_result(mode: str, runs: list[_Run]) -> ModeResult:
                         final_loss=_final_loss(r.records)[0]) for r in runs],
         wall=WallStats(median_s=round(statistics.median(walls), 4), min_s=round(min(walls), 4),
                        max_s=round(max(walls), 4)),
-        bit_identical=not differing and trail_same,
-        basis=basis or "nothing (no output declared, no optimizer step seen)",
+        bit_identical=outcome == "bit-identical",
+        outcome=outcome,
+        basis=basis,
+        basis_text=BASES[basis],
         differing=differing,
         tensors_compared=compared,
         max_abs=max(values, default=0.0 if has_outputs else None),
