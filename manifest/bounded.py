@@ -42,7 +42,7 @@ from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
 
-from manifest.errors import ConfigError, DataError, ManifestError, UsageError
+from manifest.errors import ConfigError, DataError, ManifestError, NoVerdictError, UsageError
 
 MAX_BYTES_VARIABLE = "MANIFEST_MAX_BYTES"
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -81,6 +81,8 @@ class InputKind(Enum):
     ``.manifest/blobs/…`` as a FIFO or a device must not hang verify."""
     ARTIFACT = _Rule("output file", 1 << 50, DataError)
     """A recorded output hashed by ``attest`` (streamed: regular file only, no practical cap)."""
+    BUNDLE_INDEX = _Rule("bundle index", None, NoVerdictError)
+    """A cluster bundle's ``bundle.json``, read on arrival (:func:`read_regular_at`)."""
 
 
 def max_manifest_bytes() -> int:
@@ -230,4 +232,71 @@ def _read(path: str | Path, kind: InputKind, *, missing_ok: bool) -> bytes | Non
         raise rule.error(f"cannot read the {rule.what} {name}: {_reason(exc)}.") from exc
     if len(data) > cap:  # it grew while we read, or its size lied
         raise rule.error(f"{name} is over the {_cap_words(kind, cap)}; refusing to read it.")
+    return data
+
+
+def open_regular_at(dir_fd: int, name: str, kind: InputKind, *, shown: str | None = None,
+                    missing_ok: bool = False) -> tuple[int, os.stat_result] | None:
+    """An fd open on the regular file ``name`` of the directory ``dir_fd``, never through a
+    link: for a tree that arrived from elsewhere (a cluster bundle), where a link or a name
+    swapped between check and use must not lead outside it.
+
+    ``name`` is one component. It is ``lstat``-ed (a device is never opened), opened
+    ``O_NOFOLLOW | O_NONBLOCK`` relative to ``dir_fd`` and ``fstat``-ed: the descriptor must
+    be the regular file that was looked at (same device and inode). A symlink, FIFO, device,
+    socket or directory is refused with one sentence (the kind's error); None when absent
+    and ``missing_ok``. The caller reads from the descriptor, up to the kind's cap.
+    """
+    rule = kind.value
+    label = shown or name
+    if not name or "/" in name or name in (".", ".."):
+        raise rule.error(f"{label} is not a name inside its folder; refusing to read it.")
+    try:
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise rule.error(f"{label} is missing.") from None
+    except OSError as exc:
+        raise rule.error(f"cannot read {label}: {_reason(exc)}.") from exc
+    if stat.S_ISLNK(before.st_mode):
+        raise rule.error(f"{label} is a symbolic link, not a regular {rule.what}; "
+                         "refusing to follow it.")
+    if not stat.S_ISREG(before.st_mode):
+        raise _refuse_type(label, before.st_mode, kind, False)
+    flags = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:  # ELOOP: a link swapped in after the lstat
+        raise rule.error(f"{label} changed while it was checked ({_reason(exc)}); "
+                         "refusing to read it.") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (before.st_dev,
+                                                                       before.st_ino):
+            raise rule.error(f"{label} changed while it was checked; refusing to read it.")
+        cap = cap_of(kind)
+        if st.st_size > cap:
+            raise rule.error(f"{label} is {st.st_size} bytes, over the "
+                             f"{_cap_words(kind, cap)}; refusing to read it.")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular_at(dir_fd: int, name: str, kind: InputKind, *,
+                    shown: str | None = None) -> bytes:
+    """The bytes of the regular file ``name`` in ``dir_fd`` (:func:`open_regular_at`), at
+    most the kind's cap (a file that grows while read is refused, not truncated)."""
+    opened = open_regular_at(dir_fd, name, kind, shown=shown)
+    assert opened is not None
+    cap = cap_of(kind)
+    with os.fdopen(opened[0], "rb", closefd=True) as fh:
+        data = fh.read(cap + 1)
+    if len(data) > cap:
+        raise kind.value.error(f"{shown or name} is over the {_cap_words(kind, cap)}; "
+                               "refusing to read it.")
     return data

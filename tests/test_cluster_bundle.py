@@ -45,9 +45,9 @@ def _bundle(tmp_path: Path, **over: Any) -> tuple[Path, str]:
 
 
 def _remote(bundle: Path, out: Path, name: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "manifest.rerun.remote", str(bundle), str(out),
-                           "--expect", name], capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run([sys.executable, "-I", "-m", "manifest.rerun.remote", str(bundle),
+                           str(out), "--expect", name], capture_output=True, text=True,
+                          timeout=120, check=False)
 
 
 def test_unedited_bundle_runs_and_returns_tables(tmp_path: Path) -> None:

@@ -1,4 +1,10 @@
-"""The remote entrypoint: ``python -m manifest.rerun.remote BUNDLE OUTDIR --expect NAME``.
+"""The remote entrypoint: ``python -I -m manifest.rerun.remote BUNDLE OUTDIR --expect NAME``.
+
+Always started isolated (``-I``: no working directory or ``PYTHONPATH`` on
+``sys.path``), so the code that checks a bundle is the installed package,
+never a ``manifest/`` placed in the bundle that Ray uses as the working
+directory; started with the bundle on ``sys.path``, it refuses before reading
+the bundle (:func:`started_from`).
 
 Every cluster executor (``manifest.rerun.cluster``: Ray, SLURM, Kubernetes)
 runs this where the re-run runs, so arrival checks, the launcher and what
@@ -6,9 +12,10 @@ comes back are one piece of code:
 
 1. check the bundle (``manifest.rerun.cluster.bundle.check_bundle``): its index
    is the one named ``NAME`` on the command line, its patch is the recorded
-   one and its tree holds exactly the files indexed; otherwise refuse (exit 3)
-   and run nothing;
-2. copy the tree to ``OUTDIR/tree`` (the bundle stays as it arrived) and run
+   one and its tree holds exactly the files indexed, each opened once without
+   following a link and copied to ``OUTDIR/tree`` from the descriptor it was
+   hashed from; otherwise refuse (exit 3) and run nothing;
+2. run the copy (the bundle stays as it arrived)
    the command there under the launcher, with the recorded settings and the
    environment delta the verb set; confined by bubblewrap when it works on
    this host (the bundle's ``--no-sandbox``/``--network`` carry over; with
@@ -81,12 +88,17 @@ def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
     from manifest.rerun.executor import LocalExecutor
     from manifest.rerun.workspace import Workspace
 
-    index = check_bundle(bundle, expect)
+    why = started_from(bundle)
+    if why is not None:
+        raise NoVerdictError(f"the arrival check would run code from the bundle: {why}; "
+                             "start it as python -I -m manifest.rerun.remote.")
     outdir.mkdir(parents=True, exist_ok=True)
-    tree = outdir / "tree"
+    tree = outdir / TREE
     if tree.exists():
         shutil.rmtree(tree)
-    shutil.copytree(bundle / TREE, tree, symlinks=False)
+    # Checked and copied in one pass, from the descriptors the hashes were taken from.
+    index = check_bundle(bundle, expect, copy_to=tree)
+    tree.mkdir(exist_ok=True)
     writable = [outdir / "writable" / str(i) for i in range(int(index["writable"]))]
     for path in writable:
         path.mkdir(parents=True, exist_ok=True)
@@ -193,13 +205,34 @@ def main(argv: list[str] | None = None) -> int:
     return _main(args)
 
 
+def started_from(bundle: Path) -> str | None:
+    """Why this process may have imported code from the bundle (None: it cannot have).
+
+    ``python -m`` puts the working directory first on ``sys.path``; Ray Jobs runs the
+    entrypoint with the bundle as its working directory (``working_dir``), so a
+    ``manifest/`` package placed at the bundle's root would be the code that checks the
+    bundle. Every executor starts the entrypoint isolated (``python -I``: no working
+    directory, no ``PYTHONPATH``); started otherwise, with the bundle or a folder inside it
+    on ``sys.path``, it refuses before reading a byte of the bundle."""
+    root = os.path.realpath(bundle)
+    for entry in sys.path:
+        where = os.path.realpath(entry or ".")
+        if where == root or where.startswith(root.rstrip("/") + "/"):
+            return (f"sys.path holds {where}, in the bundle (started as python -m without "
+                    "-I, from the bundle's folder?)")
+    package = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))
+    if package == root or package.startswith(root.rstrip("/") + "/"):
+        return f"the manifest package was imported from {package}, in the bundle"
+    return None
+
+
 def _main(args: argparse.Namespace) -> int:
     from manifest.errors import EXIT_NO_VERDICT, ManifestError
 
     try:
         doc = run_bundle(args.bundle.resolve(), args.outdir.resolve(), args.expect)
     except ManifestError as exc:
-        sys.stderr.write(f"manifest remote: refused: {exc.message}\n")
+        sys.stderr.write(f"manifest: remote: refused: {exc.message}\n")
         refusal = {"format": RESULT_FORMAT, "bundle": args.expect, "refused": exc.message}
         try:
             args.outdir.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,44 +174,211 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
     return Bundle(dest, "blake3:" + blake3.blake3(data).hexdigest(), total, len(files))
 
 
-def check_bundle(path: Path, expect: str) -> dict[str, Any]:
+MAX_DEPTH = 256
+"""Folders deeper than this in an arriving tree are refused (no real tree comes close)."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _kind(mode: int) -> str:
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def _shown(rel: str) -> str:
+    from manifest.rerun.trust import escape_text
+
+    return escape_text(rel)
+
+
+class _Arrival:
+    """One pass over an arriving bundle: every file opened once, relative to the descriptor
+    of its folder and without following a link, hashed from that descriptor and (when
+    ``dest`` is given) copied from it, so what was checked is what is copied."""
+
+    def __init__(self, files: dict[str, str], dest: Path | None) -> None:
+        self.files = files
+        self.dirs = {rel.rsplit("/", 1)[0] for rel in files if "/" in rel}
+        for rel in list(self.dirs):
+            while "/" in rel:
+                rel = rel.rsplit("/", 1)[0]
+                self.dirs.add(rel)
+        self.dest = dest
+        self.seen: set[str] = set()
+
+    def _open_dir(self, parent: int, name: str, rel: str) -> int:
+        try:
+            before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if not stat.S_ISDIR(before.st_mode):
+                raise BundleRefused(f"{_shown(rel)} in the bundle is {_kind(before.st_mode)}, "
+                                    "not a folder: refusing the bundle.")
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError as exc:
+            raise BundleRefused(f"{_shown(rel)} of the bundle did not arrive.") from exc
+        except OSError as exc:
+            raise BundleRefused(f"cannot open {_shown(rel)} of the bundle without following "
+                                f"links ({exc.strerror}): refusing it.") from exc
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            os.close(fd)
+            raise BundleRefused(f"{_shown(rel)} of the bundle changed while it was checked: "
+                                "refusing it.")
+        return fd
+
+    def digest(self, dir_fd: int, name: str, rel: str, kind: Any,
+               copy_to: Path | None = None) -> str:
+        """blake3 of the regular file ``name`` in ``dir_fd``, read once from one descriptor
+        (and written to ``copy_to`` from the same reads)."""
+        from manifest.bounded import open_regular_at
+        from manifest.errors import ManifestError
+
+        try:
+            opened = open_regular_at(dir_fd, name, kind, shown=f"{_shown(rel)} in the bundle")
+        except BundleRefused:
+            raise
+        except ManifestError as exc:
+            raise BundleRefused(exc.message) from exc
+        assert opened is not None
+        fd, st = opened
+        out = -1
+        try:
+            if copy_to is not None:
+                out = os.open(copy_to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                              | getattr(os, "O_CLOEXEC", 0),
+                              0o755 if st.st_mode & 0o111 else 0o644)
+            h = blake3.blake3()
+            while chunk := os.read(fd, 1 << 20):
+                h.update(chunk)
+                view = memoryview(chunk)
+                while out >= 0 and view:
+                    view = view[os.write(out, view):]
+        finally:
+            os.close(fd)
+            if out >= 0:
+                os.close(out)
+        return "blake3:" + h.hexdigest()
+
+    def walk(self, dir_fd: int, prefix: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise BundleRefused(f"{_shown(prefix)} in the bundle is more than {MAX_DEPTH} "
+                                "folders deep: refusing it.")
+        for name in sorted(os.listdir(dir_fd)):
+            rel = f"{prefix}/{name}" if prefix else name
+            shown = _shown(f"{TREE}/{rel}")
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # gone since the listing: reported below as not arrived
+            if stat.S_ISDIR(st.st_mode):
+                if rel not in self.dirs:
+                    raise BundleRefused(f"{shown}/ arrived but is not part of the "
+                                        "recorded tree.")
+                if self.dest is not None:
+                    (self.dest / rel).mkdir()
+                sub = self._open_dir(dir_fd, name, f"{TREE}/{rel}")
+                try:
+                    self.walk(sub, rel, depth + 1)
+                finally:
+                    os.close(sub)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise BundleRefused(f"{shown} in the bundle is {_kind(st.st_mode)}, not "
+                                    "a regular file: refusing the bundle.")
+            want = self.files.get(rel)
+            if want is None:
+                raise BundleRefused(f"{shown} arrived but is not part of the recorded "
+                                    "tree.")
+            from manifest.bounded import InputKind
+
+            got = self.digest(dir_fd, name, f"{TREE}/{rel}", InputKind.ARTIFACT,
+                              None if self.dest is None else self.dest / rel)
+            if got != want:
+                raise BundleRefused(f"{shown} arrived as {got}, not the shipped {want}: "
+                                    "refusing to run edited code.")
+            self.seen.add(rel)
+
+
+def check_bundle(path: Path, expect: str, copy_to: Path | None = None) -> dict[str, Any]:
     """The index of the bundle at ``path``, after proving it is the one named ``expect``
-    and that its patch and every file are the ones indexed. Raises :class:`BundleRefused`."""
+    and that its patch and every file are the ones indexed. Raises :class:`BundleRefused`.
+
+    Every file is opened once, relative to its folder's descriptor and never through a
+    link (``O_NOFOLLOW``; :func:`manifest.bounded.open_regular_at`), and hashed from that
+    descriptor; with ``copy_to`` the tree is copied there from the same reads, so no file
+    can be swapped between the check and the copy (it lands in ``copy_to`` only once the
+    whole bundle passed). Links, FIFOs, devices, sockets and anything beside ``tree/``,
+    the index and the patch are refused; the index is read under the bounded reader's cap.
+    """
+    from manifest.bounded import InputKind, read_regular_at
+    from manifest.errors import ManifestError
+
     try:
-        data = (path / INDEX).read_bytes()
+        root = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise BundleRefused(f"no bundle index at {path}: {exc.strerror}.") from exc
-    name = "blake3:" + blake3.blake3(data).hexdigest()
-    if name != expect:
-        raise BundleRefused(f"the bundle's index is {name}, not the {expect} that was "
-                            "submitted: refusing to run it.")
-    index: dict[str, Any] = json.loads(data)
-    if index.get("format") != BUNDLE_FORMAT:
-        raise BundleRefused(f"unknown bundle format {index.get('format')!r}.")
-    recorded = index["code"]["diff_digest"]
-    patch_file = path / PATCH
-    if recorded is not None:
-        if not patch_file.is_file():
-            raise BundleRefused(f"the recorded patch {recorded} is missing from the bundle.")
-        arrived = file_digest(patch_file)
-        if arrived != recorded:
-            raise BundleRefused(f"the patch in the bundle is {arrived}, not the recorded "
-                                f"{recorded} (code.diff_digest): refusing to run edited code.")
-    elif patch_file.exists():
-        raise BundleRefused("the bundle carries a patch the recorded run did not have.")
-    files: dict[str, str] = index["files"]
-    seen: dict[str, str] = {}
-    for rel, full in _walk(path / TREE):
-        seen[rel] = file_digest(full)
-    for rel in sorted(set(files) | set(seen)):
-        if rel not in seen:
-            raise BundleRefused(f"{rel} of the recorded tree did not arrive.")
-        if rel not in files:
-            raise BundleRefused(f"{rel} arrived but is not part of the recorded tree.")
-        if seen[rel] != files[rel]:
-            raise BundleRefused(f"{rel} arrived as {seen[rel]}, not the shipped {files[rel]}: "
-                                "refusing to run edited code.")
-    return index
+        raise BundleRefused(f"no bundle at {path}: {exc.strerror}.") from exc
+    staging = None if copy_to is None else copy_to.with_name(copy_to.name + ".arriving")
+    try:
+        try:
+            data = read_regular_at(root, INDEX, InputKind.BUNDLE_INDEX,
+                                   shown=f"the bundle's index ({INDEX})")
+        except ManifestError as exc:
+            raise BundleRefused(exc.message) from exc
+        name = "blake3:" + blake3.blake3(data).hexdigest()
+        if name != expect:
+            raise BundleRefused(f"the bundle's index is {name}, not the {expect} that was "
+                                "submitted: refusing to run it.")
+        index: dict[str, Any] = json.loads(data)
+        if not isinstance(index, dict) or index.get("format") != BUNDLE_FORMAT:
+            raise BundleRefused("the bundle's index is not a manifest-bundle/v1 index.")
+        files = index.get("files")
+        code = index.get("code")
+        if (not isinstance(files, dict) or not isinstance(code, dict)
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
+            raise BundleRefused("the bundle's index is malformed (files, code).")
+        extra = sorted(set(os.listdir(root)) - {INDEX, PATCH, TREE})
+        if extra:
+            raise BundleRefused(f"the bundle holds {_shown(extra[0])} beside {TREE}/, "
+                                f"{INDEX} and {PATCH}: refusing it.")
+        arrival = _Arrival(files, staging)
+        recorded = code.get("diff_digest")
+        if recorded is not None:
+            try:
+                present = os.stat(PATCH, dir_fd=root, follow_symlinks=False)
+            except FileNotFoundError:
+                present = None
+            if present is None:
+                raise BundleRefused(f"the recorded patch {recorded} is missing from the "
+                                    "bundle.")
+            arrived = arrival.digest(root, PATCH, PATCH, InputKind.BLOB)
+            if arrived != recorded:
+                raise BundleRefused(f"the patch in the bundle is {arrived}, not the recorded "
+                                    f"{recorded} (code.diff_digest): refusing to run edited "
+                                    "code.")
+        elif PATCH in os.listdir(root):
+            raise BundleRefused("the bundle carries a patch the recorded run did not have.")
+        if staging is not None:
+            if staging.exists():
+                shutil.rmtree(staging)
+            staging.mkdir(parents=True)
+        if files or TREE in os.listdir(root):  # a bundle of no files has no tree/
+            tree = arrival._open_dir(root, TREE, TREE)
+            try:
+                arrival.walk(tree, "", 0)
+            finally:
+                os.close(tree)
+        missing = sorted(set(files) - arrival.seen)
+        if missing:
+            raise BundleRefused(f"{_shown(missing[0])} of the recorded tree did not arrive.")
+        if staging is not None and copy_to is not None:
+            staging.rename(copy_to)
+            staging = None
+        return index
+    except OSError as exc:  # a folder that vanished or cannot be listed mid-check
+        raise BundleRefused(f"cannot read the bundle: {exc.strerror or exc}.") from exc
+    finally:
+        os.close(root)
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def tree_files(tree: Path, inputs: Sequence[str] = ()) -> list[str]:

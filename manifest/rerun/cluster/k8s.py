@@ -17,7 +17,7 @@ so a field the API does not have fails here, not on the cluster:
   decided when the plan is made (:func:`with_recorded_image`): without one
   the verb stops with one sentence (exit 2) before anything is built;
   the bundle is read from a PersistentVolumeClaim (``claim``) mounted at
-  ``/bundle``; the pods run ``python -m manifest.rerun.cluster.k8s BUNDLE
+  ``/bundle``; the pods run ``python -I -m manifest.rerun.cluster.k8s BUNDLE
   --expect NAME`` (:func:`main`), which sets the rank variables and runs the
   remote entrypoint.
 
@@ -72,7 +72,7 @@ def render(*, name: str, bundle_name: str, image: str, namespace: str, nodes: in
                                            read_only=True))
     container = client.V1Container(
         name="rerun", image=image,
-        command=[python, "-m", "manifest.rerun.cluster.k8s",
+        command=[python, "-I", "-m", "manifest.rerun.cluster.k8s",
                  f"{BUNDLE_MOUNT}/{bundle_name.removeprefix('blake3:')}",
                  "--expect", bundle_name, "--service", name, "--nodes", str(nodes)],
         resources=client.V1ResourceRequirements(requests=resources, limits=resources),

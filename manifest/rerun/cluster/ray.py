@@ -106,7 +106,8 @@ class RayExecutor(ClusterExecutor):
                                  f"{redact_text(str(exc))}") from exc
         job_id = f"manifest-{bundle.name.removeprefix('blake3:')[:12]}-{uuid.uuid4().hex[:8]}"
         entrypoint = " ".join(shlex.quote(a) for a in (
-            self.options.python, "-m", "manifest.rerun.remote", ".", "--expect", bundle.name,
+            self.options.python, "-I", "-m", "manifest.rerun.remote", ".", "--expect",
+            bundle.name,
             "--emit"))
         topology = plan.topology or {}
         import logging
