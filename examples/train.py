@@ -6,6 +6,11 @@ capture`` the launcher seeds every generator before this code runs, and
 (gloo on CPU): each rank trains on its shard and gradients are averaged.
 
     manifest capture --seed 0 --artifact 'out/*.safetensors' -- python examples/train.py
+
+A long run saves a checkpoint every N steps (``--save-every N``: model,
+optimizer, the torch generator and the step, in ``out/ckpt/step-<k>.pt``) and
+resumes from one (``--resume PATH``), bit for bit: ``[tool.manifest] resume =
+"--resume {checkpoint}"`` lets ``manifest verify --segments`` replay stretches.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", default="out")
     parser.add_argument("--trail", type=int, default=0, help="record a step trail every N steps")
+    parser.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps")
+    parser.add_argument("--resume", default=None, help="a checkpoint to continue from")
     args = parser.parse_args()
 
     distributed = "RANK" in os.environ
@@ -60,9 +67,19 @@ def main() -> None:
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start = 0
+    if args.resume:
+        # Everything the next step depends on: weights, momentum, the generator that draws
+        # the batches and dropout masks, the step. The data above was drawn before, from
+        # the seed, exactly as in the uninterrupted run.
+        state = torch.load(args.resume, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        start = int(state["step"])
     if args.trail:
         manifest.trail(model, every=args.trail)
-    for _ in range(args.steps):
+    for step in range(start, args.steps):
         idx = torch.randint(0, images.shape[0], (32,))
         idx = idx[rank::world]
         loss = F.cross_entropy(model(images[idx]), labels[idx])
@@ -75,6 +92,12 @@ def main() -> None:
                 p.grad /= world
         opt.step()
         manifest.log(loss=loss.item())  # read by `manifest lab` (loss gap); no-op unlaunched
+        if args.save_every and (step + 1) % args.save_every == 0 and rank == 0:
+            ckpt = Path(args.out) / "ckpt"
+            ckpt.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "rng": torch.get_rng_state(), "step": step + 1},
+                       ckpt / f"step-{step + 1}.pt")
     if rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

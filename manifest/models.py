@@ -452,6 +452,19 @@ class Segment(Model):
         "reductions differ from the attempt before")
 
 
+class Checkpoint(Model):
+    """A checkpoint the run wrote during training (``manifest.capture.checkpoints``)."""
+
+    step: Count
+    """The process's optimizer-step count when the save returned."""
+    path: str
+    """Relative to the command's cwd, as artifacts are."""
+    artifact: Artifact | None
+    """Digest and tensor table; None when ``lost`` says why it is not there."""
+    lost: str | None
+    """Why it could not be recorded: saved again at a later step, gone, outside the tree."""
+
+
 class Outputs(Model):
     status: Literal["ok", "failed", "not-run"]
     exit_code: int | None
@@ -463,6 +476,9 @@ class Outputs(Model):
         "multiprocessing): they draw from generators whose states are not recorded")
     segments: list[Segment] | None = later(
         "an elastic run that restarted: its attempts in order, the last one's ranks above")
+    checkpoints: list[Checkpoint] | None = later(
+        "checkpoints the run saved during training, each with its step (verify --segments "
+        "resumes from them)")
 
 
 # ----------------------------------------------------------------- observed

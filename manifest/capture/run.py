@@ -261,6 +261,11 @@ def build_run_manifest(
     }
     if result.workers:
         doc["outputs"]["workers"] = result.workers
+    from manifest.capture.checkpoints import record_checkpoints
+
+    checkpoints = record_checkpoints(result.records, cwd, Path(root))
+    if checkpoints:  # left out when none, so a run that saved none keeps its bytes
+        doc["outputs"]["checkpoints"] = [c.model_dump(mode="json") for c in checkpoints]
     _add_topology(doc, result, cwd, error)
     pids = [int(r["pid"]) for r in result.records if r.get("pid")]
     doc["observed"] = observed_for(snap, pids=pids)

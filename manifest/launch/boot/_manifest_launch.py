@@ -59,6 +59,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
+    from manifest.launch.boot import _manifest_checkpoints as checkpoints
     from manifest.launch.boot import _manifest_observe as observe
     from manifest.launch.boot import _manifest_rng as rng
     from manifest.launch.boot import _manifest_switches as switches
@@ -67,6 +68,7 @@ if TYPE_CHECKING:  # mypy checks the calls between these modules through the pac
     from manifest.launch.boot._manifest_state import state as _state
 else:
     try:  # under the launcher this directory is on sys.path; as a package module otherwise
+        import _manifest_checkpoints as checkpoints
         import _manifest_observe as observe
         import _manifest_rng as rng
         import _manifest_switches as switches
@@ -74,6 +76,7 @@ else:
         import _manifest_trail as trail
         from _manifest_state import state as _state
     except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
+        from manifest.launch.boot import _manifest_checkpoints as checkpoints
         from manifest.launch.boot import _manifest_observe as observe
         from manifest.launch.boot import _manifest_rng as rng
         from manifest.launch.boot import _manifest_switches as switches
@@ -219,6 +222,8 @@ def _on_torch(module: ModuleType) -> None:
             switches.apply_flags(module, lazy_inductor=True)
         rng.seed_all(process_seed(config))
     record["at_start"] = rng.rng_fingerprints()
+    # Checkpoints the run saves, and a resumed segment's step offset and stop.
+    checkpoints.on_torch(module, _write_record)
     if config.get("trail", "sampled") or os.environ.get("MANIFEST_OPS"):
         _install_step_hook(module)
     if os.environ.get("MANIFEST_AUDIT"):  # manifest lab's op audit (_manifest_audit)
@@ -329,6 +334,7 @@ def install() -> None:
     hooks: dict[str, Callable[[ModuleType], None]] = {"torch": _on_torch, "numpy": _on_numpy,
              "torch._inductor.config": switches.on_inductor_config}
     hooks.update(dict.fromkeys(observe.SEED_MODULES, observe.on_seed_module))
+    hooks.update(checkpoints.IMPORT_HOOKS)
     sys.meta_path.insert(0, _AfterImport(hooks))
     for name, callback in (("numpy", _on_numpy), ("torch", _on_torch)):
         if name in sys.modules:  # imported by an earlier sitecustomize

@@ -1,0 +1,117 @@
+"""The checkpoints a run saved, as the manifest records them (``outputs.checkpoints``).
+
+The launcher notes each save with its step and the file's stat signature
+(``launch/boot/_manifest_checkpoints``); this module turns the notes of every
+process into entries, after the run:
+
+* one entry per (path, step): ranks that saved the same DCP directory at the
+  same step are one checkpoint;
+* a safetensors shard named by a ``*.safetensors.index.json`` beside it
+  stands for the index: the sharded checkpoint is one entry, read whole;
+* only the last save of a path can still be on disk: earlier ones are named
+  ``saved again at step N`` and the last one is digested only if its stat
+  signature is the one the launcher saw (a file rewritten by something other
+  than a recorded save is named, not trusted);
+* a checkpoint outside the repository is named: no re-run could find it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from manifest.models import Checkpoint
+
+
+def _signature(path: Path, kind: str) -> list[int] | None:
+    try:
+        st = os.stat(path / ".metadata" if kind == "dcp" else path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _index_for(shard: Path) -> Path | None:
+    from manifest.weights.bounds import WeightFileError
+    from manifest.weights.sharded import INDEX_SUFFIX, weight_map
+
+    try:
+        candidates = sorted(shard.parent.glob("*" + INDEX_SUFFIX))
+    except OSError:
+        return None
+    for index in candidates:
+        try:
+            if shard.name in set(weight_map(index).values()):
+                return index
+        except (OSError, WeightFileError):
+            continue
+    return None
+
+
+def _notes(records: list[dict[str, Any]]) -> list[tuple[int, str, str, list[int] | None]]:
+    """(step, absolute path, kind, signature) of every recorded save, in save order."""
+    out = []
+    for record in records:
+        for note in record.get("checkpoints") or []:
+            try:
+                step, path, kind = int(note["step"]), str(note["path"]), str(note["kind"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            sig = note.get("sig")
+            out.append((step, path, kind, sig if isinstance(sig, list) else None))
+    return out
+
+
+def record_checkpoints(records: list[dict[str, Any]], cwd: Path,
+                       root: Path) -> list[Checkpoint]:
+    """``outputs.checkpoints`` from the processes' records (sorted by step, then path)."""
+    from manifest.errors import MalformedArtifactError
+    from manifest.weights.tables import digest_artifact
+
+    saves: dict[tuple[str, int], tuple[str, list[int] | None]] = {}
+    for step, raw, kind, sig in _notes(records):
+        path = Path(raw)
+        if kind == "safetensors":
+            index = _index_for(path)
+            if index is not None:
+                path, kind, sig = index, "safetensors-index", None
+        saves.setdefault((str(path), step), (kind, sig))
+    last: dict[str, int] = {}
+    for path_text, step in saves:
+        last[path_text] = max(step, last.get(path_text, step))
+    out = []
+    root = root.resolve()
+    order = sorted(saves.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    for (path_text, step), (kind, sig) in order:
+        path = Path(path_text)
+        try:
+            display = os.path.relpath(path, cwd)
+            inside = path.resolve().is_relative_to(root)
+        except ValueError:
+            display, inside = path_text, False
+        if not inside:
+            out.append(Checkpoint(step=step, path=path_text, artifact=None,
+                                  lost="outside the repository: a re-run cannot reach it"))
+            continue
+        if last[path_text] != step:
+            out.append(Checkpoint(step=step, path=display, artifact=None,
+                                  lost=f"saved again at step {last[path_text]} (one file per "
+                                  "checkpoint keeps each)"))
+            continue
+        if not path.exists():
+            out.append(Checkpoint(step=step, path=display, artifact=None,
+                                  lost="gone by the end of the run"))
+            continue
+        if sig is not None and _signature(path, kind) != sig:
+            out.append(Checkpoint(step=step, path=display, artifact=None,
+                                  lost="changed after the save at this step"))
+            continue
+        try:
+            artifact = digest_artifact(path, display)
+        except (MalformedArtifactError, OSError) as exc:
+            out.append(Checkpoint(step=step, path=display, artifact=None,
+                                  lost=f"unreadable: {exc}"[:300]))
+            continue
+        out.append(Checkpoint(step=step, path=display, artifact=artifact, lost=None))
+    return out

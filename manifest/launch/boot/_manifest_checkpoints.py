@@ -1,0 +1,145 @@
+"""Checkpoints as the run writes them, and the launcher's side of a resumed segment.
+
+Recording: ``torch.save``, ``safetensors.torch.save_file``/``save_model`` and
+``torch.distributed.checkpoint.save`` are wrapped the moment their module is
+imported (before the script can bind them by name), and each save to a path
+appends ``{"path", "step", "kind", "sig"}`` to the process record's
+``checkpoints``: ``step`` is the launcher's optimizer-step count when the save
+returned, ``sig`` the (size, mtime_ns, inode) of the file (of ``.metadata`` for a
+DCP directory, written last). Capture digests each checkpoint after the run
+and keeps its table only when ``sig`` still matches (``manifest.capture.checkpoints``):
+a path saved again later (``ckpt.pt`` every 50 steps) is named as overwritten,
+never recorded with the wrong step. Saves to a file object (DCP writing one
+item into a ``.distcp`` stream, Lightning's in-memory buffer) and saves nested
+inside a recorded one are not checkpoints of their own. Nothing is hashed in
+the training process: a stat per save is the whole cost.
+
+A resumed segment (``verify --segments``): the launch config's ``step_offset``
+starts the step count at the checkpoint's step, so the resumed run's trail
+points carry the recorded run's step numbers; ``stop_after`` ends the process
+when the next ``optimizer.step()`` would go past that step (a pre-step hook),
+after the script had its chance to save the checkpoint of the step before.
+
+Standard library only, like every module of this directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
+    from manifest.launch.boot._manifest_state import state as _state
+else:
+    try:  # under the launcher this directory is on sys.path; as a package module otherwise
+        from _manifest_state import state as _state
+    except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
+        from manifest.launch.boot._manifest_state import state as _state
+
+_saving = [0]  # depth of recorded saves in progress (a save inside a save is not another)
+
+
+def _signature(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _note(path: Any, kind: str) -> None:
+    record = _state["record"]
+    if record is None or not isinstance(path, (str, os.PathLike)):
+        return
+    full = os.path.abspath(os.fspath(path))
+    sig = _signature(os.path.join(full, ".metadata") if kind == "dcp" else full)
+    if sig is None:
+        return
+    record.setdefault("checkpoints", []).append(
+        {"path": full, "step": int(_state["steps"]), "kind": kind, "sig": sig})
+
+
+def _wrap(original: Callable[..., Any], kind: str,
+          target: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> Callable[..., Any]:
+    if getattr(original, "_manifest_checkpoint", False):
+        return original
+
+    @functools.wraps(original)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        _saving[0] += 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _saving[0] -= 1
+        if _saving[0] == 0:
+            try:
+                _note(target(args, kwargs), kind)
+            except Exception as exc:  # recorded, never breaks the user's save
+                record = _state["record"]
+                if record is not None:
+                    record["errors"].append(f"checkpoint record failed: {exc}")
+        return result
+
+    save._manifest_checkpoint = True  # type: ignore[attr-defined]
+    return save
+
+
+def _arg(index: int, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    return lambda args, kwargs: kwargs.get(name, args[index] if len(args) > index else None)
+
+
+def _dcp_target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    found = kwargs.get("checkpoint_id")
+    if found is None and kwargs.get("storage_writer") is not None:
+        found = getattr(kwargs["storage_writer"], "path", None)
+    return found
+
+
+def on_torch(torch: Any, write_record: Callable[[], None]) -> None:
+    """Wrap ``torch.save``; start the step count at ``step_offset``; stop at ``stop_after``."""
+    torch.save = _wrap(torch.save, "torch", _arg(1, "f"))
+    config = _state["config"] or {}
+    offset = config.get("step_offset")
+    if isinstance(offset, int) and offset > 0 and _state["steps"] == 0:
+        _state["steps"] = offset
+    stop = config.get("stop_after")
+    if isinstance(stop, int):
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if _state["steps"] >= stop:
+                # The segment is done: leave as explain does at its step, record written.
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                record = _state["record"]
+                if record is not None:
+                    record["stopped_at"] = stop
+                write_record()
+                os._exit(0)
+
+        register_optimizer_step_pre_hook(before_step)
+
+
+def on_safetensors(module: Any) -> None:
+    for name in ("save_file", "save_model"):
+        if hasattr(module, name):
+            setattr(module, name, _wrap(getattr(module, name), "safetensors", _arg(1, "filename")))
+
+
+def on_dcp(module: Any) -> None:
+    saver = getattr(module, "state_dict_saver", None)
+    for owner in (module, saver):
+        if owner is not None and hasattr(owner, "save"):
+            owner.save = _wrap(owner.save, "dcp", _dcp_target)
+
+
+IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
+    "safetensors.torch": on_safetensors,
+    "torch.distributed.checkpoint": on_dcp,
+}
+"""Modules whose save functions are wrapped the moment they are imported."""
