@@ -28,12 +28,21 @@ def register_merge(sub: argparse._SubParsersAction[Parser]) -> None:
 def cmd_merge(args: argparse.Namespace) -> int:
     from manifest.canonical import dumps, load_manifest
     from manifest.cli.files import read_manifest_file, write_output
+    from manifest.nodes.intake import NodeIntake
     from manifest.nodes.merge import merge_nodes
     from manifest.rerun.trust import record_sealed, was_sealed_here
 
+    # Each record is checked as it is read (manifest.nodes.intake): a duplicate or a
+    # topology that cannot be is named at once, not after every record is loaded.
+    intake = NodeIntake(len(args.records))
     records = []
     for name in args.records:
-        records.append((name, load_manifest(read_manifest_file(name))))
+        data = read_manifest_file(name)
+        intake.add_bytes(name, data)
+        record = load_manifest(data)
+        intake.add(name, record)
+        records.append((name, record))
+    intake.finish()
     def note(text: str) -> None:
         sys.stderr.write(f"manifest: {text}\n")
 

@@ -10,8 +10,10 @@ Each node of a multi-node run captures its own processes (a node record:
   recipe (switches, thread count, hash seed, NCCL settings), torch/CUDA build,
   command (set aside the node rank) and layout (launcher, nodes, world size,
   backend); and the same rendezvous when both recorded one. The first
-  disagreement is refused (exit 2) naming the node and the field. Ranks must
-  cover the world exactly once.
+  disagreement is refused (exit 2) naming the node and the field.
+* **The topology as a whole, before anything is sized by it**
+  (``manifest.nodes.intake``): each node once, its index in range, its ranks
+  on it; nodes and ranks cover the world exactly once, as many as were given.
 * **Heterogeneous hardware is kept.** ``hardware`` holds node 0's facts and
   ``hardware.nodes`` every node's; the diff labels each difference.
 * **Outputs where they were written.** Each artifact carries its node; the
@@ -31,29 +33,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from manifest.canonical import seal, to_document
-from manifest.errors import InvalidManifestError
 from manifest.models import Manifest, Topology
+from manifest.nodes.intake import MergeRefused as MergeRefused  # re-exported
+from manifest.nodes.intake import NodeIntake
 from manifest.nodes.torchrun import without_node_rank
 
 BUILD_FIELDS = ("python", "implementation", "torch", "torch_cuda", "torch_hip", "torch_git",
                 "numpy", "cuda_runtime", "cudnn", "nccl", "blas")
 """What a node's torch/CUDA build is: nodes that differ here are not one run."""
-
-
-class MergeRefused(InvalidManifestError):
-    """Node records that cannot be one run (exit 2)."""
-
-
-def _topology(label: str, m: Manifest) -> Topology:
-    topology = m.command.topology if m.command is not None else None
-    if topology is None or topology.node is None:
-        what = ("a complete run (its ranks cover the world)" if topology is not None
-                else "not a record of a distributed run")
-        raise MergeRefused(
-            f"{label} is {what}, not a node record.",
-            hint="Capture each node with manifest capture -- torchrun --nnodes=N "
-                 "--node-rank=i … (or under srun, an Indexed Job or mpirun) and merge those.")
-    return topology
 
 
 def _checks(m: Manifest) -> list[tuple[str, Any]]:
@@ -113,27 +100,6 @@ def _refuse_disagreement(parts: list[tuple[str, Manifest, Topology]]) -> None:
             raise MergeRefused(
                 f"{who} comes from another run (observed.rendezvous {m.observed.rendezvous} "
                 f"vs {rdzv}): refusing to merge.")
-
-
-def _refuse_coverage(parts: list[tuple[str, Manifest, Topology]]) -> None:
-    world = parts[0][2].world_size
-    owner: dict[int, str] = {}
-    for label, _, t in parts:
-        for place in t.ranks:
-            if place.rank in owner:
-                raise MergeRefused(
-                    f"rank {place.rank} is in two node records ({owner[place.rank]} and "
-                    f"{label}, node {t.node}): pass each node's record once.")
-            if place.rank >= world:
-                raise MergeRefused(f"node {t.node} ({label}) has rank {place.rank}, outside "
-                                   f"world size {world}.")
-            owner[place.rank] = label
-    missing = sorted(set(range(world)) - set(owner))
-    if missing:
-        shown = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
-        raise MergeRefused(
-            f"ranks {shown} of world size {world} are in none of the node records: merge needs "
-            "the record of every node.")
 
 
 def _matches(path: str, pattern: str) -> bool:
@@ -210,11 +176,13 @@ def merge_nodes(records: Sequence[tuple[str, Manifest]],
     """
     if not records:
         raise MergeRefused("merge needs at least one node record.")
-    parts = sorted(((label, m, _topology(label, m)) for label, m in records),
-                   key=lambda p: (min(r.rank for r in p[2].ranks) if p[2].ranks else 0,
-                                  p[2].node or 0))
+    # The topology as a whole first (manifest.nodes.intake): nothing below is sized by a
+    # claim that the records given do not bear out.
+    intake = NodeIntake(len(records))
+    checked = [(label, m, intake.add(label, m)) for label, m in records]
+    intake.finish()
+    parts = sorted(checked, key=lambda p: (min(r.rank for r in p[2].ranks), p[2].node or 0))
     _refuse_disagreement(parts)
-    _refuse_coverage(parts)
     _, first, t0 = parts[0]
     assert first.command is not None and first.outputs is not None
     doc = to_document(first)
