@@ -78,6 +78,15 @@ def register_capture(sub: argparse._SubParsersAction[Parser]) -> None:
     remote.add_argument("--deep", action="store_true",
                         help="s3://, gs://, hf:// data: read every object and record the BLAKE3 "
                         "root a local copy of it gives")
+    nodes = cap.add_argument_group(
+        "multi-node", "run the same capture on every node; the records meet in a shared "
+        "directory and the last node merges them (manifest.nodes.gather)")
+    nodes.add_argument("--nodes", metavar="DIR", dest="nodes_dir",
+                       help="write this node's record into DIR (shared by every node); the "
+                       "node that completes the set writes DIR/run.json, the merged run")
+    nodes.add_argument("--nodes-timeout", type=positive_int, metavar="SECONDS", default=None,
+                       help="how long a node waits for the others' records before naming the "
+                       "missing ones (default 600)")
     add_verbosity_options(cap)
     cap.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
     cap.set_defaults(func=_cmd_capture)
@@ -97,6 +106,13 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     command = list(args.command or [])
     if command and command[0] == "--":
         command = command[1:]
+    if args.nodes_dir is not None:
+        from manifest.nodes.gather import check_directory
+
+        if not command:
+            raise UsageError("--nodes needs the command each node runs: manifest capture "
+                             "--nodes DIR -- torchrun ….")
+        check_directory(Path(args.nodes_dir))
     if args.old_outputs:
         _note("--output GLOB is deprecated (it was easy to mistake for the manifest file); "
               "use --artifact GLOB.")
@@ -123,6 +139,15 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     write_output(dumps(manifest), args.output)
     if args.pack:
         write_pack(dumps(manifest), args.pack, cwd)
+    if args.nodes_dir is not None:  # a failed node too: merge names its failure
+        from manifest.nodes.gather import DEFAULT_TIMEOUT_S, gather
+
+        done = gather(manifest, Path(args.nodes_dir),
+                      timeout_s=float(args.nodes_timeout or DEFAULT_TIMEOUT_S),
+                      note=lambda text: _note(text))
+        if not args.quiet:
+            how = "merged every node's record into" if done.merged_here else "merged run in"
+            sys.stderr.write(f"manifest: {how} {done.merged} (run_id {done.run_id})\n")
     if not args.quiet:
         from manifest.cli.render import capture_notes
         from manifest.cli.text import printable

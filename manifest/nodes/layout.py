@@ -21,6 +21,14 @@ per node on ``127.0.0.1`` (a free port chosen when the plan is made, shown in
 it): ``--nnodes``/``--nproc-per-node`` from the layout, ``--node-rank=i``,
 c10d rendezvous at the local endpoint, a join timeout so a node that fails
 to start does not hold the others for torchrun's default 15 minutes.
+
+:func:`cluster_launch` is the same command for a cluster (``--on ray|slurm``):
+one command for every node, without a node rank or an endpoint, because
+those are only known where the job runs. Each node's launch gets them as
+torchrun's own environment variables (:func:`node_env`: ``PET_NODE_RANK``,
+``PET_RDZV_ENDPOINT``; torchrun reads ``PET_<OPTION>`` for any option not
+on its command line), so the bundle, which names the command, is one for
+every node.
 """
 
 from __future__ import annotations
@@ -122,14 +130,35 @@ def local_launches(argv: list[str], layout: Layout, port: int) -> list[list[str]
         raise UsageError("the recorded command does not start torchrun, so its nodes cannot "
                          "be re-run on this machine.",
                          hint="Re-run it where it ran (--on slurm|k8s|ray).")
+    values = {**_launch_options(argv, layout), "rdzv_endpoint": f"127.0.0.1:{port}"}
+    return [with_options(argv, {**values, "node_rank": str(i)}) for i in range(layout.nodes)]
+
+
+def _launch_options(argv: list[str], layout: Layout) -> dict[str, str | None]:
     conf = option(argv, "rdzv_conf")
     timeout = "join_timeout=120"
-    values: dict[str, str | None] = {
+    return {
         "nnodes": str(layout.nodes), "nproc_per_node": str(layout.per_node),
-        "rdzv_backend": "c10d", "rdzv_endpoint": f"127.0.0.1:{port}",
+        "rdzv_backend": "c10d",
         "rdzv_id": option(argv, "rdzv_id") or "manifest-verify",
         "rdzv_conf": conf if conf and "join_timeout" in conf else (
             f"{conf},{timeout}" if conf else timeout),
         "master_addr": None, "master_port": None, "standalone": None,
     }
-    return [with_options(argv, {**values, "node_rank": str(i)}) for i in range(layout.nodes)]
+
+
+def cluster_launch(argv: list[str], layout: Layout) -> list[str]:
+    """The torchrun command every node of a cluster re-run runs: ``layout``'s node and
+    process counts, c10d rendezvous, no node rank and no endpoint (:func:`node_env` gives
+    them to each node where it runs)."""
+    if find_torchrun(argv) is None:
+        raise UsageError("the recorded command does not start torchrun, so its nodes cannot "
+                         "be placed one torchrun per node.")
+    values = {**_launch_options(argv, layout), "rdzv_endpoint": None, "node_rank": None}
+    return with_options(argv, values)
+
+
+def node_env(node: int, host: str, port: int) -> dict[str, str]:
+    """What one node's launch of :func:`cluster_launch` needs: its node rank and node 0's
+    endpoint, as torchrun's own variables."""
+    return {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}"}

@@ -36,7 +36,7 @@ from manifest.canonical import seal, to_document
 from manifest.models import Manifest, Topology
 from manifest.nodes.intake import MergeRefused as MergeRefused  # re-exported
 from manifest.nodes.intake import NodeIntake
-from manifest.nodes.torchrun import without_node_rank
+from manifest.nodes.torchrun import as_every_node_runs, without_node_rank
 
 BUILD_FIELDS = ("python", "implementation", "torch", "torch_cuda", "torch_hip", "torch_git",
                 "numpy", "cuda_runtime", "cudnn", "nccl", "blas")
@@ -225,8 +225,10 @@ def merge_nodes(records: Sequence[tuple[str, Manifest]],
     })
     doc["command"]["topology"] = topology
     # The command every node ran: node records differ only in --node-rank, and c10d
-    # rendezvous hands out node ranks in arrival order whatever --node-rank says.
-    doc["command"]["argv"] = without_node_rank(first.command.argv)
+    # rendezvous hands out node ranks in arrival order whatever --node-rank says. The
+    # endpoint (host, port, run id) is the launch's, not the run's: set aside too (the
+    # records above agreed on it, and observed.rendezvous keeps the run id).
+    doc["command"]["argv"] = as_every_node_runs(first.command.argv)
 
     outputs = doc["outputs"]
     failed = [(t.node, m.outputs) for _, m, t in parts

@@ -39,3 +39,30 @@ def node_runs(plan: RerunPlan, recorded: Manifest, layout_text: str | None) -> R
     launches = local_launches(list(plan.argv), layout, free_port())
     return replace(plan, nodes=tuple(NodeRun(i, tuple(a)) for i, a in enumerate(launches)),
                    layout=str(layout))
+
+
+def cluster_node_runs(plan: RerunPlan, recorded: Manifest, layout_text: str | None
+                      ) -> RerunPlan:
+    """A cluster plan (``--on ray|slurm|k8s``) of a multi-node run, or of ``--layout NxP``:
+    one torchrun command for every node (``manifest.nodes.layout.cluster_launch``: no node
+    rank, no endpoint; each node gets them where it runs), and the node count the
+    executor places. A run of one node, on its own layout, keeps its plan."""
+    from manifest.nodes.layout import cluster_launch, layout_of, parse_layout
+
+    topology = recorded.command.topology if recorded.command is not None else None
+    if layout_text is None and (topology is None or topology.nodes <= 1):
+        return plan
+    if topology is None:
+        raise UsageError("--layout: the recorded run is not a distributed run (no "
+                         "command.topology), so it has no layout to change.")
+    if topology.node is not None:
+        raise UsageError(
+            f"this is the node record of node {topology.node} of {topology.nodes}, not the "
+            "whole run: a re-run needs every node.",
+            hint="Merge the node records first: manifest merge NODE.json… > run.json, or "
+                 "capture with --nodes DIR.")
+    layout = parse_layout(layout_text) if layout_text is not None else layout_of(topology)
+    placed = {**(plan.topology or {}), "nodes": layout.nodes, "per_node": layout.per_node}
+    # The nodes meet over TCP: where the host confines the run, it keeps the network.
+    return replace(plan, argv=tuple(cluster_launch(list(plan.argv), layout)),
+                   layout=str(layout), topology=placed, network=plan.network or layout.nodes > 1)

@@ -98,6 +98,12 @@ def topology_from_records(records: list[dict[str, Any]]) -> Topology | None:
     kinds = [k for k in (launcher_of(e) for e in envs) if k is not None]
     if not kinds:
         return None
+    if "torchrun" in kinds and set(kinds) != {"torchrun"}:
+        # torchrun started inside srun, an Indexed Job or mpirun (one torchrun per node, as a
+        # cluster re-run places it): its agent carries the outer launcher's variables, but
+        # the ranks are torchrun's workers.
+        kept = [i for i, e in enumerate(envs) if launcher_of(e) == "torchrun"]
+        records, envs, kinds = [records[i] for i in kept], [envs[i] for i in kept], ["torchrun"]
     places: list[RankPlace] = []
     for record, env in zip(records, envs, strict=True):
         rank = _first_int(env, GLOBAL_RANK)

@@ -114,3 +114,17 @@ def without_node_rank(argv: list[str]) -> list[str]:
     if find_torchrun(argv) is None:
         return list(argv)
     return with_options(argv, {"node_rank": None})
+
+
+RENDEZVOUS = ("rdzv_endpoint", "rdzv_id", "master_addr", "master_port")
+"""Where and under which id a launch met (host, port, run id): chosen per launch by
+whoever starts it, so another head node or port is the same run."""
+
+
+def as_every_node_runs(argv: list[str]) -> list[str]:
+    """The command of a merged multi-node run: the node rank and the rendezvous endpoint
+    (host, port, run id) set aside, so two launches of the same run from different heads
+    name the same run. A re-run picks its own endpoint (``manifest.nodes.layout``)."""
+    if find_torchrun(argv) is None:
+        return list(argv)
+    return with_options(argv, {"node_rank": None, **dict.fromkeys(RENDEZVOUS)})

@@ -169,6 +169,10 @@ class RerunPlan:
         out.extend(f"writes: {escape_text(glob)}" for glob in self.outputs)
         if self.nodes:
             out.append(f"layout: {self.layout} on this machine, every node at once")
+        elif self.layout and self.cluster is not None:
+            out.append(f"layout: {self.layout}, one torchrun per node placed by "
+                       f"{self.cluster.on}; each node gets its node rank and node 0's "
+                       "endpoint where it runs")
         out.extend(f"node {n.node}: {' '.join(quote_arg(a) for a in n.argv)}"
                    for n in self.nodes)
         out.extend(f"runs: {escape_text(run)}" for run in self.runs)
@@ -190,7 +194,7 @@ class RerunPlan:
                if self.cluster is not None else {}),
             **({"layout": self.layout,
                 "nodes": [{"node": n.node, "argv": list(n.argv)} for n in self.nodes]}
-               if self.nodes else {}),
+               if self.nodes else {"layout": self.layout} if self.layout else {}),
         }
 
     def require(self) -> None:
@@ -302,8 +306,12 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
         from manifest.rerun.cluster.k8s import with_recorded_image
 
         cluster = with_recorded_image(cluster, recorded.env.container.image_digest)
-    return replace(plan, cluster=cluster, commit=recorded.code.commit,
-                   diff_digest=recorded.code.diff_digest, topology=recorded_topology(recorded))
+    from manifest.nodes.plan import cluster_node_runs
+
+    return cluster_node_runs(
+        replace(plan, cluster=cluster, commit=recorded.code.commit,
+                diff_digest=recorded.code.diff_digest, topology=recorded_topology(recorded)),
+        recorded, options.layout)
 
 
 def recorded_topology(recorded: Manifest) -> dict[str, int]:

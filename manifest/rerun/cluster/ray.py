@@ -12,6 +12,16 @@ between marker lines, because a Ray cluster shares no filesystem with the
 submitter. The job reserves the recorded run's CPUs (its thread count) and
 GPUs, so Ray places it on a node that has them.
 
+A multi-node plan's entrypoint is the driver ``manifest.rerun.cluster.ray_nodes``
+instead: a placement group of one bundle per recorded node, ``STRICT_SPREAD``,
+and one torchrun per node meeting at node 0. Before submitting, the nodes Ray
+reports (``ray.util.state.list_nodes`` through the same address) are checked
+against the layout: a layout no set of alive nodes can hold is said and
+nothing is submitted. A job Ray keeps ``PENDING`` is said while it waits.
+
+A cancel is ``stop_job``, confirmed by the job's status reaching ``STOPPED``
+(or another end state); an error from the client is said, not swallowed.
+
 The address is the one given (``--address`` or ``[tool.manifest.executors.ray]``),
 kept without credentials; ``RAY_ADDRESS`` in the environment supplies the full
 one (a token in its URL stays out of the plan, the bundle and the report).
@@ -19,7 +29,6 @@ one (a token in its URL stays out of the plan, the bundle and the report).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import time
@@ -83,20 +92,48 @@ class RayJob:
         log = self._log()
         return log[:log.find(BEGIN)] if BEGIN in log else log
 
-    def cancel(self) -> None:
-        # Already finished, or the cluster is unreachable: nothing left to stop.
-        with contextlib.suppress(Exception):
-            self.client.stop_job(self.job_id)
+    def queued(self) -> bool:
+        return self.state() == "PENDING"
+
+    def cancel(self) -> str | None:
+        from manifest.rerun.cluster.remote_run import CANCEL_CONFIRM_S
+
+        state = self.state()
+        if state not in _TERMINAL:
+            self.client.stop_job(self.job_id)  # an unreachable cluster raises: said
+        deadline = time.monotonic() + CANCEL_CONFIRM_S
+        while time.monotonic() < deadline:
+            state = self.state()
+            if state in _TERMINAL:
+                return state
+            time.sleep(0.5)
+        return None
 
 
 class RayExecutor(ClusterExecutor):
     """Submits each run of a plan as a Ray job."""
+
+    def placement_problem(self, plan: RerunPlan) -> str | None:
+        from manifest.rerun.cluster.placement import need_of, shortfall
+
+        try:
+            from ray.util.state import list_nodes
+
+            nodes = list_nodes(address=_address(self.options.address), detail=True,
+                               timeout=30, raise_on_missing_output=False)
+        except Exception:  # the state API unreachable: submission will say what is wrong
+            return None
+        free = [(f"{n.node_ip}:{str(n.node_id)[:8]}", float(n.resources_total.get("CPU", 0)),
+                 float(n.resources_total.get("GPU", 0)))
+                for n in nodes if n.state == "ALIVE"]
+        return shortfall(need_of(plan.topology, plan.settings.threads), free)
 
     def submit(self, plan: RerunPlan, bundle: Bundle) -> RayJob:
         from ray.job_submission import JobSubmissionClient
 
         from manifest.errors import NoVerdictError
         from manifest.redact import redact_text, strip_url_credentials
+        from manifest.rerun.cluster.placement import need_of
 
         address = _address(self.options.address)
         try:
@@ -105,11 +142,15 @@ class RayExecutor(ClusterExecutor):
             raise NoVerdictError(f"cannot reach Ray Jobs at {strip_url_credentials(address)}: "
                                  f"{redact_text(str(exc))}") from exc
         job_id = f"manifest-{bundle.name.removeprefix('blake3:')[:12]}-{uuid.uuid4().hex[:8]}"
-        entrypoint = " ".join(shlex.quote(a) for a in (
+        need = need_of(plan.topology, plan.settings.threads)
+        words: tuple[str | int, ...] = (
             self.options.python, "-I", "-m", "manifest.rerun.remote", ".", "--expect",
-            bundle.name,
-            "--emit"))
-        topology = plan.topology or {}
+            bundle.name, "--emit")
+        if need.nodes > 1:
+            words = (self.options.python, "-I", "-m", "manifest.rerun.cluster.ray_nodes", ".",
+                     "--expect", bundle.name, "--nodes", need.nodes, "--cpus", need.cpus,
+                     "--gpus", need.gpus, "--python", self.options.python)
+        entrypoint = " ".join(shlex.quote(str(a)) for a in words)
         import logging
 
         # Ray's client logs each upload at INFO on stderr: the verb's progress is its own.
@@ -127,8 +168,9 @@ class RayExecutor(ClusterExecutor):
                     client.submit_job(
                         entrypoint=entrypoint, submission_id=job_id,
                         runtime_env={"working_dir": str(bundle.path)},
-                        entrypoint_num_cpus=plan.settings.threads,
-                        entrypoint_num_gpus=topology.get("gpus") or None,
+                        # A multi-node driver only waits: its nodes hold the resources.
+                        entrypoint_num_cpus=need.cpus if need.nodes == 1 else 0,
+                        entrypoint_num_gpus=(need.gpus or None) if need.nodes == 1 else None,
                         metadata={"manifest.bundle": bundle.name, "manifest.verb": plan.verb})
                     break
                 except RuntimeError as exc:

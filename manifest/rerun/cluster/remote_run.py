@@ -8,10 +8,23 @@ here, once:
 * the workspace becomes a bundle (``manifest.rerun.cluster.bundle``); its
   patch is the code probe's over the scratch clone, which must reproduce the
   recorded ``code.diff_digest`` before anything is shipped;
+* a layout the cluster cannot place (too few nodes with the CPUs and GPUs one
+  node needs, ``manifest.rerun.cluster.placement``) is said before anything
+  is submitted, from the engine's own view of its nodes;
 * the job is watched with backoff (0.2 s doubling to 2 s: one status call per
   interval whatever the job does; a short job, as each of explain's four
-  runs can be, is seen to end within 2 s); Ctrl-C cancels the job and
-  re-raises; the timeout (``--timeout``) cancels it and gives no verdict;
+  runs can be, is seen to end within 2 s). Its id and where to follow it are
+  said when it is submitted; a job still queued is said every 30 s, and one
+  not started after ``PENDING_LIMIT_S`` (10 minutes) is cancelled as
+  unplaceable. The wait has a default limit (``DEFAULT_TIMEOUT_S``, 2 hours;
+  ``--timeout`` sets another). Ctrl-C and SIGTERM (what a CI runner's own
+  timeout sends) cancel the job and re-raise; the timeout cancels it and
+  gives no verdict. A cancel is only reported as done when the engine's own
+  status says the job ended (:meth:`Submission.cancel` returns that state);
+* a multi-node plan (``plan.layout``) ships one bundle that every node checks
+  and runs, with the network allowed where the host confines it (the nodes
+  meet over TCP); the nodes' results become one
+  (``manifest.rerun.cluster.placement.combine_results``);
 * the remote result (``manifest.rerun.remote``) becomes a ``LaunchResult``:
   records and op streams as a local run has them, files the run wrote into
   the verb's writable directories written there, each output's tensor table
@@ -23,10 +36,13 @@ here, once:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import signal
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,6 +58,13 @@ if TYPE_CHECKING:
 
 TAIL_LINES = 40
 POLL_MAX_S = 2.0
+DEFAULT_TIMEOUT_S = 2 * 3600.0
+"""How long a verb waits for a job when ``--timeout`` is not given."""
+PENDING_LIMIT_S = 600.0
+"""A job the engine has not started after this long is cancelled: it cannot be placed."""
+QUEUED_NOTE_S = 30.0
+CANCEL_CONFIRM_S = 60.0
+"""How long a cancel waits for the engine to say the job ended."""
 
 
 class Submission(Protocol):
@@ -60,7 +83,12 @@ class Submission(Protocol):
 
     def log_tail(self) -> str: ...
 
-    def cancel(self) -> None: ...
+    def queued(self) -> bool:
+        """Whether the engine has not started the job yet (waiting for resources)."""
+
+    def cancel(self) -> str | None:
+        """Ask the engine to stop the job, then wait (up to ``CANCEL_CONFIRM_S``) for its own
+        status to say it ended: that state, or None when it never said so."""
 
 
 @dataclass
@@ -89,9 +117,11 @@ def topology_of(plan: RerunPlan) -> dict[str, Any]:
 class ClusterExecutor:
     """Base of the Ray, SLURM and Kubernetes executors (``Executor`` of the re-run engine)."""
 
-    def __init__(self, options: ClusterOptions) -> None:
+    def __init__(self, options: ClusterOptions,
+                 note: Callable[[str], None] | None = None) -> None:
         self.options = options
         self.last: RunFigures | None = None
+        self.note = note or _to_stderr
 
     @property
     def name(self) -> str:
@@ -104,6 +134,11 @@ class ClusterExecutor:
 
     def submit(self, plan: RerunPlan, bundle: Bundle) -> Submission:
         raise NotImplementedError
+
+    def placement_problem(self, plan: RerunPlan) -> str | None:
+        """Why the cluster cannot place the plan's layout, asked of the engine before
+        anything is submitted (None: it can, or the engine cannot be asked)."""
+        return None
 
     # -- the shared flow
     def run(self, plan: RerunPlan, workspace: Workspace, settings: LaunchSettings,
@@ -122,6 +157,11 @@ class ClusterExecutor:
         only = None
         if workspace.tree == workspace.root:  # the user's own tree, not a scratch clone
             only = tree_files(workspace.tree, [i.source for i in plan.inputs])
+        nodes = int((plan.topology or {}).get("nodes") or 1)
+        problem = self.placement_problem(plan)
+        if problem is not None:
+            raise NoVerdictError(f"{self.name} cannot place this re-run: {problem}; nothing "
+                                 "was submitted.")
         staged = self.stage()
         try:
             bundle = build_bundle(
@@ -130,12 +170,15 @@ class ClusterExecutor:
                 patch=patch, commit=plan.commit, diff_digest=plan.diff_digest,
                 settings=dataclasses.asdict(settings), env=env, writable=writable,
                 topology=topology_of(plan), fetch_outputs=self.options.fetch_outputs,
-                sandbox=plan.sandbox_requested, network=plan.network,
+                sandbox=plan.sandbox_requested, network=plan.network or nodes > 1,
                 require_sandbox=plan.require_sandbox, only=only)
             figures.bundle_s = time.perf_counter() - started
             figures.shipped_bytes, figures.files = bundle.bytes, bundle.files
             submitted = time.perf_counter()
             job = self.submit(plan, bundle)
+            self.note(f"{self.name} job {job.job_id} submitted"
+                      + (f" ({plan.layout})" if plan.layout else "") + f"; follow it at "
+                      f"{job.where}")
             doc = self._wait(job, plan)
             figures.submit_to_result_s = time.perf_counter() - submitted
         finally:
@@ -145,20 +188,34 @@ class ClusterExecutor:
         return self._result(doc, job, bundle.name, workspace, writable, figures)
 
     def _wait(self, job: Submission, plan: RerunPlan) -> dict[str, Any]:
-        deadline = (time.monotonic() + self.options.timeout_s
-                    if self.options.timeout_s else None)
+        limit = self.options.timeout_s or DEFAULT_TIMEOUT_S
+        flag = "--timeout" if self.options.timeout_s else "the default wait; --timeout sets another"
+        started = time.monotonic()
+        deadline = started + limit
+        next_note = started + QUEUED_NOTE_S
         delay = 0.2
         try:
-            while not job.finished():
-                if deadline is not None and time.monotonic() > deadline:
-                    job.cancel()
-                    raise NoVerdictError(
-                        f"the {self.name} job {job.job_id} did not finish within "
-                        f"{self.options.timeout_s:g} s (--timeout); it was cancelled.")
-                time.sleep(delay)
-                delay = min(delay * 2, POLL_MAX_S)
+            with _sigterm_as_interrupt():
+                while not job.finished():
+                    now = time.monotonic()
+                    if now > deadline:
+                        raise NoVerdictError(
+                            f"the {self.name} job {job.job_id} did not finish within {limit:g} s "
+                            f"({flag}); {self._cancelled(job)}")
+                    if now > next_note and job.queued():
+                        waited = now - started
+                        if waited > PENDING_LIMIT_S:
+                            raise NoVerdictError(
+                                f"the {self.name} job {job.job_id} was not started within "
+                                f"{PENDING_LIMIT_S:g} s ({job.state()}): the cluster cannot place "
+                                f"it now; {self._cancelled(job)}")
+                        self.note(f"{self.name} job {job.job_id} still {job.state()} after "
+                                  f"{waited:.0f} s: waiting for resources (see {job.where})")
+                        next_note = now + QUEUED_NOTE_S
+                    time.sleep(delay)
+                    delay = min(delay * 2, POLL_MAX_S)
         except KeyboardInterrupt:
-            job.cancel()
+            self.note(f"interrupted: {self._cancelled(job)}")
             raise
         doc = job.result()
         if doc is None:
@@ -169,7 +226,24 @@ class ClusterExecutor:
         if "refused" in doc:
             raise NoVerdictError(f"the {self.name} job {job.job_id} refused the bundle on "
                                  f"arrival: {doc['refused']}")
+        if "unplaced" in doc:
+            raise NoVerdictError(f"the {self.name} job {job.job_id} could not place its nodes: "
+                                 f"{doc['unplaced']}")
         return doc
+
+    def _cancelled(self, job: Submission) -> str:
+        """Cancel ``job`` and say what the engine reported (never assumed)."""
+        try:
+            state = job.cancel()
+        except Exception as exc:  # said to the user, with the job id
+            from manifest.redact import redact_text
+
+            return (f"cancelling it failed ({redact_text(str(exc))}): stop job {job.job_id} "
+                    f"yourself ({job.where})")
+        if state is None:
+            return (f"it was asked to stop, but {self.name} still reports it "
+                    f"{job.state()} after {CANCEL_CONFIRM_S:g} s: check {job.where}")
+        return f"it was cancelled ({self.name} reports {state})"
 
     def _result(self, doc: dict[str, Any], job: Submission, name: str, workspace: Workspace,
                 writable: Sequence[Path], figures: RunFigures) -> LaunchResult:
@@ -206,6 +280,7 @@ class ClusterExecutor:
             "files_shipped": figures.files,
             "submit_to_result_s": round(figures.submit_to_result_s, 3),
             "outputs_fetched": tables is None,
+            "nodes": int(doc.get("nodes") or 1),
         }
         if exit_code != 0:
             job_info["log_tail"] = redacted_tail(job.log_tail())
@@ -224,6 +299,34 @@ def _network_policy(doc: dict[str, Any]) -> str:
     where = str(doc.get("confinement") or "")
     if "no network" in where:
         return "no network (bubblewrap on the host)"
+    if "network allowed" in where and int(doc.get("nodes") or 1) > 1:
+        return "network allowed (bubblewrap on the host): the nodes meet over TCP"
     if "network allowed" in where:
         return "network allowed (--network)"
     return "not restricted by manifest on the host: the cluster's own policy applies"
+
+
+def _to_stderr(text: str) -> None:
+    sys.stderr.write(f"manifest: {text}\n")
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a CI runner's timeout, ``kill``) handled as Ctrl-C while a job is waited on,
+    so the job is cancelled, not orphaned. Only in the main thread (where Python runs
+    signal handlers); elsewhere nothing changes."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -17,13 +17,29 @@ Placement follows the recorded topology: one task per node (the command
 starts its own ranks, as ``torchrun`` does), ``cpus_per_task`` the recorded
 thread count, ``gpus_per_node`` the recorded GPU count. Partition, account
 and time limit come from the user.
+
+A multi-node run is one job of ``nodes=N``, ``tasks_per_node=1``: each task
+is one node's torchrun (``manifest.rerun.cluster.placement``), its node rank
+the task's node, the rendezvous on the job's first node (its address as
+``scontrol show node`` gives it, ``NodeAddr``) at a port derived from the job
+id, so every task computes the same endpoint without talking to the others.
+Before submitting, ``sinfo`` says whether the partition has N nodes with the
+CPUs one node needs; a layout it cannot hold is said and nothing is submitted.
+
+The job's state is SLURM's own: ``squeue``, then ``scontrol show job`` once
+it has left the queue (submitit reads ``sacct``, which a cluster without
+accounting storage does not answer). A cancel is ``scancel``, confirmed by
+that state.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,49 +50,131 @@ if TYPE_CHECKING:
     from manifest.rerun.plan import RerunPlan
 
 
-def run_job(bundle: str, outdir: str, expect: str) -> dict[str, Any]:
-    """What the SLURM job runs: the remote entrypoint, refusals as a result."""
+_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+          "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "FINISHED", "INTERRUPTED", "DONE"}
+_QUEUED = {"PENDING", "CONFIGURING", "REQUEUED", "RESV_DEL_HOLD", "REQUEUE_HOLD",
+           "REQUEUE_FED", "SUSPENDED"}
+PORT_BASE = 20000
+PORT_SPAN = 20000
+
+
+def rendezvous_port(job_id: str) -> int:
+    """The port node 0 serves the rendezvous on: every task of the job derives the same one."""
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def node_address(name: str) -> str:
+    """How the other nodes reach node ``name``: SLURM's ``NodeAddr`` for it, else the name."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "node", name, "-o"], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return name
+    for word in proc.stdout.split():
+        if word.startswith("NodeAddr="):
+            return word.partition("=")[2] or name
+    return name
+
+
+def run_job(bundle: str, outdir: str, expect: str, nodes: int = 1) -> dict[str, Any]:
+    """What each task of the SLURM job runs: the remote entrypoint, refusals as a result. In a
+    multi-node job each task is one node: its node rank and node 0's endpoint are set as
+    torchrun's variables first."""
     from manifest.errors import ManifestError
     from manifest.rerun.remote import RESULT_FORMAT, run_bundle
 
+    out = Path(outdir)
+    if nodes > 1:
+        import submitit
+
+        from manifest.nodes.layout import node_env
+
+        job = submitit.JobEnvironment()
+        local = "SUBMITIT_LOCAL_JOB_ID" in os.environ
+        host = "127.0.0.1" if local else node_address(job.hostnames[0])
+        os.environ.update(node_env(job.global_rank, host, rendezvous_port(str(job.job_id))))
+        out = out / f"node-{job.global_rank}"
     try:
-        return run_bundle(Path(bundle), Path(outdir), expect)
+        return run_bundle(Path(bundle), out, expect)
     except ManifestError as exc:
         return {"format": RESULT_FORMAT, "bundle": expect, "refused": exc.message}
+
+
+def _slurm_state(job_id: str) -> str | None:
+    """SLURM's own state of the job: ``squeue``, then ``scontrol show job`` (None: unknown)."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                              text=True, timeout=30, check=False)
+        states = proc.stdout.split()
+        if proc.returncode == 0 and states:
+            return states[0]
+        proc = subprocess.run(["scontrol", "show", "job", job_id, "-o"], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for word in proc.stdout.split():
+        if word.startswith("JobState="):
+            return word.partition("=")[2]
+    return None
 
 
 class SlurmJob:
     """One submitit job (a :class:`~manifest.rerun.cluster.remote_run.Submission`)."""
 
-    def __init__(self, job: Any, keep: Path) -> None:
+    def __init__(self, job: Any, keep: Path, *, nodes: int = 1, real: bool = True) -> None:
         self.job = job
         self.job_id = str(job.job_id)
         self.where = str(job.paths.stdout)
         self.keep = keep
+        self.nodes = nodes
+        self.real = real
 
     def state(self) -> str:
+        if self.real:
+            return _slurm_state(self.job_id) or str(self.job.state)
         return str(self.job.state)
 
     def finished(self) -> bool:
-        return bool(self.job.done())
+        if self.job.done():
+            return True
+        # A job that ended without writing its result (killed, node failure): submitit would
+        # wait on sacct, which a cluster without accounting storage never answers.
+        return self.real and self.state().split()[0].rstrip("+") in _ENDED
+
+    def queued(self) -> bool:
+        return self.state() in _QUEUED
 
     def result(self) -> dict[str, Any] | None:
+        from manifest.rerun.cluster.placement import combine_results
+
         try:
-            doc: dict[str, Any] = self.job.result()
+            docs: list[dict[str, Any]] = (self.job.results() if self.nodes > 1
+                                          else [self.job.result()])
         except Exception:  # submitit re-raises the job's failure: there is no result
             return None
-        return doc
+        return combine_results(docs)
 
     def log_tail(self) -> str:
         parts = []
-        for log in (self.job.paths.stdout, self.job.paths.stderr):
-            with contextlib.suppress(OSError):
-                parts.append(Path(log).read_text(encoding="utf-8", errors="replace"))
+        jobs = getattr(self.job, "_sub_jobs", None) or [self.job]
+        for job in jobs:
+            for log in (job.paths.stdout, job.paths.stderr):
+                with contextlib.suppress(OSError):
+                    parts.append(Path(log).read_text(encoding="utf-8", errors="replace"))
         return "\n".join(parts)
 
-    def cancel(self) -> None:
-        with contextlib.suppress(Exception):
-            self.job.cancel(check=False)
+    def cancel(self) -> str | None:
+        from manifest.rerun.cluster.remote_run import CANCEL_CONFIRM_S
+
+        self.job.cancel(check=self.real)  # scancel; a failure raises with its stderr
+        deadline = time.monotonic() + CANCEL_CONFIRM_S
+        while time.monotonic() < deadline:
+            state = self.state()
+            if state.split()[0].rstrip("+") in _ENDED:
+                return state
+            time.sleep(0.5)
+        return None
 
 
 class SlurmExecutor(ClusterExecutor):
@@ -92,25 +190,70 @@ class SlurmExecutor(ClusterExecutor):
         base.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix="bundle-", dir=base))
 
+    def local(self) -> bool:
+        return bool(self.options.local or shutil.which("sbatch") is None)
+
+    def placement_problem(self, plan: RerunPlan) -> str | None:
+        from manifest.rerun.cluster.placement import need_of, shortfall
+
+        if self.local():
+            return None
+        need = need_of(plan.topology, plan.settings.threads)
+        command = ["sinfo", "-h", "-N", "-o", "%N %c %G %t"]
+        if self.options.partition:
+            command += ["-p", self.options.partition]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if proc.returncode != 0:
+            return None  # sbatch will say what is wrong
+        free: dict[str, tuple[str, float, float]] = {}
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            if len(parts) < 4 or parts[3].rstrip("*~#!%$@^-").lower() in {
+                    "down", "drain", "drained", "draining", "fail", "failing", "future",
+                    "maint", "unknown", "inval"}:
+                continue
+            gpus = sum(int(g.split(":")[-1].split("(")[0]) for g in parts[2].split(",")
+                       if g.startswith("gpu") and g.split(":")[-1].split("(")[0].isdigit())
+            free[parts[0]] = (parts[0], float(parts[1]), float(gpus))
+        return shortfall(need, list(free.values()))
+
     def submit(self, plan: RerunPlan, bundle: Bundle) -> SlurmJob:
+        import logging
+
         import submitit
 
-        topology = plan.topology or {}
+        # submitit logs to stdout (a --json report's stream); its sacct warnings on a cluster
+        # without accounting storage are answered by squeue/scontrol here.
+        logging.getLogger("submitit").setLevel(logging.ERROR)
+
+        from manifest.errors import NoVerdictError
+        from manifest.redact import redact_text
+        from manifest.rerun.cluster.placement import need_of
+
+        need = need_of(plan.topology, plan.settings.threads)
         logs = self.folder() / "logs"
-        cluster = "local" if self.options.local or shutil.which("sbatch") is None else None
+        cluster = "local" if self.local() else None
         executor = submitit.AutoExecutor(folder=logs, cluster=cluster)
         params: dict[str, Any] = {
-            "name": f"manifest-{plan.verb}", "nodes": int(topology.get("nodes") or 1),
-            "tasks_per_node": 1, "cpus_per_task": plan.settings.threads,
+            "name": f"manifest-{plan.verb}", "nodes": need.nodes,
+            "tasks_per_node": 1, "cpus_per_task": need.cpus,
             "timeout_min": self.options.time_min or 60,
         }
-        if topology.get("gpus"):
-            params["gpus_per_node"] = int(topology["gpus"])
+        if need.gpus:
+            params["gpus_per_node"] = need.gpus
         if cluster is None:
             params.update({f"slurm_{k}": v for k, v in (
                 ("partition", self.options.partition), ("account", self.options.account))
                 if v})
         executor.update_parameters(**params)
         outdir = bundle.path.parent / "out"
-        job = executor.submit(run_job, str(bundle.path), str(outdir), bundle.name)
-        return SlurmJob(job, outdir)
+        try:
+            job = executor.submit(run_job, str(bundle.path), str(outdir), bundle.name,
+                                  need.nodes)
+        except Exception as exc:  # sbatch's refusal (submitit raises its stderr)
+            raise NoVerdictError(f"SLURM refused the job: {redact_text(str(exc))}") from exc
+        return SlurmJob(job, outdir, nodes=need.nodes, real=cluster is None)

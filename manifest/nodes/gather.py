@@ -1,0 +1,135 @@
+"""``manifest capture --nodes DIR``: a multi-node capture that merges itself.
+
+Run on every node of a multi-node run (under torchrun, srun or an Indexed
+Job), each capture writes its node record into ``DIR``, a directory every
+node sees (a shared filesystem), as ``node-<i>.json``; then:
+
+* the capture that finds every node's record present takes the merge
+  (``DIR/.merging``, created exclusively, so one node merges however many
+  finish at once: in practice the last to arrive) and writes
+  ``DIR/run.json`` with ``manifest.nodes.merge.merge_nodes``, the same
+  order-free merge as ``manifest merge``;
+* the others wait for ``run.json``;
+* a node that never arrives is named after the timeout (``--nodes-timeout``,
+  default 10 minutes) by every node still waiting, with the command that
+  merges by hand once it does.
+
+Polling, not inotify: shared filesystems (NFS, Lustre) do not deliver change
+events from another client. Every 0.5 s is one ``listdir`` per node.
+
+A ``DIR`` that already holds a merged ``run.json`` is refused before the
+command runs: records of two launches must never meet in one merge.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from manifest.errors import ManifestError, NoVerdictError, UsageError
+from manifest.models import Manifest
+
+MERGED = "run.json"
+LOCK = ".merging"
+POLL_S = 0.5
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class NodesMissing(NoVerdictError):
+    """Some node's record never arrived in the shared directory (no merged manifest)."""
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What one node's capture did with the shared directory."""
+
+    record: Path
+    merged: Path
+    merged_here: bool
+    """This node took the merge (the others found ``run.json`` written)."""
+    run_id: str
+
+
+def record_name(node: int) -> str:
+    return f"node-{node}.json"
+
+
+def check_directory(directory: Path) -> None:
+    """Refuse, before anything runs, a directory that cannot take this launch's records."""
+    if not directory.is_dir():
+        raise UsageError(f"--nodes {directory}: no such directory (create it on the shared "
+                         "filesystem every node sees).")
+    if (directory / MERGED).exists():
+        raise UsageError(f"--nodes {directory} already holds a merged run ({MERGED}): use an "
+                         "empty directory for each launch.")
+
+
+def _read(path: Path) -> Manifest:
+    from manifest.canonical import load_manifest, read_manifest_file
+
+    return load_manifest(read_manifest_file(str(path)))
+
+
+def _present(directory: Path, nodes: int) -> list[int]:
+    return [i for i in range(nodes) if (directory / record_name(i)).is_file()]
+
+
+def gather(record: Manifest, directory: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+           note: Callable[[str], None] | None = None) -> Gathered:
+    """Write this node's ``record`` into ``directory``; the node that completes the set merges.
+    Raises :class:`NodesMissing` naming the nodes whose records did not arrive in time."""
+    from manifest.canonical import dumps
+    from manifest.nodes.merge import merge_nodes
+    from manifest.rerun.trust import record_sealed, was_sealed_here
+    from manifest.store import atomic_write
+
+    say = note or (lambda _text: None)
+    topology = record.command.topology if record.command is not None else None
+    if topology is None:
+        raise UsageError("--nodes: the command is not a distributed run (no launcher placed "
+                         "its processes), so there are no node records to merge.")
+    node = topology.node if topology.node is not None else 0
+    nodes = topology.nodes
+    mine = directory / record_name(node)
+    if mine.exists():
+        raise UsageError(f"--nodes {directory} already holds {mine.name}: another launch's "
+                         "record; use an empty directory for each launch.")
+    atomic_write(mine, dumps(record))
+    merged = directory / MERGED
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if merged.is_file():
+            return Gathered(mine, merged, False, _read(merged).run_id)
+        present = _present(directory, nodes)
+        if len(present) == nodes:
+            try:
+                fd = os.open(directory / LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                pass  # another node is merging: wait for its run.json
+            else:
+                os.close(fd)
+                try:
+                    parts = [(record_name(i), _read(directory / record_name(i)))
+                             for i in range(nodes)]
+                    run = merge_nodes(parts, note=say)
+                except ManifestError:
+                    (directory / LOCK).unlink(missing_ok=True)
+                    raise
+                if all(was_sealed_here(m.digest) for _, m in parts):
+                    record_sealed(run.digest)
+                atomic_write(merged, dumps(run))
+                (directory / LOCK).unlink(missing_ok=True)
+                return Gathered(mine, merged, True, run.run_id)
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(nodes)) - set(present))
+            who = (", ".join(f"node {i}" for i in missing) if missing
+                   else "none (every record is here, but the node merging them did not finish)")
+            raise NodesMissing(
+                f"--nodes {directory}: after {timeout_s:g} s the record of {who} of {nodes} "
+                f"has not arrived; node {node}'s record is {mine}.",
+                hint=f"Once every node's record is there: manifest merge {directory}/node-*.json "
+                     f"-o {merged}")
+        time.sleep(POLL_S)

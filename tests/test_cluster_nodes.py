@@ -1,0 +1,136 @@
+"""Multi-node on clusters, the parts that need no cluster (issue 30): the command every node
+runs, each node's rendezvous variables, one result from the nodes' results, what a cluster
+cannot place, and ``capture --nodes DIR`` merging itself (threads standing in for nodes).
+
+The real engines run these in ``tests/test_cluster_nodes_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from manifest.canonical import load_manifest
+from manifest.errors import UsageError
+from manifest.nodes.gather import MERGED, NodesMissing, check_directory, gather
+from manifest.nodes.layout import Layout, cluster_launch, node_env
+from manifest.nodes.merge import merge_nodes
+from manifest.nodes.torchrun import as_every_node_runs, option
+from manifest.rerun.cluster.placement import NodeNeed, combine_results, need_of, shortfall
+from tests.test_nodes import node_record
+
+ARGV = ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--node-rank=1", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=head-a:29400", "--rdzv-id=job7", "train.py", "--lr", "1"]
+
+
+def test_the_endpoint_leaves_the_command_every_node_ran() -> None:
+    other_head = [a.replace("head-a:29400", "head-b:1234").replace("job7", "job8") for a in ARGV]
+    assert as_every_node_runs(ARGV) == as_every_node_runs(other_head) == [
+        "torchrun", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", "train.py",
+        "--lr", "1"]
+    static = ["torchrun", "--nnodes", "2", "--master-addr", "h", "--master_port=1",
+              "train.py", "--master-addr", "kept"]
+    assert as_every_node_runs(static) == ["torchrun", "--nnodes", "2", "train.py",
+                                          "--master-addr", "kept"]  # the script's own words
+    assert as_every_node_runs(["python", "x.py"]) == ["python", "x.py"]
+
+
+def test_merged_run_id_does_not_depend_on_the_head_or_port() -> None:
+    """Two launches of one run from different heads: the merged manifests share a run_id;
+    positive control: the node records themselves still name their endpoint."""
+    def launch(endpoint: str) -> list[Any]:
+        out = []
+        for node in (0, 1):
+            record = node_record(node)
+            assert record.command is not None
+            argv = [a.replace("--rdzv-endpoint=head:29400", f"--rdzv-endpoint={endpoint}")
+                    for a in record.command.argv]
+            out.append(node_record(node, changes={"command.argv": argv}))
+        return out
+
+    a, b = launch("head-a:29400"), launch("head-b:31000")
+    assert a[0].run_id != b[0].run_id  # positive control: a node record names its endpoint
+    merged_a = merge_nodes([(f"n{i}", m) for i, m in enumerate(a)])
+    merged_b = merge_nodes([(f"n{i}", m) for i, m in enumerate(b)])
+    assert merged_a.run_id == merged_b.run_id
+    assert merged_a.command is not None
+    assert not any("rdzv-endpoint" in w for w in merged_a.command.argv)
+
+
+def test_cluster_launch_leaves_node_rank_and_endpoint_to_each_node() -> None:
+    argv = cluster_launch(as_every_node_runs(ARGV), Layout(2, 1))
+    assert option(argv, "node_rank") is None and option(argv, "rdzv_endpoint") is None
+    assert option(argv, "rdzv_backend") == "c10d" and option(argv, "nnodes") == "2"
+    assert "join_timeout=120" in (option(argv, "rdzv_conf") or "")
+    assert argv[-3:] == ["train.py", "--lr", "1"]
+    assert node_env(1, "10.0.0.5", 29500) == {"PET_NODE_RANK": "1",
+                                               "PET_RDZV_ENDPOINT": "10.0.0.5:29500"}
+    with pytest.raises(UsageError, match="does not start torchrun"):
+        cluster_launch(["python", "train.py"], Layout(2, 1))
+
+
+def _doc(node: int, **extra: Any) -> dict[str, Any]:
+    return {"format": "manifest-remote-result/v1", "bundle": "blake3:x", "exit_code": 0,
+            "records": [{"rank": node}], "env": {"PYTHONHASHSEED": "0"},
+            "op_streams": {f"ops-{node}": "AA=="}, "opened": {f"{{tree}}/f{node}": "k"},
+            "modules": ["torch", f"m{node}"], "started_ns": 100 - node, "outside": [],
+            "workers": 1, "artifacts": ([{"path": "out/model.safetensors"}] if node == 0 else []),
+            "missing": [] if node == 0 else ["out/*.safetensors"],
+            "writable": [{f"w{node}": "AA=="}], "outputs": {},
+            "confinement": "not confined on the host (x)", **extra}
+
+
+def test_nodes_results_become_one_result() -> None:
+    doc = combine_results([_doc(0), _doc(1)])
+    assert [r["rank"] for r in doc["records"]] == [0, 1]
+    assert doc["artifacts"] == [{"path": "out/model.safetensors"}]
+    assert doc["missing"] == []  # node 0 wrote it: not missing from the run
+    assert doc["modules"] == ["m0", "m1", "torch"]
+    assert doc["started_ns"] == 99 and doc["workers"] == 2 and doc["nodes"] == 2
+    assert doc["writable"] == [{"w0": "AA==", "w1": "AA=="}]
+    assert set(doc["op_streams"]) == {"ops-0", "ops-1"}
+    failed = combine_results([_doc(0), _doc(1, exit_code=7)])
+    assert failed["exit_code"] == 7
+    refused = combine_results([_doc(0), {"format": "x", "refused": "edited"}])
+    assert refused["refused"] == "node 1: edited"
+
+
+def test_a_layout_the_cluster_cannot_place_is_said() -> None:
+    need = need_of({"nodes": 2, "gpus": 0}, threads=2)
+    assert need == NodeNeed(2, 2, 0)
+    assert shortfall(need, [("a", 2, 0), ("b", 4, 0)]) is None
+    one = shortfall(need, [("a", 4, 0)])
+    assert one is not None and "2 distinct nodes with 2 CPUs each" in one and "a (4 CPUs)" in one
+    small = shortfall(NodeNeed(1, 2, 1), [("a", 1, 0)])
+    assert small is not None and "one node with 2 CPUs and 1 GPU" in small
+    assert need_of({"nodes": 2, "gpus": 4}, 1).gpus == 2  # GPUs per node
+
+
+def test_capture_nodes_merges_once_whoever_finishes_last(tmp_path: Path) -> None:
+    check_directory(tmp_path)
+    results: dict[int, Any] = {}
+
+    def node(i: int) -> None:
+        results[i] = gather(node_record(i), tmp_path, timeout_s=60)
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.merged_here for r in results.values()) == [False, True]  # one merged
+    merged = load_manifest((tmp_path / MERGED).read_bytes())
+    expected = merge_nodes([(f"node{i}", node_record(i)) for i in (0, 1)])
+    assert merged.run_id == expected.run_id == results[0].run_id == results[1].run_id
+    with pytest.raises(UsageError, match="already holds a merged run"):
+        check_directory(tmp_path)  # a second launch into the same directory
+
+
+def test_a_node_that_never_arrives_is_named(tmp_path: Path) -> None:
+    with pytest.raises(NodesMissing, match=r"the record of node 1 of 2 has not arrived") as err:
+        gather(node_record(0), tmp_path, timeout_s=1)
+    assert err.value.hint is not None and "manifest merge" in err.value.hint
+    assert not (tmp_path / MERGED).exists()
