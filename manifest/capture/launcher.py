@@ -60,6 +60,26 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+SEALED_RUN_VAR = "MANIFEST_SEALED_RUN"
+
+
+def launch_identity(commit: str | None, diff_digest: str | None, argv: list[str],
+                    seed: int) -> str:
+    """``blake3:…`` of the code (commit and uncommitted bytes), the command and the seed.
+
+    What the Lightning and Hugging Face callbacks log as ``manifest.run_id``. It
+    is known before the run starts and is the same in the capture and in every
+    re-run, on any machine (the manifest's own run_id also covers what the run
+    imported and the machine, known only at its end, so a callback cannot log it).
+    ``manifest show`` prints it beside the run_id, so a tracker's entry leads to the
+    manifest.
+    """
+    from manifest.canonical import blake3_name, canonical_bytes
+
+    return blake3_name(canonical_bytes({"commit": commit, "diff_digest": diff_digest,
+                                        "argv": list(argv), "seed": seed}))
+
+
 @dataclass(frozen=True)
 class LaunchSettings:
     """Everything the launcher needs; verify rebuilds it from a manifest."""
@@ -77,6 +97,9 @@ class LaunchSettings:
     hashseed: str | None = None
     """PYTHONHASHSEED unless the environment sets one (default ``0``: it is a switch, not a
     seed to vary, so two captures with different ``--seed`` hash strings alike)."""
+    sealed: str | None = None
+    """``launch_identity`` of this run, given to the child as ``MANIFEST_SEALED_RUN``: the
+    id the integration callbacks log, the same in the capture and every re-run."""
 
     def child_env(self, records_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
@@ -92,6 +115,9 @@ class LaunchSettings:
         if self.ops is not None:
             env["MANIFEST_OPS"] = json.dumps({"dir": str(records_dir), **self.ops})
         env["MANIFEST_LAUNCH_RECORDS"] = str(records_dir)
+        env.pop(SEALED_RUN_VAR, None)
+        if self.sealed is not None:
+            env[SEALED_RUN_VAR] = self.sealed
         env.setdefault("PYTHONHASHSEED", self.hashseed or "0")
         if self.deterministic:
             env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)

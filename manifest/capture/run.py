@@ -36,6 +36,7 @@ from manifest.capture.launcher import (
     LaunchResult,
     LaunchSettings,
     default_threads,
+    launch_identity,
     run_under_launcher,
     stream_ranks,
 )
@@ -376,14 +377,16 @@ def capture_from_cli(
                 d["from_repo"] = os.path.relpath(d["path"], root)
     if not command:
         return seal_snapshot(snap, datasets), 0
+    seed = seed if seed is not None else (_config_int(table, "seed", origin) or 0)
     settings = LaunchSettings(
-        seed=seed if seed is not None else (_config_int(table, "seed", origin) or 0),
+        seed=seed,
         derivation="base+rank" if per_rank_seed else "same",
         threads=threads or _config_int(table, "threads", origin) or default_threads(),
         deterministic=deterministic and table.get("deterministic", True) is not False,
         trail="sampled" if trail else "off",
         ops={"from": 1, "to": fingerprint_ops} if fingerprint_ops else None,
         root=str(snap.code.root) if snap.code.root is not None else None,
+        sealed=launch_identity(snap.code.code.commit, snap.code.code.diff_digest, command, seed),
     )
     from manifest.capture import observed
     from manifest.probes.compute import compute_record, read_energy

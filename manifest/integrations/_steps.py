@@ -1,8 +1,13 @@
 """The part both training-loop callbacks share: a snapshot at the start, a trail per step.
 
-At the start of training the callback seals a snapshot of code, environment
+At the start of training the callback takes the run's id. Under ``manifest
+capture`` or a re-run (``verify``, ``explain``, ``lab``) that is the launcher's
+``MANIFEST_SEALED_RUN`` (``manifest.capture.launcher.launch_identity``: the recorded
+code, command and seed), so a tracker sees one run_id for the captured run and every
+re-run of it (an in-process snapshot saw another tree and another time and gave
+another id in each re-run). Run bare, it seals a snapshot of code, environment
 and hardware (what ``manifest capture`` with no command records) and keeps its
-``run_id``; then it fingerprints the model's parameters after every
+``run_id``. Then it fingerprints the model's parameters after every
 ``every``-th optimizer step with the launcher's own fingerprint (blake3 over
 each state_dict tensor's name, dtype, shape and raw bytes), so the points
 compare with the trail ``manifest capture`` records. Under ``manifest
@@ -31,19 +36,31 @@ class StepRecorder:
         self.every = every
         self.snapshot = snapshot
         self.manifest: Manifest | None = None
+        self.sealed: str | None = None
+        """The launcher's id of this run (``MANIFEST_SEALED_RUN``), when it runs under one."""
         self.points: list[tuple[int, str]] = []
         self._trail: Trail | None = None
 
     @property
     def tags(self) -> dict[str, str]:
+        if self.sealed is not None:
+            return {TAG_RUN_ID: self.sealed}
         if self.manifest is None:
             return {}
         return {TAG_RUN_ID: self.manifest.run_id, TAG_DIGEST: self.manifest.digest}
 
+    @property
+    def run_id(self) -> str | None:
+        return self.sealed or (self.manifest.run_id if self.manifest else None)
+
     def start(self, model: Any) -> dict[str, str]:
+        import os
+
+        from manifest.capture.launcher import SEALED_RUN_VAR
         from manifest.launch.recipe import trail
 
-        if self.snapshot and self.manifest is None:
+        self.sealed = os.environ.get(SEALED_RUN_VAR) or None
+        if self.snapshot and self.sealed is None and self.manifest is None:
             self.manifest = snapshot_here()
         self.points = []
         self._trail = trail(model, every=self.every)
@@ -82,4 +99,4 @@ class CallbackState:
 
     @property
     def run_id(self) -> str | None:
-        return self.recorder.manifest.run_id if self.recorder.manifest else None
+        return self.recorder.run_id

@@ -93,19 +93,39 @@ def check_outputs(tree: Path, cwd: Path, globs: list[str]) -> None:
 
     Run on the materialised tree before the command: a committed symlink at an
     output's place, or on the way to it, would carry the re-run's write into
-    the target. Missing parent directories are created here, without
-    following links, so the command has nothing to create through one.
+    the target. Nothing is created: the tree holds no directory the recorded run
+    did not find there at start (a logger that picks the next free
+    ``version_N`` directory would otherwise see ``version_0`` taken). The
+    existing components are checked up to the first missing one; below it the
+    command creates plain directories itself, as it did when it was recorded.
     """
     for glob in globs:
         rel = tree_relative(glob, "declared output")
         prefix = _static_prefix(rel)
-        make_parents(tree, prefix if prefix != rel else rel.parent,
-                     f"declared output {_show(glob)}", start=cwd)
+        _check_existing(tree, prefix if prefix != rel else rel.parent,
+                        f"declared output {_show(glob)}", start=cwd)
         for match in cwd.glob(str(rel)) if rel.parts else []:
             if match.is_symlink() and not inside(tree, match):
                 raise UnsafePathError(
                     f"declared output {_show(glob)} is a committed symlink that leaves the "
                     "repository: a re-run would write through it.")
+
+
+def _check_existing(tree: Path, rel: PurePosixPath, what: str, *, start: Path) -> None:
+    """Refuse a link leaving ``tree`` among the existing components of ``start/rel``."""
+    current = start
+    for part in rel.parts:
+        if part in ("", "."):
+            continue
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            return  # nothing below exists: the command creates it
+        if stat.S_ISLNK(st.st_mode) and not inside(tree, current):
+            raise UnsafePathError(
+                f"{what} goes through a committed symlink that leaves the repository: "
+                "a re-run would write through it.")
 
 
 def make_parents(tree: Path, rel: PurePosixPath | Path, what: str, *,

@@ -13,6 +13,7 @@ The plan, the workspace and the executor come from the re-run engine
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,8 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     report.job = result.job
     new = build_run_manifest(snap, cwd=workspace.cwd, argv=list(plan.argv),
                              settings=settings, result=result, datasets=[],
-                             output_globs=list(recorded.command.outputs), malformed_ok=True)
+                             output_globs=[_any_version(g) for g in recorded.command.outputs],
+                             malformed_ok=True)
     assert new.outputs is not None
     from manifest.capture.outside import outside_recipe
 
@@ -101,14 +103,19 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                 report.reason += f"; {hint}"
         return report
     new_by_path = {a.path: a for a in new.outputs.artifacts}
+    matched = match_outputs([a.path for a in recorded.outputs.artifacts], list(new_by_path))
     original_cwd = workspace.root / recorded.command.cwd
     for artifact in recorded.outputs.artifacts:
-        again = new_by_path.get(artifact.path)
+        again = new_by_path.get(matched.get(artifact.path, artifact.path))
         if again is None:
             report.reason = f"the re-run did not produce {artifact.path}"
             return report
+        if again.path != artifact.path:
+            report.notes.append(f"the re-run wrote {again.path} where the recorded run wrote "
+                                f"{artifact.path} (a logger picks the next free version_N "
+                                "directory): compared as the same output")
         delta = compare_artifacts(artifact, again, recorded_file=original_cwd / artifact.path,
-                                  new_file=workspace.cwd / artifact.path)
+                                  new_file=workspace.cwd / again.path)
         if result.tables is not None and delta.detail is not None:
             # Compared by the tables that came back: the re-run's file stayed where it ran.
             where = result.job["executor"] if result.job else "the cluster"
@@ -132,6 +139,35 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         report.reason = "outputs match but the step trails part"
     _judge_topology(recorded, new, report)
     return report
+
+
+_VERSION_DIR = re.compile(r"(?<![^/])version_\d+(?=/)")
+"""A ``version_N`` directory component: Lightning's CSV and TensorBoard loggers (and many
+research scripts) write into the first free N, so the same run can get another N."""
+
+
+def _any_version(glob: str) -> str:
+    """``lightning_logs/version_0/checkpoints/*.ckpt`` → ``…/version_*/…``."""
+    return _VERSION_DIR.sub("version_*", glob)
+
+
+def match_outputs(recorded: list[str], written: list[str]) -> dict[str, str]:
+    """Recorded output path → the re-run's path for the same output.
+
+    The same path when the re-run wrote it; else the one path the re-run wrote
+    that differs from it only in a ``version_N`` directory (and that no other
+    recorded output claims). Anything else stays unmatched: "did not produce".
+    """
+    matched = {path: path for path in recorded if path in written}
+    free = [path for path in written if path not in matched.values()]
+    for path in recorded:
+        if path in matched:
+            continue
+        same = [w for w in free if _any_version(w) == _any_version(path)]
+        if len(same) == 1:
+            matched[path] = same[0]
+            free.remove(same[0])
+    return matched
 
 
 def _basis(tensors: bool, trail: bool) -> str:

@@ -1,0 +1,174 @@
+"""Re-runs write where the script writes (issue 32).
+
+* A default Lightning ``Trainer`` (default logger, default checkpointing) captured
+  with its checkpoint as the artifact verifies ``identical``: the scratch tree
+  holds no directory the recorded run did not find at start, so the logger picks
+  the same ``version_N`` directory; where it cannot (the user's tree already had
+  ``version_0``), the output is matched by what the run wrote.
+* ``ManifestCallback`` logs one run_id in the captured run and in its re-run.
+* The Hugging Face Trainer's ``output_dir/checkpoint-N`` verifies too.
+
+Real libraries, tiny models, CPU, no network.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from manifest.verify.rerun import match_outputs
+from tests.runs import make_repo, manifest_cli
+
+LIGHTNING = """
+import torch
+import lightning.pytorch as pl
+from manifest.integrations.lightning import ManifestCallback
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+data = torch.utils.data.TensorDataset(torch.randn(20, 4), torch.randn(20, 2))
+loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=0)
+trainer = pl.Trainer(max_steps=10, accelerator="cpu", devices=1, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[ManifestCallback()])
+trainer.fit(Tiny(), loader)
+"""
+
+HF = """
+import torch
+import transformers
+from manifest.integrations.transformers import ManifestTrainerCallback
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def forward(self, x, labels):
+        return {"loss": torch.nn.functional.mse_loss(self.layer(x), labels)}
+
+
+rows = [{"x": torch.randn(4), "labels": torch.randn(2)} for _ in range(8)]
+args = transformers.TrainingArguments(
+    output_dir="hf_out", max_steps=4, per_device_train_batch_size=4, report_to=[],
+    use_cpu=True, save_strategy="steps", save_steps=4, disable_tqdm=True,
+    remove_unused_columns=False, seed=0, data_seed=0)
+transformers.Trainer(model=Tiny(), args=args, train_dataset=rows,
+                     callbacks=[ManifestTrainerCallback()]).train()
+"""
+
+
+def _capture(repo: Path, artifact: str, script: str) -> tuple[Path, dict[str, Any]]:
+    proc = manifest_cli("capture", "--artifact", artifact, "--", "python", script, cwd=repo,
+                        timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    path = repo / "run.json"
+    path.write_bytes(proc.stdout)
+    return path, json.loads(proc.stdout)
+
+
+def _verify(repo: Path, manifest: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    proc = manifest_cli("verify", str(manifest), "--json", *args, cwd=repo, timeout=600)
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, report, proc.stderr.decode()
+
+
+def _logged_run_id(log_dir: Path) -> str:
+    """The manifest.run_id that ManifestCallback logged as a hyperparameter."""
+    for line in (log_dir / "hparams.yaml").read_text().splitlines():
+        if line.startswith("manifest.run_id:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no manifest.run_id in {log_dir / 'hparams.yaml'}")
+
+
+def test_outputs_match_by_what_the_run_wrote() -> None:
+    recorded = ["lightning_logs/version_1/checkpoints/epoch=1-step=10.ckpt", "out/w.bin"]
+    written = ["lightning_logs/version_0/checkpoints/epoch=1-step=10.ckpt", "out/w.bin"]
+    assert match_outputs(recorded, written) == {recorded[0]: written[0], "out/w.bin": "out/w.bin"}
+    # Only a version_N directory may differ; two candidates is no match, never a guess.
+    assert match_outputs(["a/version_1/x.ckpt"], ["b/version_0/x.ckpt"]) == {}
+    assert match_outputs(["v/version_1/x"], ["v/version_0/x", "v/version_2/x"]) == {}
+    assert match_outputs(["myversion_1/x"], ["myversion_0/x"]) == {}
+
+
+@pytest.mark.slow
+def test_default_lightning_trainer_checkpoint_verifies_with_one_run_id(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    repo = make_repo(tmp_path / "repo", {"fit.py": LIGHTNING}, example=False)
+    manifest, doc = _capture(repo, "lightning_logs/version_0/checkpoints/*.ckpt", "fit.py")
+    [artifact] = doc["outputs"]["artifacts"]
+    assert artifact["path"] == "lightning_logs/version_0/checkpoints/epoch=1-step=10.ckpt"
+    captured_id = _logged_run_id(repo / "lightning_logs" / "version_0")
+
+    code, report, stderr = _verify(repo, manifest, "--keep")
+    assert (code, report.get("verdict")) == (0, "identical"), (report.get("reason"), stderr)
+    assert report["basis"] == "tensors and trail"
+    [kept] = [n.split(": ", 1)[1] for n in report["notes"] if "(--keep)" in n]
+    try:
+        [logs] = Path(kept).rglob("lightning_logs")
+        # The scratch tree got version_0 (nothing pre-created), and the callback there
+        # logged the captured run's id.
+        assert sorted(p.name for p in logs.iterdir()) == ["version_0"]
+        assert _logged_run_id(logs / "version_0") == captured_id
+        assert captured_id.startswith("blake3:")
+    finally:
+        shutil.rmtree(kept)
+
+
+@pytest.mark.slow
+def test_lightning_version_dir_taken_in_the_users_tree_is_matched(tmp_path: Path) -> None:
+    """An earlier run left lightning_logs/version_0 (ignored by git): the capture writes
+    version_1, the re-run in a fresh clone version_0, and the two are matched."""
+    pytest.importorskip("lightning")
+    repo = make_repo(tmp_path / "repo", {"fit.py": LIGHTNING}, example=False)
+    with (repo / ".gitignore").open("a") as ignore:
+        ignore.write("lightning_logs/\n")
+    (repo / "lightning_logs" / "version_0").mkdir(parents=True)
+    manifest, doc = _capture(repo, "lightning_logs/version_1/checkpoints/*.ckpt", "fit.py")
+    assert doc["outputs"]["artifacts"][0]["path"].startswith("lightning_logs/version_1/")
+    code, report, stderr = _verify(repo, manifest)
+    assert (code, report.get("verdict")) == (0, "identical"), (report.get("reason"), stderr)
+    assert any("lightning_logs/version_0/" in n and "compared as the same output" in n
+               for n in report["notes"]), report["notes"]
+
+
+@pytest.mark.slow
+def test_hf_trainer_checkpoint_verifies(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    repo = make_repo(tmp_path / "repo", {"hf.py": HF}, example=False)
+    manifest, doc = _capture(repo, "hf_out/checkpoint-*/model.safetensors", "hf.py")
+    assert [a["path"] for a in doc["outputs"]["artifacts"]] == [
+        "hf_out/checkpoint-4/model.safetensors"]
+    code, report, stderr = _verify(repo, manifest, "--keep")
+    assert (code, report.get("verdict")) == (0, "identical"), (report.get("reason"), stderr)
+    assert report["basis"] == "tensors and trail"
+    [kept] = [n.split(": ", 1)[1] for n in report["notes"] if "(--keep)" in n]
+    try:
+        [state] = Path(kept).rglob("hf_out/checkpoint-4/trainer_state.json")
+        assert _hf_run_ids(state) == _hf_run_ids(repo / "hf_out/checkpoint-4/trainer_state.json")
+    finally:
+        shutil.rmtree(kept)
+
+
+def _hf_run_ids(state: Path) -> set[str]:
+    """The manifest.run_id values in a checkpoint's trainer_state.json log history."""
+    history = json.loads(state.read_text())["log_history"]
+    found = {entry["manifest.run_id"] for entry in history if "manifest.run_id" in entry}
+    assert len(found) == 1 and next(iter(found)).startswith("blake3:"), history
+    return found
