@@ -66,11 +66,12 @@ class OpStream:
                 if loaded is not None:
                     # Copied out so the file is closed now, not by the garbage
                     # collector (an unclosed file is a ResourceWarning).
-                    mapped, views = loaded
+                    maps, views = loaded
                     self._tensors = {k: RawTensor(t.name, t.dtype, t.shape, bytes(t.data))
                                      for k, t in views.items()}
                     views.clear()
-                    mapped.close()
+                    for mapped in maps:
+                        mapped.close()
         return self._tensors.get(key)
 
 

@@ -486,7 +486,29 @@ def _watch_loaders(module: ModuleType) -> None:
 
 
 def _on_cuda_init() -> None:
-    """Runs inside torch's CUDA lazy init, after the queued seeding: the states at first use."""
+    """Runs inside torch's CUDA lazy init: queue the read of the states at first use.
+
+    torch runs the queued calls of ``_lazy_call`` first and the queued seeds
+    (``manual_seed``/``manual_seed_all``, kept apart by its seed tracker) after
+    them, in one loop over ``torch.cuda._queued_calls``. A read taken here
+    would see each device's generator before any seed reached it, and torch
+    seeds a fresh CUDA generator from a nondeterministic source: on an H100
+    two captures of one command got two run_ids that way. So the read is
+    appended to that list, to run after the seeds, when the state is a
+    function of the seed alone. (``_lazy_call`` itself cannot be used here:
+    torch holds its non-reentrant init lock while the loop runs.) Where the
+    list is not there, no CUDA state is recorded, rather than a random one.
+    """
+    torch = sys.modules.get("torch")
+    if _obs["record"] is None or torch is None:
+        return
+    queued = getattr(torch.cuda, "_queued_calls", None)
+    if isinstance(queued, list):
+        queued.append((_read_cuda_states, []))
+
+
+def _read_cuda_states() -> None:
+    """The CUDA generators' states once the queued seeds have run: the state at first use."""
     record = _obs["record"]
     torch = sys.modules.get("torch")
     if record is None or torch is None:

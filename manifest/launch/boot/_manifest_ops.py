@@ -22,9 +22,11 @@ outside torch and manifest: the user's ``file:line``.
 Fingerprints: on CPU, blake3 of the raw bytes (zero-copy view, ~12 GB/s);
 on an accelerator, two 64-bit integer sums over the bit view (plain and
 position-weighted) computed on the device and fetched once per step, so
-recording does not sync per op. Measured on an H100 (a GPT of 10.7M
-parameters, 650 ops per step): fingerprinting every op makes a step ~4.5x
-slower, which is why only a window of steps is ever recorded
+recording does not sync per op. ``MANIFEST_OPS_DEVICE_SUMS=1`` sends CPU
+tensors down the accelerator's path: the same code, so CI exercises it.
+Measured on an H100 (a GPT of 10.7M parameters, 650 ops per step):
+fingerprinting every op makes a step ~4.5x slower, which is why only a window
+of steps is ever recorded
 (``_manifest_opstream``, which also writes the stream file).
 
 One recorder, three users: the op window of ``manifest explain``
@@ -78,13 +80,28 @@ def _describe(t: Any) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
 
 
-class _Fingerprinter:
-    """Tensor → fingerprint text; device sums are resolved in one transfer."""
+DEVICE_SUMS_VAR = "MANIFEST_OPS_DEVICE_SUMS"
+"""Set to 1, CPU tensors are fingerprinted as an accelerator's are (deferred device
+sums): the CPU twin of the CUDA path, which CI never reaches otherwise."""
 
-    def __init__(self, torch: Any) -> None:
+
+class _Fingerprinter:
+    """Tensor → fingerprint text; device sums are resolved in one transfer.
+
+    ``busy`` is set while :meth:`resolve` runs its own torch ops (``stack``,
+    ``.cpu()``): the recorder must not record, nor fingerprint, its own
+    bookkeeping. On an H100 it did, from inside ``__exit__`` while the mode was
+    still active: each resolve added entries to ``pending`` as it read it.
+    """
+
+    def __init__(self, torch: Any, *, device_sums: bool | None = None) -> None:
         self.torch = torch
         self.pending: list[tuple[list[str], int, Any]] = []
         self._weights: dict[tuple[str, int], Any] = {}
+        self.busy = False
+        if device_sums is None:
+            device_sums = os.environ.get(DEVICE_SUMS_VAR) == "1"
+        self.device_sums = device_sums
 
     def __call__(self, t: Any) -> str:
         torch = self.torch
@@ -94,7 +111,7 @@ class _Fingerprinter:
             if t.numel() == 0:
                 return "empty"
             flat = t.detach().reshape(-1)
-            if t.device.type == "cpu":
+            if t.device.type == "cpu" and not self.device_sums:
                 return _blake3_16(flat.view(torch.uint8).numpy())
             return self._device_sum(flat)
         except Exception:  # an exotic tensor subclass: recorded as unfingerprinted
@@ -116,13 +133,18 @@ class _Fingerprinter:
         return slot  # type: ignore[return-value]  # resolved to text by resolve()
 
     def resolve(self) -> None:
-        if not self.pending:
+        """Fill every pending slot with its text, in one device-to-host transfer."""
+        if not self.pending or self.busy:
             return
-        torch = self.torch
-        values = torch.stack([s for _, _, s in self.pending]).cpu().tolist()
-        for (slot, _, _), (a, b) in zip(self.pending, values, strict=True):
+        # Take the list first: whatever runs below works on this snapshot only.
+        pending, self.pending = self.pending, []
+        self.busy = True
+        try:
+            values = self.torch.stack([s for _, _, s in pending]).cpu().tolist()
+        finally:
+            self.busy = False
+        for (slot, _, _), (a, b) in zip(pending, values, strict=True):
             slot[0] = f"s{a & 0xFFFFFFFFFFFFFFFF:016x}{b & 0xFFFFFFFFFFFFFFFF:016x}"
-        self.pending.clear()
 
 
 def _blake3_16(buffer: Any) -> str:
@@ -329,15 +351,17 @@ def make_recorder_class() -> Any:
                 self.labeller.__exit__(None, None, None)
             if self.modules is not None:
                 self.modules.remove()
+            # Leave the mode first: resolving runs torch ops of its own.
+            result = super().__exit__(*exc)
             self.fp.resolve()
-            return super().__exit__(*exc)
+            return result
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             # A forked DataLoader worker inherits the mode; the launcher pauses it
             # while it fingerprints the step trail.
-            if self.paused or os.getpid() != self.pid:
+            if self.paused or self.fp.busy or os.getpid() != self.pid:
                 return func(*args, **kwargs)
             ins = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             in_fps = tuple(self.fp(t) for t in ins) if self.fingerprint else ()
