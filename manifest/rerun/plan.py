@@ -259,19 +259,46 @@ def plan_command(*, verb: str, root: Path, argv: list[str], cwd: str, outputs: l
         cluster=options.cluster, sandbox_requested=options.sandbox)
 
 
+MAX_NODES = 4096
+"""The most nodes a recorded topology may claim and still be planned (each node is one
+launch: here, one torchrun on this machine; on a cluster, one placed node)."""
+MAX_WORLD_SIZE = 1 << 20
+"""The most ranks (world size, or processes per node) a recorded topology may claim."""
+
+
+def refuse_oversized(recorded: Manifest) -> None:
+    """Refuse, before anything is built from it, a topology beyond :data:`MAX_NODES` nodes or
+    :data:`MAX_WORLD_SIZE` ranks: a received manifest claiming 10^6 or 2^53 − 1 nodes made
+    the planner build a launch per node before the trust refusal, and the verb never
+    answered. One sentence, exit 2, in constant time."""
+    from manifest.errors import UsageError
+
+    topology = recorded.command.topology if recorded.command is not None else None
+    if topology is None:
+        return
+    per_node = topology.local_world_size or 0
+    if (topology.nodes > MAX_NODES or topology.world_size > MAX_WORLD_SIZE
+            or per_node > MAX_WORLD_SIZE):
+        raise UsageError(
+            f"the manifest's topology claims {topology.nodes} node(s), world size "
+            f"{topology.world_size}, beyond what a re-run is planned for ({MAX_NODES} nodes, "
+            f"world size {MAX_WORLD_SIZE}): refusing to plan it.")
+    if topology.nodes > topology.world_size:
+        raise UsageError(
+            f"the manifest's topology claims {topology.nodes} node(s) for world size "
+            f"{topology.world_size}: every node runs at least one rank, refusing to plan it.")
+
+
 def recorded_settings(recorded: Manifest, threads: int | None = None) -> LaunchSettings:
     """The launcher settings a manifest was recorded under (``threads`` overrides)."""
-    from manifest.capture.launcher import LaunchSettings, launch_identity
+    from manifest.capture.launcher import LaunchSettings
 
-    argv = list(recorded.command.argv) if recorded.command else []
     return LaunchSettings(
         seed=recorded.randomness.seed or 0,
         derivation=recorded.randomness.derivation or "same",
         threads=threads or recorded.determinism.num_threads or 1,
         deterministic=recorded.determinism.requested,
         hashseed=recorded.determinism.pythonhashseed,
-        sealed=launch_identity(recorded.code.commit, recorded.code.diff_digest, argv,
-                               recorded.randomness.seed or 0),
     )
 
 
@@ -292,6 +319,7 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
                             f"deterministic={settings.deterministic}"),
     })
     decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
+    refuse_oversized(recorded)  # trust decided, and nothing built yet that a claim sizes
     plan = plan_command(
         verb=verb, root=root, argv=list(recorded.command.argv), cwd=recorded.command.cwd,
         outputs=list(recorded.command.outputs),

@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -237,7 +239,11 @@ class SlurmExecutor(ClusterExecutor):
         need = need_of(plan.topology, plan.settings.threads)
         logs = self.folder() / "logs"
         cluster = "local" if self.local() else None
-        executor = submitit.AutoExecutor(folder=logs, cluster=cluster)
+        # Isolated (-I): neither the job's working directory nor PYTHONPATH is on sys.path,
+        # so the entrypoint that checks the bundle is the installed package.
+        python = f"{shlex.quote(sys.executable)} -I"
+        executor = submitit.AutoExecutor(folder=logs, cluster=cluster, local_python=python,
+                                         slurm_python=python)
         params: dict[str, Any] = {
             "name": f"manifest-{plan.verb}", "nodes": need.nodes,
             "tasks_per_node": 1, "cpus_per_task": need.cpus,
