@@ -421,6 +421,38 @@ class TrailPoint(Model):
     digest: Digest
 
 
+class NumericPoint(Model):
+    """One step of the numeric trail (``launch/boot/_manifest_trail.numeric_point``): numbers
+    that let two runs be compared by distance, not only by bits."""
+
+    step: Count
+    loss: float | None
+    """The last scalar passed to ``backward()`` before this step; None when there was none."""
+    loss_eps: float | None = None
+    """Machine epsilon of the loss's dtype: one rounding of the loss, relative."""
+    groups: list[list[float]]
+    """Per parameter group: its L2 norm, then its projections on fixed random directions."""
+
+
+class EnvelopeStep(Model):
+    """How far each rounding-only run was from the base run at one step (relative)."""
+
+    step: Count
+    loss: list[float]
+    """|Δloss| / |loss| of each run (the runs in ``Envelope.runs`` order)."""
+    groups: list[list[float]]
+    """Per parameter group, each run's relative parameter distance."""
+
+
+class Envelope(Model):
+    """A run's own noise envelope (``manifest.numeric.envelope``): what rounding alone does
+    to its numeric trail, step by step. Measured by ``lab`` or ``capture --envelope``."""
+
+    runs: list[str]
+    """What each run changed: ``1 ULP (seed 1)``, ``threads 2 → 1`` …"""
+    steps: list[EnvelopeStep]
+
+
 class OpStreamRef(Model):
     """An op stream stored at capture (``--fingerprint-ops``) as a blob in the store."""
 
@@ -436,6 +468,9 @@ class ProcessOutcome(Model):
     trail: list[TrailPoint] = Field(default_factory=list)
     # Left out of the document when absent, so manifests without it keep their bytes.
     ops: OpStreamRef | None = Field(default=None, exclude_if=lambda v: v is None)
+    numeric: list[NumericPoint] | None = later(
+        "the numeric trail: per step, the loss and each parameter group's norm and random "
+        "projections, to compare runs by distance where bits cannot be expected")
 
 
 class Segment(Model):
@@ -479,6 +514,9 @@ class Outputs(Model):
     checkpoints: list[Checkpoint] | None = later(
         "checkpoints the run saved during training, each with its step (verify --segments "
         "resumes from them)")
+    envelope: Envelope | None = later(
+        "the run's own noise envelope (capture --envelope): how far rounding-only runs "
+        "drift from it step by step; verify's 'equivalent' is judged against it")
 
 
 # ----------------------------------------------------------------- observed

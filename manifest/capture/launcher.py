@@ -97,6 +97,10 @@ class LaunchSettings:
     hashseed: str | None = None
     """PYTHONHASHSEED unless the environment sets one (default ``0``: it is a switch, not a
     seed to vary, so two captures with different ``--seed`` hash strings alike)."""
+    numeric: bool = True
+    """The numeric trail beside the step trail (loss, norms, projections per step)."""
+    perturb: int | None = None
+    """An envelope run: move the state one ULP (this seed) before the first update."""
     sealed: str | None = None
     """``launch_identity`` of this run, given to the child as ``MANIFEST_SEALED_RUN``: the
     id the integration callbacks log, the same in the capture and every re-run."""
@@ -110,6 +114,8 @@ class LaunchSettings:
             "threads": self.threads, "deterministic": self.deterministic,
             "trail": "" if self.trail == "off" else self.trail,
             "root": self.root,
+            **({} if self.numeric else {"numeric": False}),
+            **({} if self.perturb is None else {"perturb": self.perturb}),
         })
         env.pop("MANIFEST_OPS", None)
         if self.ops is not None:

@@ -48,6 +48,7 @@ from manifest.models import (
     Flags,
     LoaderSeed,
     Manifest,
+    NumericPoint,
     OpStreamRef,
     ProcessDeterminism,
     ProcessOutcome,
@@ -126,6 +127,7 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
             # automatic per-optimizer-step trail.
             trail=[TrailPoint(step=int(p["step"]), digest=p["digest"])
                    for p in r.get("trail") or r.get("auto_trail") or []],
+            numeric=_items(NumericPoint, r.get("numeric")),
         ))
     return rnd, det, out
 

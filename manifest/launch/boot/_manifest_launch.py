@@ -54,6 +54,7 @@ import json
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -108,6 +109,8 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
                 ops.paused = False
         if digest is not None:
             _state["auto_trail"].append({"step": step, "digest": digest})
+        if config.get("numeric", True):
+            _numeric(step, trail.optimizer_groups(optimizer), _state["loss"])
     if ops is not None:
         stop = ops.on_step_end(step)
         ops.on_step_start(step + 1)
@@ -121,10 +124,107 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             os._exit(0)
 
 
+def _numeric(step: int, groups: list[list[Any]], loss: Any) -> None:
+    """A numeric-trail point (``_manifest_trail.numeric_point``), paused from the op stream."""
+    ops = _state["ops"]
+    if ops is not None:
+        ops.paused = True
+    try:
+        point = trail.numeric_point(groups, loss)
+    except Exception as exc:  # recorded once, never breaks the user's step
+        point = None
+        if not _state["numeric_failed"]:
+            _state["numeric_failed"] = True
+            _note_error(f"numeric trail failed: {type(exc).__name__}: {exc}")
+    finally:
+        if ops is not None:
+            ops.paused = False
+    if point is not None:
+        _state["numeric"].append({"step": step, **point})
+
+
+def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """``perturb``: the state moved by one ULP before the first update (an envelope run)."""
+    if not _state["perturbed"]:
+        _state["perturbed"] = True
+        trail.perturb_one_ulp([p for g in trail.optimizer_groups(optimizer) for p in g],
+                              int((_state["config"] or {})["perturb"]))
+
+
+def _on_backward(tensors: Any) -> None:
+    """Every backward(): keep the loss; count it as a step while no optimizer steps."""
+    torch = sys.modules["torch"]
+    loss = tensors if isinstance(tensors, torch.Tensor) else (
+        tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else None)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        loss = None
+    _state["backwards"] += 1
+    if _state["steps"] == 0:
+        if _state["backwards"] == 1 and loss is not None:
+            _state["leaves"] = [weakref.ref(t) for t in trail.graph_leaves(loss)]
+        elif _state["backwards"] > 1:
+            _backward_step(_state["backwards"] - 1)
+    _state["loss"] = loss.detach() if loss is not None else None
+
+
+def _backward_step(step: int) -> None:
+    """The point of hand-updated step ``step`` (no torch.optim in this process)."""
+    config = _state["config"] or {}
+    params = [p for p in (ref() for ref in _state["leaves"]) if p is not None]
+    if not params:
+        return
+    if config.get("perturb") is not None and not _state["perturbed"]:
+        _state["perturbed"] = True
+        trail.perturb_one_ulp(params, int(config["perturb"]))
+    mode = config.get("trail", "sampled")
+    if not trail.keep_point(step, mode):
+        return
+    ops = _state["ops"]
+    if ops is not None:
+        ops.paused = True
+    try:
+        digest = trail.optimizer_fingerprint(_Groups([{"params": params}]))
+    finally:
+        if ops is not None:
+            ops.paused = False
+    if digest is not None:
+        _state["auto_trail"].append({"step": step, "digest": digest})
+    if config.get("numeric", True):
+        _numeric(step, [params], _state["loss"])
+
+
+class _Groups:
+    """The one attribute of an optimizer that the fingerprints read."""
+
+    def __init__(self, param_groups: list[dict[str, Any]]) -> None:
+        self.param_groups = param_groups
+
+
+def _install_backward_hook(torch: Any) -> None:
+    """Wrap ``torch.autograd.backward`` (``Tensor.backward`` calls it by that name)."""
+    original = torch.autograd.backward
+
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _on_backward(tensors)
+        except Exception as exc:  # recorded, never breaks the user's backward
+            _note_error(f"backward step hook failed: {type(exc).__name__}: {exc}")
+        return original(tensors, *args, **kwargs)
+
+    backward.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.autograd.backward = backward
+
+
 def _install_step_hook(torch: Any) -> None:
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
 
     register_optimizer_step_post_hook(_after_optimizer_step)
+    if (_state["config"] or {}).get("perturb") is not None:
+        register_optimizer_step_pre_hook(_before_optimizer_step)
+    _install_backward_hook(torch)
     raw = os.environ.get("MANIFEST_OPS")
     if raw:
         import _manifest_opstream  # type: ignore[import-not-found]
@@ -246,7 +346,14 @@ def _write_record() -> None:
         record.update(switches.loaded_versions())
         record["at_exit"] = rng.rng_fingerprints() if record["torch_imported"] else None
         record["trail"] = trail.trail_points()
-        record["steps"] = _state["steps"]
+        if _state["steps"] == 0 and _state["backwards"] and _state["leaves"]:
+            # Hand-updated weights: the last backward()'s update is the last step.
+            _backward_step(_state["backwards"])
+            record["step_source"] = "backward"
+            record["steps"] = _state["backwards"]
+        else:
+            record["steps"] = _state["steps"]
+        record["numeric"] = list(_state["numeric"])
         record["auto_trail"] = list(_state["auto_trail"])
         record["log"] = list(_state["log"])
         if _state["ops"] is not None:

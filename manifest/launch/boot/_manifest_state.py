@@ -33,4 +33,12 @@ state: dict[str, Any] = {
     "auto_trail": [],
     "ops": None,
     "log": [],
+    # Numeric trail (_manifest_trail.numeric_point): loss, norms, projections per step.
+    "numeric": [],
+    "numeric_failed": False,
+    # backward() calls, the last loss, and the graph's leaves: steps where no optimizer steps.
+    "backwards": 0,
+    "loss": None,
+    "leaves": [],
+    "perturbed": False,
 }

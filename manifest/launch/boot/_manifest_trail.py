@@ -22,6 +22,7 @@ Standard library at import; torch is taken from ``sys.modules`` when called.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -134,3 +135,129 @@ def keep_point(step: int, mode: Any) -> bool:
     interval: int = 10 ** (len(str(step)) - 3)
     return step % interval == 0
 
+
+
+# ------------------------------------------------------------- numeric trail
+#
+# The digests above say whether two runs hold the same bits; they cannot say how
+# far apart two runs are. The numeric trail can, without saving a checkpoint: at
+# the same steps, the loss the script last passed to backward() and, per
+# parameter group, the group's L2 norm and its projection on PROJECTIONS fixed
+# random directions. Projections are linear, so the difference of two runs'
+# projections is the projection of the difference of their parameters, and
+# mean((r_i . d)^2) estimates |d|^2 for directions of unit variance: the
+# numeric trail measures the parameter distance between two runs, step by step
+# (``manifest.numeric.envelope`` turns it into a verdict).
+#
+# Each direction of a parameter with shape (m, ...) is the outer product a (x) b
+# of a length-m and a length-n/m Gaussian vector (zero mean, unit variance, so
+# E[(a (x) b . d)^2] = |d|^2 still holds): stored it costs (m + n/m) floats per
+# direction, not n, and the projection is one matmul. The directions come from
+# a private generator seeded by the parameter's position, never the script's
+# generators, so the trail changes no random state and is the same in every run.
+# Sums run in float64: a projection computed in float32 would itself round by
+# about 1e-7 of the norm, more than the distance a thread count makes at step 1.
+
+PROJECTIONS = 4
+
+
+def _directions(torch: Any, p: Any, index: int) -> tuple[Any, Any]:
+    rows = p.shape[0] if p.dim() >= 1 else 1
+    cols = p.numel() // rows if rows else 0
+    gen = torch.Generator().manual_seed(0x6D616E69 + index)
+    a = torch.randn(rows, PROJECTIONS, generator=gen, dtype=torch.float64)
+    b = torch.randn(cols, PROJECTIONS, generator=gen, dtype=torch.float64)
+    return a.to(p.device), b.to(p.device)
+
+
+def numeric_point(groups: list[list[Any]], loss: Any) -> dict[str, Any] | None:
+    """``{"loss", "loss_eps", "groups": [[norm, proj_1, …], …]}`` of ``groups``' parameters.
+
+    ``loss_eps`` is the machine epsilon of the loss's dtype: a loss is a rounded number,
+    and two runs a rounding apart may differ in it by that much, relatively."""
+    torch = sys.modules["torch"]
+    cache = _state.setdefault("directions", {})
+    rows: list[Any] = []
+    with torch.no_grad():
+        index = 0
+        for params in groups:
+            total: Any = None
+            for p in params:
+                index += 1
+                if not p.is_floating_point() or p.numel() == 0 or p.is_sparse:
+                    continue
+                key = (id(p), index)
+                hit = cache.get(key)
+                if hit is None or hit[0]() is not p or hit[1][0].device != p.device:
+                    hit = (weakref.ref(p), _directions(torch, p, index))
+                    cache[key] = hit
+                a, b = hit[1]
+                flat = p.detach().reshape(a.shape[0], -1).to(torch.float64)
+                proj = ((flat @ b) * a).sum(0)  # k projections
+                row = torch.cat([(flat * flat).sum().reshape(1), proj])
+                total = row if total is None else total + row.to(total.device)
+            rows.append(total)
+        device = next((r.device for r in rows if r is not None), None)
+        out = [r.to(device) if r is not None else torch.zeros(PROJECTIONS + 1,
+               dtype=torch.float64, device=device) for r in rows] if device is not None else []
+        values: list[list[float]] = []
+        if out:
+            values = torch.stack(out).cpu().tolist()
+        lost = eps = None
+        if loss is not None:
+            lost = float(loss.detach().to(torch.float64).cpu().reshape(-1)[0])
+            eps = float(torch.finfo(loss.dtype).eps) if loss.is_floating_point() else None
+    groups_out = [[math.sqrt(v[0]), *v[1:]] for v in values]
+    if lost is not None and not math.isfinite(lost):
+        lost = None
+    if any(not math.isfinite(x) for g in groups_out for x in g):
+        return None  # a run that went to NaN/inf has no numeric point to compare
+    return {"loss": lost, "loss_eps": eps, "groups": groups_out}
+
+
+def optimizer_groups(optimizer: Any) -> list[list[Any]]:
+    return [list(group["params"]) for group in optimizer.param_groups]
+
+
+# --------------------------------------------------------- steps by backward()
+#
+# Scripts that update weights by hand (word_language_model: ``p.data.add_(p.grad,
+# alpha=-lr)``) never call an optimizer step. There, the launcher counts backward()
+# calls as steps: the n-th backward() starts after the (n-1)-th update, so the point
+# of step n-1 is taken as backward() n begins and the last step's at exit. The
+# parameters are the leaves the first backward() reached (AccumulateGrad nodes of its
+# graph), in graph order, which is the same in every run of the same code. Once any
+# optimizer step happens in the process, backward() counts nothing: steps are the
+# optimizer's.
+
+
+def graph_leaves(tensor: Any) -> list[Any]:
+    """The leaf tensors that backward() from ``tensor`` accumulates gradients into."""
+    seen: set[int] = set()
+    leaves: list[Any] = []
+    stack = [tensor.grad_fn] if getattr(tensor, "grad_fn", None) is not None else []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            leaves.append(variable)
+            continue
+        stack.extend(n for n, _ in reversed(node.next_functions))
+    return leaves
+
+
+def perturb_one_ulp(params: list[Any], seed: int) -> None:
+    """Move every float element of ``params`` one ULP up or down (a seeded choice each):
+    the lab's and capture's rounding-only perturbation of a run's state."""
+    torch = sys.modules["torch"]
+    gen = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for p in params:
+            if not p.is_floating_point() or p.numel() == 0:
+                continue
+            up = torch.rand(p.shape, generator=gen) < 0.5
+            target = torch.where(up, torch.tensor(math.inf), torch.tensor(-math.inf))
+            p.data.copy_(torch.nextafter(p.data, target.to(p.device, p.dtype)))

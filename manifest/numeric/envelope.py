@@ -1,0 +1,237 @@
+"""A run's own noise envelope, and the verdict ``equivalent`` judged against it.
+
+Bits are the right question on the machine that made a run. On another SKU, driver,
+library build or thread count, rounding differs and bits cannot be expected. What can
+be expected is that the re-run stays as close to the recorded run as rounding alone
+takes runs apart, step by step. This module measures that (``measure_envelope``) and
+judges a re-run against it (``judge``).
+
+Distances (``step_distance``), between two numeric-trail points of the same step:
+
+* parameters, per group: sqrt(mean_i (Δ projection_i)^2) / norm. The projections are on
+  random directions of unit variance, so this estimates |θ_a − θ_b| / |θ_a| (relative L2);
+* loss: |Δloss| / |loss|.
+
+The envelope is every rounding-only run's distance from the base run at every step: runs
+whose state was moved by one ULP before the first update (each with its own seed), and
+runs under another thread count. Its bound at step t is
+
+    bound(t) = spread × max over runs and steps s ≤ t of distance(s)
+
+* The running maximum, because rounding error grows by chaos (the design's table: 1,000×
+  over 40 steps) and a quieter step in the measured runs is luck, not a tighter tolerance.
+* ``spread``: the largest ratio, over steps and groups, of the widest measured run to the
+  median one. One more run from the same noise (the re-run on another machine) lands
+  beyond the measured maximum about 1 time in (runs + 1); the measured runs' own spread
+  says how far beyond. Both factors are measured on the run judged: no tolerance is a
+  constant of this code (STYLE 17).
+* The loss is a rounded number: two runs a rounding apart may differ in it by one unit of
+  its dtype (``loss_eps``, relative), so the loss bound is never below ``spread × eps``.
+
+Measured on CPU (tests/numeric_runs.py, a Transformer encoder layer with Adam, 30 steps):
+a one-ULP perturbation gives 6e-8 at step 1 and 1e-5 at step 30, threads 2 → 1 gives
+3e-11 and 2e-5; a learning rate ×1.01 gives 2e-5 at step 1. ``docs/verdicts.md`` plots it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from manifest.models import Envelope, EnvelopeStep, NumericPoint
+
+Verdict = Literal["equivalent", "differs", "not-compared"]
+
+
+def step_distance(a: NumericPoint, b: NumericPoint) -> tuple[float, list[float]] | None:
+    """(loss distance, per-group parameter distances) of ``b`` from ``a``; None when the
+    two points do not have the same parameter groups (another model, another optimizer)."""
+    if len(a.groups) != len(b.groups) or any(len(x) != len(y)
+                                             for x, y in zip(a.groups, b.groups, strict=True)):
+        return None
+    groups = []
+    for ga, gb in zip(a.groups, b.groups, strict=True):
+        k = len(ga) - 1
+        delta = math.sqrt(sum((x - y) ** 2 for x, y in zip(ga[1:], gb[1:], strict=True)) / k) \
+            if k else abs(ga[0] - gb[0])
+        groups.append(_relative(delta, ga[0]))
+    if a.loss is None or b.loss is None:
+        loss = 0.0 if a.loss == b.loss else math.inf
+    else:
+        loss = _relative(abs(a.loss - b.loss), a.loss)
+    return loss, groups
+
+
+def _relative(delta: float, scale: float) -> float:
+    if delta == 0:
+        return 0.0
+    return delta / abs(scale) if scale else math.inf
+
+
+def measure_envelope(base: Sequence[NumericPoint],
+                     runs: Sequence[tuple[str, Sequence[NumericPoint]]]) -> Envelope:
+    """Each run's distance from ``base`` at every step they all recorded."""
+    by_step = [{p.step: p for p in trail} for _, trail in runs]
+    steps: list[EnvelopeStep] = []
+    for point in base:
+        others = [m.get(point.step) for m in by_step]
+        if any(o is None for o in others):
+            continue
+        measured = [step_distance(point, o) for o in others if o is not None]
+        if any(m is None for m in measured):
+            continue
+        pairs = [m for m in measured if m is not None]
+        steps.append(EnvelopeStep(
+            step=point.step, loss=[_finite(m[0]) for m in pairs],
+            groups=[[_finite(m[1][g]) for m in pairs] for g in range(len(point.groups))]))
+    return Envelope(runs=[label for label, _ in runs], steps=steps)
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else 1.0  # a run that lost its loss: as far as it gets
+
+
+def spread(runs: Sequence[Sequence[float]]) -> float:
+    """The widest measured run over the median one, at the step where that ratio is largest
+    (1 when fewer than two runs moved at all). ``runs``: each step's distances, by run."""
+    worst = 1.0
+    for distances in runs:
+        moved = [d for d in distances if d > 0]
+        if len(moved) >= 2:
+            worst = max(worst, max(moved) / statistics.median(moved))
+    return worst
+
+
+@dataclass(frozen=True)
+class Bound:
+    step: int
+    loss: float
+    groups: list[float]
+
+
+def bounds(envelope: Envelope, loss_eps: float = 0.0) -> list[Bound]:
+    """The bound at every step of the envelope, in step order (see the module docstring).
+
+    The loss of step t is computed on the state after step t − 1, and the envelope's
+    perturbation enters with the first update, after step 1's forward: the envelope's loss
+    first sees it at step 2. So the loss at step t is held to the envelope's losses up to
+    step t + 1, the first forward that saw a state as far apart as step t's parameters."""
+    ordered = sorted(envelope.steps, key=lambda s: s.step)
+    group_factor = spread([d for s in ordered for d in s.groups])
+    loss_factor = max(group_factor, spread([s.loss for s in ordered]))
+    out: list[Bound] = []
+    group_max: list[float] = []
+    for i, step in enumerate(ordered):
+        ahead = ordered[: i + 2]
+        loss_max = max([loss_eps, *(d for s in ahead for d in s.loss)])
+        if not group_max:
+            group_max = [0.0] * len(step.groups)
+        group_max = [max([m, *d]) for m, d in zip(group_max, step.groups, strict=False)]
+        out.append(Bound(step.step, loss_factor * loss_max, [group_factor * m for m in group_max]))
+    return out
+
+
+@dataclass
+class Judgement:
+    """What the numeric trails say about a re-run that does not hold the same bits."""
+
+    verdict: Verdict
+    steps_compared: int = 0
+    first_step: int | None = None
+    """The first step outside the envelope (``differs``)."""
+    where: str | None = None
+    """``loss`` or ``parameter group N``: what left the envelope first."""
+    distance: float | None = None
+    bound: float | None = None
+    closest: float | None = None
+    """``equivalent``: the largest distance/bound over every step and quantity (≤ 1)."""
+    reason: str | None = None
+    runs: list[str] = field(default_factory=list)
+
+    @property
+    def times_outside(self) -> float | None:
+        if self.distance is None or self.bound is None:
+            return None
+        return math.inf if self.bound == 0 else self.distance / self.bound
+
+    def sentence(self) -> str:
+        if self.verdict == "differs" and self.first_step is not None:
+            times = self.times_outside
+            far = "∞" if times is None or math.isinf(times) else f"{times:.3g}"
+            return (f"step {self.first_step}: {self.where} is {self.distance:.3g} from the "
+                    f"recorded run, {far}× the envelope's {self.bound:.3g}")
+        if self.verdict == "equivalent":
+            return (f"all {self.steps_compared} steps inside the envelope (closest: "
+                    f"{self.closest:.2g} of the bound; envelope from {len(self.runs)} "
+                    f"rounding-only runs)")
+        return self.reason or self.verdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "steps_compared": self.steps_compared,
+                "first_step": self.first_step, "where": self.where,
+                "distance": self.distance, "bound": self.bound, "closest": self.closest,
+                "reason": self.reason, "envelope_runs": self.runs,
+                "sentence": self.sentence()}
+
+
+def judge(recorded: Sequence[NumericPoint], rerun: Sequence[NumericPoint],
+          envelope: Envelope | None) -> Judgement:
+    """``equivalent`` when every step the two trails share lies inside ``envelope``;
+    ``differs`` at the first step outside; ``not-compared`` with a reason otherwise."""
+    if envelope is None or not envelope.steps:
+        return Judgement("not-compared", reason="the run has no noise envelope "
+                         "(capture --envelope N, or manifest lab --envelope N, measures one)")
+    if not recorded or not rerun:
+        return Judgement("not-compared", reason="no numeric trail in "
+                         + ("the recorded run" if not recorded else "the re-run"))
+    eps = max((p.loss_eps for p in recorded if p.loss_eps), default=0.0)
+    limit = bounds(envelope, eps)
+    again = {p.step: p for p in rerun}
+    shared = [p for p in recorded if p.step in again]
+    if not shared:
+        return Judgement("not-compared", reason="the numeric trails share no step")
+    # Rounding that first shows at step t0 grows from there as the envelope's grows from
+    # its first step: a run that matched the recorded one number for number up to t0 − 1
+    # is judged from t0 on against the envelope's curve from its start.
+    parted = next((p.step for p in shared if p != again[p.step]), None)
+    if parted is None:
+        return Judgement("equivalent", len(shared), closest=0.0, runs=list(envelope.runs),
+                         reason="the numeric trails are the same, number for number")
+    first = limit[0].step
+    closest = 0.0
+    compared = 0
+    uncovered: list[int] = []
+    for point in shared:
+        if point.step < parted:
+            compared += 1
+            continue
+        target = first + point.step - parted
+        bound = next((b for b in limit if b.step >= target), None)
+        if bound is None:
+            uncovered.append(point.step)
+            continue
+        measured = step_distance(point, again[point.step])
+        compared += 1
+        if measured is None:
+            return Judgement("differs", compared, point.step, "the parameter groups",
+                             reason="the re-run's parameter groups are not the recorded ones",
+                             runs=list(envelope.runs))
+        loss, groups = measured
+        checks = [("loss", loss, bound.loss)] + [
+            (f"parameter group {i}", d, b) for i, (d, b) in enumerate(
+                zip(groups, bound.groups, strict=False))]
+        for where, distance, edge in checks:
+            if distance > edge:
+                return Judgement("differs", compared, point.step, where, distance, edge,
+                                 runs=list(envelope.runs))
+            if edge > 0:
+                closest = max(closest, distance / edge)
+    if uncovered:
+        return Judgement("not-compared", compared, reason=(
+            f"inside the envelope up to step {uncovered[0] - 1}, but the envelope (steps "
+            f"{first}–{limit[-1].step}) does not reach {len(uncovered)} later step(s): "
+            "measure it over the whole run"), runs=list(envelope.runs))
+    return Judgement("equivalent", compared, closest=closest, runs=list(envelope.runs))
