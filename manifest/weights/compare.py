@@ -20,7 +20,7 @@ from typing import Any
 from manifest.models import Artifact
 from manifest.weights.bounds import WeightFileError
 from manifest.weights.raw import RawTensor
-from manifest.weights.tables import MappedFile, open_tensors
+from manifest.weights.tables import MappedFiles, open_tensors
 
 _INT_VIEWS = {"float64": ("<i8", 63), "float32": ("<i4", 31), "float16": ("<i2", 15),
               "bfloat16": ("<i2", 15)}
@@ -112,7 +112,7 @@ def _itemsize(dtype: str) -> int:
     return ITEMSIZE.get(dtype, 1)
 
 
-def _tensors(path: Path) -> tuple[list[MappedFile], dict[str, RawTensor]] | None:
+def _tensors(path: Path) -> tuple[MappedFiles, dict[str, RawTensor]] | None:
     return open_tensors(path)
 
 
@@ -195,6 +195,5 @@ def _numbers(
         _close(new[0])
 
 
-def _close(maps: list[MappedFile]) -> None:
-    for mapped in maps:
-        mapped.close()
+def _close(maps: MappedFiles) -> None:
+    maps.close()

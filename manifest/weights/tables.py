@@ -201,19 +201,27 @@ def _digest_set(path: Path, display: str, *, malformed_ok: bool) -> Artifact:
                     tensors=tensors)
 
 
-def open_tensors(path: Path) -> tuple[list[MappedFile], dict[str, RawTensor]] | None:
+class MappedFiles(list[MappedFile]):
+    """The maps behind an artifact's tensors: iterate them, or close them all at once."""
+
+    def close(self) -> None:
+        for mapped in self:
+            mapped.close()
+
+
+def open_tensors(path: Path) -> tuple[MappedFiles, dict[str, RawTensor]] | None:
     """Every tensor of a weight artifact by name, with what to close after; None when the
     artifact has no tensor table (a plain file)."""
     if is_dcp_dir(path) or is_index(path):
         # The readers keep their maps open while a tensor view is referenced.
-        return [], {t.name: t for t in iter_set(path)}
+        return MappedFiles(), {t.name: t for t in iter_set(path)}
     mapped = MappedFile(path)
     fmt = detect_format(mapped.view)
     if fmt == "file":
         mapped.close()
         return None
     try:
-        return [mapped], {t.name: t for t in iter_tensors(mapped.view, fmt, path)}
+        return MappedFiles([mapped]), {t.name: t for t in iter_tensors(mapped.view, fmt, path)}
     except BaseException:
         mapped.close()
         raise
