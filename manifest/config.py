@@ -9,6 +9,7 @@ Recognised keys (all optional)::
     data = ["data/", "labels=meta/labels.csv"]
     outputs = ["out/*.safetensors"]
     store = ".manifest"
+    resume = "--resume {checkpoint}"   # how the script resumes (verify --segments)
 
     [tool.manifest.gate]               # see manifest.gate.checks
     [tool.manifest.trust]              # see manifest.travel.policy
@@ -29,7 +30,7 @@ MAX_SEED = 2**53 - 1
 MAX_THREADS = 65536
 
 KNOWN_KEYS = frozenset({"command", "seed", "threads", "data", "outputs", "store", "gate",
-                        "deterministic", "trust", "executors"})
+                        "deterministic", "trust", "executors", "resume"})
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -86,6 +87,12 @@ def check_table(table: dict[str, Any], origin: Path | None) -> None:
         raise ConfigError(f"{where}: command must be a string or a list of strings.")
     for key in ("data", "outputs"):
         string_list(table, key, origin)
+    resume = table.get("resume")
+    if resume is not None and (not isinstance(resume, (str, list)) or not all(
+            isinstance(a, str) for a in (resume if isinstance(resume, list) else [resume]))
+            or "{checkpoint}" not in "".join(resume)):
+        raise ConfigError(f"{where}: resume must be a string or a list of strings holding "
+                          "{checkpoint}, e.g. \"--resume {checkpoint}\".")
     if "store" in table and not isinstance(table["store"], str):
         raise ConfigError(f"{where}: store must be a string (a directory).")
     if "deterministic" in table and not isinstance(table["deterministic"], bool):

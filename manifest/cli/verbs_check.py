@@ -24,6 +24,7 @@ from manifest.cli.options import (
     add_rerun_options,
     positive_int,
 )
+from manifest.cli.text import plain_confinement, plain_trust
 from manifest.errors import UsageError
 
 if TYPE_CHECKING:
@@ -117,6 +118,9 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="when the outputs differ, explain where (see 'manifest explain')")
     add_format_option(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    from manifest.cli.verbs_segments import add_segment_options
+
+    add_segment_options(p)
     p.set_defaults(func=_cmd_verify)
 
 
@@ -127,6 +131,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     data = read_manifest_file(args.file)
     signer = trusted_signer(args, data)
+    from manifest.cli.verbs_segments import run_segments, wants_segments
+
+    if wants_segments(args):  # a long run: replay stretches (manifest.verify.segments)
+        return run_segments(args, data, signer)
     options = VerifyOptions(strict=args.strict, trust=args.trust, in_place=args.in_place,
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
                             no_cache=args.no_cache, quiet=args.quiet, network=args.network,
@@ -135,7 +143,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     report = verify_run(data, file=args.file, cwd=Path.cwd(),
                         options=options, announce=render_command, show_plan=show_plan)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
-        sys.stderr.write(f"manifest: re-run: {report.confinement}; ran because: {report.trust}.\n")
+        sys.stderr.write(f"manifest: the re-run ran {plain_confinement(report.confinement)}; "
+                         f"it was allowed to run because {plain_trust(report.trust)}.\n")
         for note in report.notes:
             sys.stderr.write(f"manifest: note: {note}.\n")
     explained = None

@@ -14,7 +14,7 @@ item into a ``.distcp`` stream, Lightning's in-memory buffer) and saves nested
 inside a recorded one are not checkpoints of their own. Nothing is hashed in
 the training process: a stat per save is the whole cost.
 
-A resumed segment (``verify --segments``): the launch config's ``step_offset``
+A resumed segment (``verify --segments``): ``MANIFEST_SEGMENT``'s ``step_offset``
 starts the step count at the checkpoint's step, so the resumed run's trail
 points carry the recorded run's step numbers; ``stop_after`` ends the process
 when the next ``optimizer.step()`` would go past that step (a pre-step hook),
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -39,6 +40,9 @@ else:
         from _manifest_state import state as _state
     except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
         from manifest.launch.boot._manifest_state import state as _state
+
+SEGMENT_VAR = "MANIFEST_SEGMENT"
+"""``{"step_offset": S, "stop_after": E}``: a resumed segment (``verify --segments``)."""
 
 _saving = [0]  # depth of recorded saves in progress (a save inside a save is not another)
 
@@ -102,11 +106,16 @@ def _dcp_target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def on_torch(torch: Any, write_record: Callable[[], None]) -> None:
     """Wrap ``torch.save``; start the step count at ``step_offset``; stop at ``stop_after``."""
     torch.save = _wrap(torch.save, "torch", _arg(1, "f"))
-    config = _state["config"] or {}
-    offset = config.get("step_offset")
+    try:
+        segment = json.loads(os.environ.get(SEGMENT_VAR) or "{}")
+    except ValueError:
+        segment = {}
+    if not isinstance(segment, dict):
+        segment = {}
+    offset = segment.get("step_offset")
     if isinstance(offset, int) and offset > 0 and _state["steps"] == 0:
         _state["steps"] = offset
-    stop = config.get("stop_after")
+    stop = segment.get("stop_after")
     if isinstance(stop, int):
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 

@@ -1,0 +1,94 @@
+"""``manifest verify --segments N | --at STEP…``: the options, and the report's renderings.
+
+Parsing and rendering only; the replay is ``manifest.verify.segments``. Exit
+status as for verify: 0 every replayed stretch identical, 1 one differs, 3 no
+verdict (a checkpoint missing or changed, a replay that failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from manifest.cli.options import positive_int
+
+if TYPE_CHECKING:
+    from manifest.verify.segments import SegmentsReport
+
+
+def add_segment_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("long runs (replay stretches from recorded checkpoints)")
+    g.add_argument("--segments", type=positive_int, default=None, metavar="N",
+                   help="replay N stretches between recorded checkpoints, chosen with a seed "
+                   "from the run_id, and compare the step trail exactly")
+    g.add_argument("--at", type=positive_int, nargs="+", default=None, metavar="STEP",
+                   help="replay the stretches holding these optimizer steps")
+    g.add_argument("--resume-args", default=None, metavar="TEMPLATE",
+                   help="how the script resumes, e.g. '--resume {checkpoint}' (default: "
+                   "[tool.manifest] resume)")
+
+
+def wants_segments(args: argparse.Namespace) -> bool:
+    return args.segments is not None or bool(args.at)
+
+
+def run_segments(args: argparse.Namespace, data: bytes, signer: str | None) -> int:
+    from manifest.cli.render import render_command
+    from manifest.cli.verbs_check import cluster_from_args, show_plan
+    from manifest.errors import UsageError
+    from manifest.verify.report import VerifyOptions
+    from manifest.verify.segments import verify_segments
+
+    if args.no_rerun or args.in_place or args.explain:
+        raise UsageError("--segments/--at replay stretches in scratch clones: leave out "
+                         "--no-rerun, --in-place and --explain.")
+    options = VerifyOptions(strict=args.strict, trust=args.trust, threads=args.threads,
+                            keep=args.keep, quiet=args.quiet, network=args.network,
+                            sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
+                            signer=signer, cluster=cluster_from_args(args), layout=args.layout)
+    report = verify_segments(data, file=args.file, cwd=Path.cwd(), options=options,
+                             segments=args.segments, at=args.at, resume=args.resume_args,
+                             announce=None if args.quiet else render_command,
+                             show_plan=show_plan)
+    from manifest.cli.options import ReportFormat
+
+    if args.format is ReportFormat.JSON:
+        from manifest.cli.text import json_text
+
+        sys.stdout.write(json_text(report.to_json()) + "\n")
+    else:
+        sys.stdout.write(segments_text(report))
+    return report.exit_code
+
+
+def segments_text(report: SegmentsReport) -> str:
+    from manifest.cli.text import printable
+
+    lines = [f"verify --segments: {report.verdict}",
+             f"  run: {report.run_id}",
+             f"  stretches: {len(report.segments)} of {report.stretches} ({report.chosen_by})",
+             f"  steps checked: {report.steps_checked} of {report.total_steps} "
+             f"({100 * report.share:.1f}%)",
+             f"  chance of catching a single bad step: {100 * report.p_catch_single_bad_step:.1f}%"]
+    if report.recorded_wall_s:
+        lines.append(f"  time: {report.spent_wall_s:.1f} s replaying against "
+                     f"{report.recorded_wall_s:.1f} s recorded "
+                     f"({100 * report.spent_wall_s / report.recorded_wall_s:.0f}%)")
+    for s in report.segments:
+        head = f"  steps {s.start + 1}–{s.end}"
+        head += f" from {printable(s.checkpoint)}" if s.checkpoint else " from the start"
+        text = f"{head}: {s.verdict}"
+        if s.first_divergent_step is not None:
+            text += f", first divergent step {s.first_divergent_step}"
+        elif s.verdict == "identical":
+            text += f", {s.steps_compared} trail points equal"
+        for path, same in s.end_checkpoints.items():
+            text += f"; checkpoint {printable(path)} {'identical' if same else 'differs'}"
+        if s.reason:
+            text += f" ({printable(s.reason)})"
+        lines.append(text)
+    for note in report.notes:
+        lines.append(f"  note: {printable(note)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,399 @@
+"""``manifest verify --segments N`` / ``--at STEP``: prove a run too long to re-run.
+
+A run that saved checkpoints (``outputs.checkpoints``, each with its step) is
+cut at them into stretches; a stretch starts at a checkpoint (or at step 0)
+and ends at the next one (or at the run's last step). Each chosen stretch is
+replayed through the script's own resume path, in a scratch clone of its own
+with the recorded checkpoint placed where the run wrote it:
+
+1. The argv is the recorded one plus the resume template (``[tool.manifest]
+   resume = "--resume {checkpoint}"`` or ``--resume-args``), ``{checkpoint}``
+   being the checkpoint's path relative to the command's cwd. A stretch from
+   step 0 needs no checkpoint and runs the command as recorded.
+2. The launcher starts its step count at the checkpoint's step and ends the
+   process before it would take a step past the stretch's end
+   (``MANIFEST_SEGMENT``, read by ``launch/boot/_manifest_checkpoints``), so the
+   segment's trail points carry the run's own step numbers.
+3. Every recorded trail point inside the stretch must equal the replay's, on
+   every rank: the first that does not is the stretch's first divergent step.
+   Checkpoints recorded at the stretch's end are compared tensor by tensor.
+
+Which stretches: ``--at STEP…`` names them; ``--segments N`` draws N with
+``random.Random`` seeded from the run_id's first 64 bits, so every checker of
+the same manifest replays the same ones, and the run's author cannot know
+which in advance of sealing it without also changing the run.
+
+What a check proves: a single bad step (a flipped bit, a wrong batch) at step
+``b`` is caught when ``b`` lies in a replayed stretch, since the replay starts
+from the run's own state before ``b`` and recomputes ``b`` honestly. With the
+stretches drawn blind, the chance of catching one bad step is the share of
+the run's steps replayed; the report gives both, and what the replays cost
+against the recorded run's wall time.
+
+A checkpoint that is missing, changed since capture, or was never kept (saved
+again at a later step) makes its stretch ``no-verdict`` with the reason
+naming it; it is never skipped in silence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UsageError
+from manifest.models import Checkpoint, Manifest
+
+SEGMENT_VAR = "MANIFEST_SEGMENT"
+PLACEHOLDER = "{checkpoint}"
+
+
+@dataclass(frozen=True)
+class Stretch:
+    start: int
+    end: int
+    checkpoint: Checkpoint | None
+    """Where it resumes from; None for a stretch from step 0."""
+
+
+@dataclass
+class SegmentResult:
+    start: int
+    end: int
+    checkpoint: str | None
+    verdict: str = "no-verdict"
+    """``identical``, ``differs`` or ``no-verdict``."""
+    first_divergent_step: int | None = None
+    steps_compared: int = 0
+    end_checkpoints: dict[str, bool] = field(default_factory=dict)
+    """Checkpoints recorded at ``end``: path → identical tensor by tensor."""
+    wall_s: float = 0.0
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "checkpoint": self.checkpoint,
+                "verdict": self.verdict, "first_divergent_step": self.first_divergent_step,
+                "steps_compared": self.steps_compared, "end_checkpoints": self.end_checkpoints,
+                "wall_s": round(self.wall_s, 3), "reason": self.reason}
+
+
+@dataclass
+class SegmentsReport:
+    file: str
+    run_id: str
+    total_steps: int
+    stretches: int
+    chosen_by: str
+    segments: list[SegmentResult] = field(default_factory=list)
+    recorded_wall_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps_checked(self) -> int:
+        return sum(s.end - s.start for s in self.segments if s.verdict != "no-verdict")
+
+    @property
+    def share(self) -> float:
+        return self.steps_checked / self.total_steps if self.total_steps else 0.0
+
+    @property
+    def p_catch_single_bad_step(self) -> float:
+        """A single bad step at a uniformly random step is caught when it lies in a
+        replayed stretch: the share of steps replayed."""
+        return self.share
+
+    @property
+    def spent_wall_s(self) -> float:
+        return sum(s.wall_s for s in self.segments)
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {s.verdict for s in self.segments}
+        if "differs" in verdicts:
+            return "differs"
+        if not self.segments or "no-verdict" in verdicts:
+            return "no-verdict"
+        return "identical"
+
+    @property
+    def exit_code(self) -> int:
+        return {"identical": EXIT_OK, "differs": EXIT_FAILED}.get(self.verdict, EXIT_NO_VERDICT)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "run_id": self.run_id, "verdict": self.verdict,
+                "total_steps": self.total_steps, "stretches": self.stretches,
+                "chosen_by": self.chosen_by, "steps_checked": self.steps_checked,
+                "share_checked": round(self.share, 6),
+                "p_catch_single_bad_step": round(self.p_catch_single_bad_step, 6),
+                "recorded_wall_s": self.recorded_wall_s,
+                "spent_wall_s": round(self.spent_wall_s, 3),
+                "segments": [s.to_json() for s in self.segments], "notes": self.notes}
+
+
+# ------------------------------------------------------------------ choosing
+
+
+def total_steps(recorded: Manifest) -> int:
+    """The run's last optimizer step: its last trail point or checkpoint."""
+    assert recorded.outputs is not None
+    steps = [p.step for proc in recorded.outputs.processes for p in proc.trail]
+    steps += [c.step for c in recorded.outputs.checkpoints or []]
+    return max(steps, default=0)
+
+
+def _start_checkpoint(found: list[Checkpoint], outputs: set[str]) -> Checkpoint:
+    """Of the checkpoints saved at one step, the one to resume from: a kept one first,
+    and one that is not also a declared final output."""
+    return sorted(found, key=lambda c: (c.artifact is None, c.path in outputs, c.path))[0]
+
+
+def stretches_of(recorded: Manifest) -> list[Stretch]:
+    """The run cut at every recorded checkpoint (kept or not: a lost one is named)."""
+    assert recorded.outputs is not None
+    total = total_steps(recorded)
+    outputs = {a.path for a in recorded.outputs.artifacts}
+    at: dict[int, list[Checkpoint]] = {}
+    for c in recorded.outputs.checkpoints or []:
+        if 0 < c.step < total:
+            at.setdefault(c.step, []).append(c)
+    starts = [0, *sorted(at)]
+    ends = [*starts[1:], total]
+    return [Stretch(s, e, _start_checkpoint(at[s], outputs) if s else None)
+            for s, e in zip(starts, ends, strict=True) if e > s]
+
+
+def seeded_choice(run_id: str, count: int, n: int) -> list[int]:
+    """``n`` of ``count`` stretch indexes, the same for everyone who checks this run."""
+    seed = int(run_id.split(":", 1)[1][:16], 16)
+    return sorted(random.Random(seed).sample(range(count), min(n, count)))
+
+
+def choose(recorded: Manifest, *, segments: int | None,
+           at: list[int] | None) -> tuple[list[Stretch], str, int]:
+    """The stretches to replay, how they were chosen, and how many there were."""
+    all_stretches = stretches_of(recorded)
+    if not all_stretches:
+        raise UsageError("the manifest records no optimizer steps to replay (no step trail).")
+    if at:
+        total = total_steps(recorded)
+        chosen: list[Stretch] = []
+        for step in at:
+            if not 0 < step <= total:
+                raise UsageError(f"--at {step}: the run's steps are 1 to {total}.")
+            hit = next(s for s in all_stretches if s.start < step <= s.end)
+            if hit not in chosen:
+                chosen.append(hit)
+        return sorted(chosen, key=lambda s: s.start), "--at", len(all_stretches)
+    n = segments or 3
+    picks = seeded_choice(recorded.run_id, len(all_stretches), n)
+    return [all_stretches[i] for i in picks], "seeded from the run_id", len(all_stretches)
+
+
+# ------------------------------------------------------------------ resuming
+
+
+def resume_template(root: Path, given: str | None) -> list[str]:
+    """The resume arguments: ``--resume-args``, else ``[tool.manifest] resume``."""
+    if given is None:
+        from manifest.config import load_config
+
+        table, _ = load_config(root)
+        given = table.get("resume")
+    if given is None:
+        raise UsageError(
+            "verify --segments needs to know how the script resumes from a checkpoint.",
+            hint="Set [tool.manifest] resume = \"--resume {checkpoint}\" in pyproject.toml, "
+            "or pass --resume-args '--resume {checkpoint}'.")
+    args = shlex.split(given) if isinstance(given, str) else [str(a) for a in given]
+    if not any(PLACEHOLDER in a for a in args):
+        raise UsageError(f"the resume template {shlex.join(args)!r} has no {PLACEHOLDER}.",
+                         hint="Write where the checkpoint goes, e.g. --resume {checkpoint}.")
+    return args
+
+
+def resume_argv(argv: list[str], template: list[str], checkpoint: str) -> list[str]:
+    return [*argv, *(a.replace(PLACEHOLDER, checkpoint) for a in template)]
+
+
+def _place(checkpoint: Checkpoint, original: Path, target: Path) -> str | None:
+    """Copy a recorded checkpoint into the scratch tree after checking it is the one the
+    run saved; the reason when it cannot be (missing, changed, never kept)."""
+    from manifest.errors import MalformedArtifactError
+    from manifest.weights.tables import digest_artifact
+
+    where = f"checkpoint {checkpoint.path} (step {checkpoint.step})"
+    if checkpoint.artifact is None:
+        return f"{where} was not kept: {checkpoint.lost}"
+    if not os.path.lexists(original):
+        return f"{where} is missing: {original} does not exist"
+    try:
+        found = digest_artifact(original, checkpoint.path)
+    except (MalformedArtifactError, OSError) as exc:
+        return f"{where} is unreadable: {exc}"
+    if found.digest != checkpoint.artifact.digest:
+        return f"{where} changed since capture (its digest is not the recorded one)"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if original.is_dir():
+        from manifest.weights.dcp import member_files
+
+        target.mkdir(exist_ok=True)
+        for member in member_files(original):
+            shutil.copyfile(member, target / member.name)
+    else:
+        if found.format == "safetensors-index":
+            from manifest.weights.sharded import shard_paths
+
+            for name, shard in shard_paths(original).items():
+                shutil.copyfile(shard, target.parent / name)
+        shutil.copyfile(original, target)
+    return None
+
+
+# ----------------------------------------------------------------- comparing
+
+
+def _trails(outcomes: list[Any]) -> dict[int, dict[int, str]]:
+    return {o.rank: {p.step: p.digest for p in o.trail} for o in outcomes}
+
+
+def compare_trails(recorded: Manifest, new: list[Any], start: int,
+                   end: int) -> tuple[int, int | None]:
+    """(recorded points compared, first step where a rank's point differs or is absent)."""
+    assert recorded.outputs is not None
+    old = _trails(recorded.outputs.processes)
+    again = _trails(new)
+    compared = 0
+    first: int | None = None
+    for rank, points in old.items():
+        for step in sorted(s for s in points if start < s <= end):
+            compared += rank == min(old)
+            if again.get(rank, {}).get(step) != points[step]:
+                first = step if first is None else min(first, step)
+                break
+    return compared, first
+
+
+# ---------------------------------------------------------------------- main
+
+
+def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
+                    segments: int | None, at: list[int] | None, resume: str | None,
+                    announce: Any = None, show_plan: Any = None) -> SegmentsReport:
+    """Replay the chosen stretches of a recorded run; never raises for a mismatch."""
+    from manifest.canonical import load_manifest
+    from manifest.rerun.plan import RerunOptions, plan_from_manifest
+    from manifest.rerun.workspace import repo_root_of, store_for
+    from manifest.travel.pack import is_pack, read_pack
+
+    packed = read_pack(data) if is_pack(data) else None
+    recorded = load_manifest(packed.manifest if packed else data)
+    if recorded.command is None or recorded.outputs is None:
+        raise UsageError("the manifest records no command to re-run.")
+    if options.cluster is not None or options.layout is not None:
+        raise UsageError("verify --segments runs here, on the recorded layout, for now.",
+                         hint="Leave out --on and --layout.")
+    root = repo_root_of(cwd) or cwd
+    template = resume_template(root, resume)
+    chosen, how, count = choose(recorded, segments=segments, at=at)
+    report = SegmentsReport(file=file, run_id=recorded.run_id,
+                            total_steps=total_steps(recorded), stretches=count, chosen_by=how)
+    compute = recorded.observed.compute
+    report.recorded_wall_s = compute.wall_s if compute is not None else recorded.observed.duration_s
+    if recorded.outputs.status != "ok":
+        report.notes.append(f"the recorded run itself failed ({recorded.outputs.error})")
+        return report
+    store = store_for(recorded, root)
+    from manifest.store import OverlayStore
+
+    blobs = OverlayStore(store.root, packed.blobs) if packed else store
+    rerun_options = RerunOptions(
+        trust=options.trust, signer=options.signer, sandbox=options.sandbox,
+        require_sandbox=options.require_sandbox, network=options.network,
+        in_place=False, threads=options.threads)
+    plan = plan_from_manifest(
+        recorded, verb="verify", root=root, options=rerun_options,
+        runs=tuple(f"segment steps {s.start + 1}–{s.end}"
+                   + (f" from {s.checkpoint.path}" if s.checkpoint else " from the start")
+                   for s in chosen), unconfined_because=options.unconfined_because)
+    shown = replace(plan, argv=tuple(resume_argv(list(plan.argv), template, PLACEHOLDER)))
+    if show_plan is not None and plan.trust.basis != "sealed":
+        show_plan(shown)
+    plan.require()
+    original_cwd = root / recorded.command.cwd
+    for stretch in chosen:
+        report.segments.append(_replay(recorded, plan, stretch, template, original_cwd,
+                                       root, blobs, options, announce))
+    return report
+
+
+def _replay(recorded: Manifest, plan: Any, stretch: Stretch, template: list[str],
+            original_cwd: Path, root: Path, blobs: Any, options: Any,
+            announce: Any) -> SegmentResult:
+    from manifest.capture.run import merge_records
+    from manifest.rerun.environment import rerun_env
+    from manifest.rerun.executor import confined_hint, executor_for
+    from manifest.rerun.workspace import open_workspace
+
+    assert recorded.command is not None and recorded.outputs is not None
+    ck = stretch.checkpoint
+    result = SegmentResult(stretch.start, stretch.end, ck.path if ck else None)
+    argv = list(plan.argv) if ck is None else resume_argv(list(plan.argv), template, ck.path)
+    seg_plan = replace(plan, argv=tuple(argv))
+    began = time.monotonic()
+    with open_workspace(seg_plan, root, recorded=recorded, store=blobs,
+                        keep=options.keep) as workspace:
+        if ck is not None:
+            problem = _place(ck, original_cwd / ck.path, workspace.cwd / ck.path)
+            if problem is not None:
+                result.reason = problem
+                return result
+        if announce is not None:
+            announce(argv)
+        env, _ = rerun_env(recorded, workspace.mount_at)
+        env[SEGMENT_VAR] = json.dumps({"step_offset": stretch.start, "stop_after": stretch.end})
+        settings = replace(seg_plan.settings, root=str(workspace.mount_at))
+        ran = executor_for(seg_plan).run(seg_plan, workspace, settings, env)
+        result.wall_s = time.monotonic() - began
+        if ran.exit_code != 0:
+            error = next((str(r["exception"]) for r in ran.records if r.get("exception")),
+                         f"exit status {ran.exit_code}")
+            result.reason = f"the replay failed: {error[:500]}{confined_hint(seg_plan)}"
+            return result
+        outcomes = merge_records(ran.records)[2]
+        result.steps_compared, result.first_divergent_step = compare_trails(
+            recorded, outcomes, stretch.start, stretch.end)
+        result.end_checkpoints = _end_checkpoints(recorded, stretch.end, original_cwd,
+                                                  workspace.cwd)
+        if result.first_divergent_step is not None or not all(result.end_checkpoints.values()):
+            result.verdict = "differs"
+        elif result.steps_compared == 0 and not result.end_checkpoints:
+            result.reason = "nothing compared: no trail point or checkpoint in the stretch"
+        else:
+            result.verdict = "identical"
+    return result
+
+
+def _end_checkpoints(recorded: Manifest, end: int, original_cwd: Path,
+                     new_cwd: Path) -> dict[str, bool]:
+    from manifest.weights.compare import compare_artifacts
+    from manifest.weights.tables import digest_artifact
+
+    assert recorded.outputs is not None
+    out: dict[str, bool] = {}
+    for c in recorded.outputs.checkpoints or []:
+        if c.step != end or c.artifact is None:
+            continue
+        path = new_cwd / c.path
+        if not os.path.lexists(path):
+            out[c.path] = False
+            continue
+        again = digest_artifact(path, c.path, malformed_ok=True)
+        out[c.path] = compare_artifacts(c.artifact, again, recorded_file=original_cwd / c.path,
+                                        new_file=path).identical
+    return out
