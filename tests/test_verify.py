@@ -53,6 +53,9 @@ def test_faithful_rerun_is_identical_and_user_tree_untouched(
     assert code == 0, stderr
     assert report["verdict"] == "identical"
     assert "re-running: python train.py --steps 20 --trail 5" in stderr
+    # Why it ran, in words (not the security page's "sealed here").
+    assert "ran because" not in stderr
+    assert "it was allowed to run because this manifest was written on this machine" in stderr
     assert tree_state(repo) == before
 
 

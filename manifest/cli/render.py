@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from manifest.cli.text import make_console, markup, shell_join
+from manifest.cli.text import make_console, markup, plain_confinement, plain_trust, shell_join
 from manifest.models import Manifest, Outputs
 
 if TYPE_CHECKING:
@@ -77,6 +77,10 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
             add("", f"rank {dproc.rank} {sw.site}", f"{sw.switch} = {sw.value}")
     if manifest.command:
         add("command", "argv", shell_join(list(manifest.command.argv)))
+        from manifest.capture.launcher import launch_identity
+
+        add("", "callbacks' run_id", launch_identity(
+            code.commit, code.diff_digest, list(manifest.command.argv), rnd.seed or 0))
     if manifest.outputs:
         out = manifest.outputs
         add("outputs", "status", f"{out.status} (exit {out.exit_code})")
@@ -101,19 +105,17 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
 
 def render_show(manifest: Manifest, file: TextIO | None = None) -> None:
     """A readable summary of one manifest."""
-    from rich.table import Table
-
     console = _console(file)
     console.print(f"[bold]run_id[/bold] {markup(manifest.run_id)}")
     console.print(f"[bold]digest[/bold] {markup(manifest.digest)}")
-    table = Table(show_header=True, header_style="bold")
-    table.add_column("section")
-    table.add_column("fact")
-    table.add_column("value", overflow="fold")
-    for section, fact, value in show_rows(manifest):
+    # Aligned columns, never wrapped by us: a table folded 64-hex-digit hashes over two
+    # lines at 80 columns, and a hash that is copied must be one line.
+    rows = [("section", "fact", "value"), *show_rows(manifest)]
+    wide = [max(len(row[i]) for row in rows) for i in (0, 1)]
+    for i, (section, fact, value) in enumerate(rows):
+        line = f"{section:<{wide[0]}}  {fact:<{wide[1]}}  {value}".rstrip()
         # Every recorded string is text, never markup or terminal control.
-        table.add_row(section, markup(fact), markup(value))
-    console.print(table)
+        console.print(f"[bold]{markup(line)}[/bold]" if i == 0 else markup(line))
 
 
 def render_command(argv: list[str], file: TextIO | None = None) -> None:
@@ -127,7 +129,11 @@ def render_plan(plan: RerunPlan, file: TextIO | None = None) -> None:
     """What a verb will run (or would, before a refusal), every string escaped (stderr)."""
     stream = file or sys.stderr
     head = (f"will run ({plan.trust.reason})" if plan.trust.allowed else "would run")
-    lines = [f"manifest: {plan.verb} {head}:"] + [f"manifest:   {line}" for line in plan.lines()]
+    lines = [f"manifest: {plan.verb} {head}:"] + [
+        f"manifest:   confinement: {plain_confinement(line.removeprefix('confinement: '))}"
+        if line.startswith("confinement: ") else f"manifest:   {line}" for line in plan.lines()]
+    if plan.trust.allowed and plan.trust.reason != plain_trust(plan.trust.reason):
+        lines.append(f"manifest:   allowed because {plain_trust(plan.trust.reason)}")
     stream.write("\n".join(lines) + "\n")
     stream.flush()
 

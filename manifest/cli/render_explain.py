@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from manifest.cli.text import plain_confinement
+
 if TYPE_CHECKING:
     from manifest.cli.render_markdown import StepTrail
     from manifest.explain.findings import Finding
@@ -84,7 +86,7 @@ def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
     for drift in report.drift:
         out.write(f"drift ({drift.impact}): {drift.reason}\n")
     if report.confinement is not None:  # None: explain stopped before planning a re-run
-        out.write(f"re-runs: {report.confinement}\n")
+        out.write(f"re-runs: {plain_confinement(report.confinement)}\n")
     if report.timings:
         spent = ", ".join(f"{k} {v:.1f} s" for k, v in report.timings.items())
         out.write(f"runs: {spent}\n")

@@ -85,3 +85,39 @@ def make_console(file: TextIO | None = None, *, soft_wrap: bool = True) -> Conso
             raise BrokenPipeError
 
     return _PipeAwareConsole(file=file or sys.stdout, highlight=False, soft_wrap=soft_wrap)
+
+
+def plain_trust(reason: str | None) -> str:
+    """Why a recorded command was allowed to run, in words a new user reads without the
+    security page (the report's JSON keeps the short code: ``sealed here`` …)."""
+    if reason is None:
+        return "-"
+    if reason == "sealed here":
+        return ("this manifest was written on this machine by manifest, so its command is "
+                "one you ran yourself")
+    if reason == "--trust":
+        return "you passed --trust after seeing the command"
+    if reason.startswith("signed by "):
+        return f"it is {reason}, a signer your trust policy accepts"
+    return reason
+
+
+def plain_confinement(text: str | None) -> str:
+    """How a re-run was confined, in words: what it could and could not touch."""
+    if text is None:
+        return "-"
+    if text.startswith("bubblewrap: "):
+        words = (text.removeprefix("bubblewrap: ")
+                 .replace("system read-only", "it could not change the system")
+                 .replace("only the scratch tree writable",
+                          "it could write only in a scratch copy of your repository")
+                 .replace("your tree writable (in place)", "it could write in your tree")
+                 .replace("private /tmp", "it had a /tmp of its own")
+                 .replace("no network", "it had no network")
+                 .replace("network allowed (--network)", "it could reach the network "
+                          "(--network)"))
+        return f"in a sandbox (bubblewrap): {words}"
+    if text.startswith("not confined (") and text.endswith(")"):
+        why = text.removeprefix("not confined (")[:-1]
+        return (f"without a sandbox ({why}): it could read and write whatever you can")
+    return text
