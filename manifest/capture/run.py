@@ -340,6 +340,8 @@ def capture_from_cli(
     fingerprint_ops: int | None = None,
     trail: bool = True,
     remote_mode: str = "listing",
+    envelope: int = 0,
+    progress: Any = None,
 ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status.
 
@@ -415,11 +417,39 @@ def capture_from_cli(
                                   compute=compute, stale=stale, code_env=code_env,
                                   not_digested=left)
     assert manifest.outputs is not None
+    if envelope and manifest.outputs.status == "ok":
+        manifest = _with_envelope(manifest, result, settings, envelope, command, cwd, outputs,
+                                  progress)
     # Verify runs a command without --trust only if this tool sealed it here.
     from manifest.rerun.trust import record_sealed
 
     record_sealed(manifest.digest)
-    return manifest, 0 if manifest.outputs.status == "ok" else 3
+    return manifest, 0 if manifest.outputs is not None and manifest.outputs.status == "ok" else 3
+
+
+def _with_envelope(manifest: Manifest, result: LaunchResult, settings: LaunchSettings,
+                   runs: int, command: list[str], cwd: Path, outputs: list[str],
+                   progress: Any) -> Manifest:
+    """``--envelope N``: the run's noise envelope (``manifest.numeric.measure``), in
+    ``outputs.envelope``; outside identity, so the run_id stays; the digest is new."""
+    from dataclasses import replace
+
+    from manifest.canonical import to_document
+    from manifest.numeric.measure import measure, numeric_of
+
+    measured = measure(numeric_of(result.records), replace(settings, ops=None), runs,
+                       lambda planned: run_under_launcher(command, cwd, planned),
+                       cwd=cwd, outputs=outputs, say=progress)
+    for failure in measured.failed:
+        if progress is not None:
+            progress(f"envelope run left out: {failure}")
+    if measured.envelope is None:
+        if progress is not None:
+            progress(f"no envelope: {measured.reason}")
+        return manifest
+    doc = to_document(manifest)
+    doc["outputs"]["envelope"] = measured.envelope.model_dump(mode="json")
+    return seal(doc)
 
 
 def _inputs_and_writes(snap: Snapshot, cwd: Path, result: LaunchResult,

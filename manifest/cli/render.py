@@ -87,6 +87,18 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
         for art in out.artifacts:
             n = len(art.tensors) if art.tensors is not None else 0
             add("", art.path, f"{art.format}, {n} tensors, {art.digest}")
+        numeric = next((p.numeric for p in out.processes if p.numeric), None)
+        if numeric:
+            add("", "numeric trail", f"{len(numeric)} steps (to {numeric[-1].step}), "
+                f"{len(numeric[0].groups)} parameter group(s)")
+        if out.envelope is not None:
+            from manifest.numeric.envelope import milestones
+
+            add("", "noise envelope", "; ".join(out.envelope.runs))
+            for bound in milestones(out.envelope):
+                add("", f"envelope step {bound.step}",
+                    f"parameters {max(bound.groups, default=0.0):.2g}, loss {bound.loss:.2g} "
+                    "(relative)")
     add("observed", "captured", manifest.observed.started_at)
     compute = manifest.observed.compute
     if compute is not None:

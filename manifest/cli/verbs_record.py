@@ -67,6 +67,10 @@ def register_capture(sub: argparse._SubParsersAction[Parser]) -> None:
                      help="store the op-level fingerprint stream of the first STEPS optimizer "
                      "steps, so verify elsewhere can name the first op that computes "
                      "differently (costs a few times those steps)")
+    cap.add_argument("--envelope", type=positive_int, default=0, metavar="N",
+                     help="after the run, N more with the state moved one ULP and one under "
+                     "another thread count: the run's own noise envelope, stored outside "
+                     "identity, against which verify elsewhere can say 'equivalent'")
     cap.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
     cap.add_argument("--pack", metavar="FILE",
                      help="also write a pack (manifest + its blobs) here, see 'manifest pack'")
@@ -135,6 +139,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         fingerprint_ops=args.fingerprint_ops,
         trail=not args.no_trail,
         remote_mode="deep" if args.deep else "checksums" if args.checksums else "listing",
+        envelope=args.envelope,
+        progress=None if args.quiet else _note_progress,
     )
     write_output(dumps(manifest), args.output)
     if args.pack:
@@ -160,6 +166,10 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 
         sys.stderr.write(f"manifest: {printable(capture_failure(manifest.outputs))}\n")
     return exit_code
+
+
+def _note_progress(text: str) -> None:
+    sys.stderr.write(f"manifest: {text}\n")
 
 
 def _note(text: str) -> None:

@@ -235,3 +235,17 @@ def judge(recorded: Sequence[NumericPoint], rerun: Sequence[NumericPoint],
             f"{first}–{limit[-1].step}) does not reach {len(uncovered)} later step(s): "
             "measure it over the whole run"), runs=list(envelope.runs))
     return Judgement("equivalent", compared, closest=closest, runs=list(envelope.runs))
+
+
+def milestones(envelope: Envelope) -> list[Bound]:
+    """The bound at the first step, at 10, 100, 1000 … and at the last: what ``show`` and
+    the reports print of an envelope."""
+    limit = bounds(envelope)
+    if not limit:
+        return []
+    wanted = {limit[0].step, limit[-1].step}
+    decade = 10
+    while decade < limit[-1].step:
+        wanted.add(decade)
+        decade *= 10
+    return [b for b in limit if b.step in wanted]
