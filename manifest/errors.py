@@ -25,6 +25,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_VERDICT = 3
+EXIT_EQUIVALENT = 4
+"""verify: not the same bits, the same run up to rounding (``manifest.numeric.envelope``).
+Its own status, not 0: a script that reads 0 as "bit-identical" keeps that meaning."""
 
 
 class ManifestError(Exception):

@@ -163,7 +163,7 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
     from rich.table import Table
 
     console = _console(file)
-    style = {"identical": "green", "checked": "green", "differs": "red",
+    style = {"identical": "green", "checked": "green", "equivalent": "cyan", "differs": "red",
              "changed-topology": "red"}.get(
         report.verdict, "yellow")
     console.print(f"[bold {style}]{markup(report.verdict)}[/bold {style}]  {markup(report.file)}  "
@@ -206,6 +206,8 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
             what = t.change if not t.detail else f"{t.change}: {t.detail}"
             table.add_row(markup(t.name), markup(what), count, _fmt(t.max_abs), _fmt(t.max_ulp))
         console.print(table)
+    if report.numeric is not None:
+        console.print(f"numeric trail vs the noise envelope: {markup(report.numeric['sentence'])}")
     if report.first_divergent_step is not None:
         console.print(f"first divergent step: {report.first_divergent_step}")
     op = report.first_divergent_op

@@ -249,3 +249,25 @@ def milestones(envelope: Envelope) -> list[Bound]:
         wanted.add(decade)
         decade *= 10
     return [b for b in limit if b.step in wanted]
+
+
+# ------------------------------------------------------------------ eligibility
+
+NOT_ROUNDING = ("env.variables.PYTHONHASHSEED",)
+"""Environment facts that change what a program does, not how it rounds: str hashing
+orders sets and dicts of strings, so another seed can reorder the data."""
+
+
+def rounding_only(paths: Sequence[str]) -> bool:
+    """Whether ``bits`` differences at ``paths`` (diff or drift paths) can only change how
+    the same computation rounds: hardware, driver, library build, thread count. Code, data,
+    seeds and command are never rounding, so a difference there is never ``equivalent``."""
+    if not paths:
+        return False
+    for path in paths:
+        if path.startswith(NOT_ROUNDING):
+            return False
+        if not (path.startswith(("env.", "hardware.")) or path == "determinism.num_threads"
+                or path in ("env", "hardware")):
+            return False
+    return True

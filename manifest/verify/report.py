@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
+from manifest.errors import EXIT_EQUIVALENT, EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
 from manifest.weights.compare import ArtifactDelta
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ class Verdict(StrEnum):
     """Every verdict verify gives; :data:`VERDICTS` holds each one's exit status and meaning."""
 
     IDENTICAL = "identical"
+    EQUIVALENT = "equivalent"
     DIFFERS = "differs"
     CHANGED_TOPOLOGY = "changed-topology"
     NOTHING_COMPARED = "nothing-compared"
@@ -44,6 +45,10 @@ VERDICTS: dict[Verdict, tuple[int, str]] = {
     Verdict.IDENTICAL: (EXIT_OK, "every declared output tensor has the recorded dtype, shape "
                         "and raw bytes, and every step trail point in common agrees; the "
                         "recorded data was checked and is unchanged"),
+    Verdict.EQUIVALENT: (EXIT_EQUIVALENT, "not the same bits, but the same run up to "
+                         "rounding: the environment drifted only in hardware, driver, library "
+                         "build or thread count, and every step of the re-run's numeric trail "
+                         "lies inside the run's own noise envelope (capture --envelope)"),
     Verdict.DIFFERS: (EXIT_FAILED, "a tensor's bytes differ (one flipped bit is enough), the "
                       "step trails part, or recorded data (local or remote) changed since "
                       "capture; the changed data is named, and this holds with or without a "
@@ -119,6 +124,9 @@ class VerifyReport:
     """Python processes that ran outside the recipe, in the recorded run or the re-run
     (``manifest.capture.outside.outside_recipe``): the verdict speaks only for the
     processes the launcher prepared."""
+    numeric: dict[str, Any] | None = None
+    """Where bits could not be expected: the numeric trails judged against the run's noise
+    envelope (``manifest.numeric.envelope.Judgement.to_json``)."""
     job: dict[str, Any] | None = None
     """Where a cluster executor ran the re-run (``--on``): executor, job id, dashboard or log
     location, bundle name, the host's confinement and network policy, bytes shipped and
@@ -173,6 +181,7 @@ class VerifyReport:
             "outside_recipe": self.outside_recipe,
             **({"job": self.job} if self.job is not None else {}),
             **({"topology": self.topology} if self.topology is not None else {}),
+            **({"numeric": self.numeric} if self.numeric is not None else {}),
         }
 
 

@@ -138,7 +138,45 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         report.verdict = Verdict.DIFFERS
         report.reason = "outputs match but the step trails part"
     _judge_topology(recorded, new, report)
+    judge_numeric(recorded, new, report)
     return report
+
+
+def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport) -> None:
+    """Outputs differ and the environment drifted only in ways that change rounding: judge
+    the numeric trails against the run's noise envelope (``manifest.numeric.envelope``).
+    ``equivalent`` when every rank's every step lies inside; otherwise still ``differs``,
+    with the first step outside, how far and in which parameter group."""
+    from manifest.numeric.envelope import judge, rounding_only
+
+    if report.verdict != Verdict.DIFFERS or report.changed_data:
+        return
+    if not rounding_only([d.path for d in report.bits_drift]):
+        return
+    assert recorded.outputs is not None
+    assert new.outputs is not None
+    again = {p.rank: p.numeric or [] for p in new.outputs.processes}
+    verdicts = [judge(p.numeric or [], again.get(p.rank, []), recorded.outputs.envelope)
+                for p in recorded.outputs.processes if p.numeric]
+    if not verdicts:
+        report.notes.append("no numeric trail was recorded: whether the difference is "
+                            "rounding cannot be judged (capture records one by default now)")
+        return
+    differing = [v for v in verdicts if v.verdict == "differs"]
+    open_ = [v for v in verdicts if v.verdict == "not-compared"]
+    worst = (min(differing, key=lambda v: v.first_step or 0) if differing
+             else open_[0] if open_ else max(verdicts, key=lambda v: v.closest or 0.0))
+    report.numeric = worst.to_json()
+    causes = ", ".join(sorted({d.path for d in report.bits_drift}))
+    if worst.verdict == "equivalent":
+        report.verdict = Verdict.EQUIVALENT
+        report.reason = (f"not the same bits (drift: {causes}), but the same run up to "
+                         f"rounding: {worst.sentence()}")
+    elif worst.verdict == "differs":
+        report.reason = f"outside the run's own noise envelope at {worst.sentence()}"
+    else:
+        report.notes.append(f"whether the difference is rounding could not be judged: "
+                            f"{worst.sentence()}")
 
 
 _VERSION_DIR = re.compile(r"(?<![^/])version_\d+(?=/)")
