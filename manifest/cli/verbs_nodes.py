@@ -46,7 +46,14 @@ def cmd_merge(args: argparse.Namespace) -> int:
     def note(text: str) -> None:
         sys.stderr.write(f"manifest: {text}\n")
 
-    merged = merge_nodes(records, note=note)
+    from pathlib import Path
+
+    from manifest.rerun.workspace import repo_root_of, store_for
+
+    root = repo_root_of(Path.cwd()) or Path.cwd()
+    # The local store only: in a shared checkout it holds every node's patch, so a
+    # refusal can name the files whose uncommitted changes differ.
+    merged = merge_nodes(records, note=note, store=store_for(records[0][1], root))
     if all(was_sealed_here(m.digest) for _, m in records):
         record_sealed(merged.digest)  # every part was recorded here by this tool
     write_output(dumps(merged), args.output)

@@ -36,7 +36,9 @@ from manifest.canonical import seal, to_document
 from manifest.models import Manifest, Topology
 from manifest.nodes.intake import MergeRefused as MergeRefused  # re-exported
 from manifest.nodes.intake import NodeIntake
+from manifest.nodes.patches import code_difference
 from manifest.nodes.torchrun import as_every_node_runs, without_node_rank
+from manifest.store import BlobStore
 
 BUILD_FIELDS = ("python", "implementation", "torch", "torch_cuda", "torch_hip", "torch_git",
                 "numpy", "cuda_runtime", "cudnn", "nccl", "blas")
@@ -72,7 +74,8 @@ def _flags(m: Manifest) -> list[tuple[int, Any]]:
             for p in m.determinism.processes]
 
 
-def _refuse_disagreement(parts: list[tuple[str, Manifest, Topology]]) -> None:
+def _refuse_disagreement(parts: list[tuple[str, Manifest, Topology]],
+                         store: BlobStore | None = None) -> None:
     label0, first, t0 = parts[0]
     base = _checks(first)
     flags0 = _flags(first)
@@ -83,10 +86,15 @@ def _refuse_disagreement(parts: list[tuple[str, Manifest, Topology]]) -> None:
         who = f"node {t.node} ({label})"
         for (name, want), (_, got) in zip(base, _checks(m), strict=True):
             if got != want:
+                files = code_difference(first, m, store) if name.startswith("code.") else None
                 raise MergeRefused(
-                    f"{who} disagrees with node {t0.node} ({label0}) on {name}: these node "
-                    "records are not one run, refusing to merge.",
-                    hint="Capture every node from the same commit, data, seed, recipe and build.")
+                    f"{who} disagrees with node {t0.node} ({label0}) on {name}"
+                    + (f" ({files})" if files else "") + ": these node records are not one "
+                    "run, refusing to merge.",
+                    hint="Capture every node from the same commit, data, seed, recipe and build"
+                    + ("; a log or other file the run writes into the repository is code to "
+                       "the other node's capture: write it outside the repository or into a "
+                       "directory git ignores." if files else "."))
         for rank, flags in _flags(m):
             if flags != want_flags:
                 raise MergeRefused(
@@ -169,10 +177,13 @@ def _compute(parts: list[tuple[str, Manifest, Topology]]) -> dict[str, Any] | No
 
 
 def merge_nodes(records: Sequence[tuple[str, Manifest]],
-                note: Callable[[str], None] | None = None) -> Manifest:
+                note: Callable[[str], None] | None = None,
+                store: BlobStore | None = None) -> Manifest:
     """One manifest of the run the node ``records`` (label, manifest) belong to.
 
-    ``note`` hears what the user should know (a restart on another world size).
+    ``note`` hears what the user should know (a restart on another world size);
+    ``store``, the local blob store, lets a refusal name the files whose uncommitted
+    changes differ (``manifest.nodes.patches``).
     """
     if not records:
         raise MergeRefused("merge needs at least one node record.")
@@ -182,7 +193,7 @@ def merge_nodes(records: Sequence[tuple[str, Manifest]],
     checked = [(label, m, intake.add(label, m)) for label, m in records]
     intake.finish()
     parts = sorted(checked, key=lambda p: (min(r.rank for r in p[2].ranks), p[2].node or 0))
-    _refuse_disagreement(parts)
+    _refuse_disagreement(parts, store)
     _, first, t0 = parts[0]
     assert first.command is not None and first.outputs is not None
     doc = to_document(first)
