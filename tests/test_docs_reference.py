@@ -115,6 +115,9 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     commands = re.findall(r"```\n(python3 -m venv .*)\n```", section)
     assert len(commands) == 2
     assert commands[0].endswith("&& bash examples/demo.sh")
+    # The main job installs what the demo needs (the tool, torch, safetensors), not the
+    # dev extra's integrations and docs toolchain.
+    assert "pip install -c constraints-dev.txt -e '.[torch]' &&" in commands[0]
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert commands[1] in ci
     # A failure of pip, ruff or mypy (not the last command of the && list) does not stop
