@@ -92,3 +92,61 @@ def segments_text(report: SegmentsReport) -> str:
     for note in report.notes:
         lines.append(f"  note: {printable(note)}")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------- lab --resume-at
+
+
+def add_resume_audit_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("resume audit (instead of the lab's runs)")
+    g.add_argument("--resume-at", type=positive_int, default=None, metavar="K",
+                   help="stop the command after step K, resume it from the checkpoint it "
+                   "saved then, and compare with the uninterrupted run step by step; name "
+                   "the state the checkpoint forgot")
+    g.add_argument("--resume-args", default=None, metavar="TEMPLATE",
+                   help="how the script resumes, e.g. '--resume {checkpoint}' (default: "
+                   "[tool.manifest] resume)")
+
+
+def run_resume_audit(args: argparse.Namespace, command: list[str], rerun: object) -> int:
+    from manifest.capture.launcher import default_threads
+    from manifest.capture.run import _config_int
+    from manifest.cli.options import ReportFormat
+    from manifest.cli.verbs_check import show_plan
+    from manifest.config import load_config
+    from manifest.errors import EXIT_FAILED, EXIT_OK
+    from manifest.lab.resume import resume_audit
+    from manifest.lab.runs import _command
+
+    cwd = Path.cwd()
+    table, origin = load_config(cwd)
+    command = _command(command, table, origin)
+    seed = args.seed if args.seed is not None else (_config_int(table, "seed", origin) or 0)
+    threads = args.threads or _config_int(table, "threads", origin) or default_threads()
+
+    def progress(text: str) -> None:
+        if not args.quiet:
+            sys.stderr.write(f"manifest: lab: {text}\n")
+
+    audit = resume_audit(cwd, command, at=args.resume_at, template=args.resume_args,
+                         seed=seed, threads=threads, rerun=rerun,  # type: ignore[arg-type]
+                         progress=progress, show_plan=None if args.quiet else show_plan)
+    if args.format is ReportFormat.JSON:
+        from manifest.cli.text import json_text
+
+        sys.stdout.write(json_text(audit.to_json()) + "\n")
+    else:
+        from manifest.cli.text import printable, shell_join
+
+        lines = [f"resume audit: {'bit-identical' if audit.identical else 'differs'}",
+                 f"  stopped after step {audit.at}, resumed with: "
+                 f"{printable(shell_join(audit.resumed_command))}",
+                 f"  steps compared after the resume: {audit.steps_compared}"]
+        if audit.first_divergent_step is not None:
+            lines.append(f"  first divergent step: {audit.first_divergent_step}")
+            lines.extend(f"  the checkpoint did not carry: {printable(f)}"
+                         for f in audit.forgotten)
+        if audit.detail:
+            lines.append(f"  note: {printable(audit.detail)}")
+        sys.stdout.write("\n".join(lines) + "\n")
+    return EXIT_OK if audit.identical else EXIT_FAILED

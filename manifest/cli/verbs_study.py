@@ -104,6 +104,9 @@ def register_lab(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="also write the self-contained Markdown report (with plots) here")
     add_verbosity_options(p, quiet_help="no progress output on stderr")
     add_rerun_options(p, received=False)
+    from manifest.cli.verbs_segments import add_resume_audit_options
+
+    add_resume_audit_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run")
     p.set_defaults(func=_cmd_lab)
 
@@ -132,6 +135,10 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         rerun = replace(rerun, cluster=replace(rerun.cluster, fetch_outputs=True))
+    if args.resume_at is not None:  # the restart-replay gate only (manifest.lab.resume)
+        from manifest.cli.verbs_segments import run_resume_audit
+
+        return run_resume_audit(args, command, rerun)
     options = LabOptions(rerun=rerun, runs=args.runs, seed=args.seed,
                          threads=args.threads, data=args.data, outputs=args.outputs,
                          store_dir=args.store, no_cache=args.no_cache, quiet=args.quiet)

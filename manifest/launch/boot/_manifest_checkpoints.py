@@ -20,6 +20,11 @@ points carry the recorded run's step numbers; ``stop_after`` ends the process
 when the next ``optimizer.step()`` would go past that step (a pre-step hook),
 after the script had its chance to save the checkpoint of the step before.
 
+The resume audit (``manifest lab --resume-at K``): with ``MANIFEST_RESUME_PROBE``,
+before each optimizer step after K the process records what that step depends
+on, fingerprinted apart (``state_probe``), so the audit can name the state a
+resume lost at the first step where the resumed and uninterrupted runs part.
+
 Standard library only, like every module of this directory.
 """
 
@@ -34,11 +39,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
+    from manifest.launch.boot import _manifest_rng as rng
     from manifest.launch.boot._manifest_state import state as _state
 else:
     try:  # under the launcher this directory is on sys.path; as a package module otherwise
+        import _manifest_rng as rng
         from _manifest_state import state as _state
     except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
+        from manifest.launch.boot import _manifest_rng as rng
         from manifest.launch.boot._manifest_state import state as _state
 
 SEGMENT_VAR = "MANIFEST_SEGMENT"
@@ -132,6 +140,86 @@ def on_torch(torch: Any, write_record: Callable[[], None]) -> None:
                 os._exit(0)
 
         register_optimizer_step_pre_hook(before_step)
+    probe = os.environ.get(PROBE_VAR)
+    if probe:
+        try:
+            start = int(json.loads(probe)["from"])
+        except (ValueError, KeyError, TypeError):
+            return
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        def probe_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            step = int(_state["steps"]) + 1
+            record = _state["record"]
+            if step <= start or record is None or len(record.get("probes", ())) >= MAX_PROBES:
+                return
+            try:
+                record.setdefault("probes", []).append({"step": step, **state_probe(optimizer)})
+            except Exception as exc:  # recorded, never breaks the user's step
+                record["errors"].append(f"resume probe failed: {type(exc).__name__}: {exc}")
+
+        register_optimizer_step_pre_hook(probe_step)
+
+
+# ------------------------------------------------------------ resume audit
+
+PROBE_VAR = "MANIFEST_RESUME_PROBE"
+"""``{"from": K}``: before each optimizer step after K, fingerprint what a resume must carry
+(``manifest lab --resume-at K``, ``manifest.lab.resume``)."""
+MAX_PROBES = 2000
+
+
+def _tensor_bytes(t: Any) -> bytes:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return bytes(t.contiguous().view(-1).view(sys.modules["torch"].uint8).numpy().tobytes())
+
+
+def _fingerprint(tensors: list[Any]) -> str | None:
+    parts: list[bytes | memoryview] = []
+    for t in tensors:
+        if t is None:
+            parts.append(b"none")
+            continue
+        parts.append(json.dumps([str(t.dtype), list(t.shape)]).encode())
+        parts.append(_tensor_bytes(t) if t.numel() else b"")
+    return rng.blake3_hex(parts)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    return repr(type(value).__name__)
+
+
+def state_probe(optimizer: Any) -> dict[str, Any]:
+    """What the next optimizer step depends on, each fingerprinted apart: the parameters,
+    their gradients (the data the step saw), the optimizer's state (momentum, moments),
+    its hyperparameters (what an LR scheduler sets) and the global generators."""
+    torch = sys.modules["torch"]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    state: list[Any] = []
+    for p in params:
+        entry = optimizer.state.get(p, {})
+        for key in sorted(entry, key=str):
+            value = entry[key]
+            state.append(value if isinstance(value, torch.Tensor) else torch.tensor(
+                float(value) if isinstance(value, (int, float)) else 0.0))
+    with torch.no_grad():
+        return {
+            "params": _fingerprint(list(params)),
+            "grads": _fingerprint([p.grad for p in params]),
+            "optimizer_state": _fingerprint(state),
+            "hyper": [{k: _plain(v) for k, v in sorted(g.items()) if k != "params"}
+                      for g in optimizer.param_groups],
+            "rng": rng.rng_fingerprints(),
+        }
 
 
 def on_safetensors(module: Any) -> None:
