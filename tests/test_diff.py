@@ -21,7 +21,7 @@ from manifest.cli import main
 from manifest.diff.engine import DERIVED_FIELDS, diff_manifests
 from manifest.diff.result import JSON_FORMAT, ChangeKind
 from manifest.diff.rules import FALLBACK_RULE, RULES, Impact
-from manifest.diff.walk import KEYED_LISTS, SET_LISTS, rule_for
+from manifest.diff.walk import KEYED_LISTS, OPAQUE_LISTS, SET_LISTS, rule_for
 from manifest.models import Manifest
 from tests.golden.diff import make_pairs
 
@@ -92,7 +92,11 @@ def _patterns(annotation: Any, path: str) -> Iterator[str]:
     elif origin is list:
         element, _ = _unwrap(typing.get_args(tp)[0])
         if _is_model(element):
-            assert path in KEYED_LISTS, f"list of models {path} has no natural key"
+            assert path in KEYED_LISTS or path in OPAQUE_LISTS, (
+                f"list of models {path} has no natural key")
+            if path in OPAQUE_LISTS:  # compared as one value
+                yield path
+                return
             if optional:
                 yield path
             yield f"{path}[*]"

@@ -62,7 +62,15 @@ def _summary(result: ManifestDiff) -> str:
     if not n_bits:
         return f"No difference that can change the bits ({n_benign} benign)."
     can = "difference can" if n_bits == 1 else "differences can"
-    return f"{n_bits} {can} change the bits, {n_benign} cannot."
+    line = f"{n_bits} {can} change the bits, {n_benign} cannot."
+    if result.outputs == "identical":
+        line += " Here the outputs are identical."
+    elif result.outputs == "equivalent" and result.numeric is not None:
+        line += (" The outputs differ, but the runs are equivalent (the same run up to "
+                 f"rounding): {result.numeric['sentence']}.")
+    elif result.numeric is not None:
+        line += f" Outside the noise envelope: {result.numeric['sentence']}."
+    return line
 
 
 def render_diff(

@@ -51,7 +51,6 @@ def register_diff(sub: argparse._SubParsersAction[Parser]) -> None:
 def _cmd_diff(args: argparse.Namespace) -> int:
     from manifest.diff.engine import diff_manifests, load_for_diff
     from manifest.diff.rules import Impact
-    from manifest.errors import EXIT_FAILED, EXIT_OK
 
     if args.a == "-" and args.b == "-":
         raise UsageError("only one of the two manifests can be read from stdin ('-').")
@@ -90,7 +89,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         from manifest.cli.render_diff import render_diff
 
         render_diff(result, a_file=args.a, b_file=args.b, only=only, fold=not args.all)
-    return EXIT_FAILED if result.has_bits else EXIT_OK
+    return result.exit_code
 
 
 def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:

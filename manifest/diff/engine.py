@@ -12,21 +12,29 @@ is more than a screen or two (the single module was 600 lines):
 3. rank: ``bits`` first, then by section in :data:`SECTIONS` order, then the
    walk's order;
 4. with the same ``run_id`` on both sides, say first whether the outputs
-   differ in bits: the run is not deterministic there.
+   differ in bits: the run is not deterministic there;
+5. weigh the evidence (``weigh_outputs``): a ``bits`` line says what *could* change
+   the weights; when the two runs' outputs are nevertheless identical, each such line
+   says so, and the exit status follows the outputs. Outputs that differ while every
+   input difference is rounding only (hardware, driver, library build, threads) are
+   ``equivalent`` when the numeric trails stay inside a run's noise envelope.
 
 The result and its documented ``--json`` shape are ``manifest.diff.result``.
 :func:`load_for_diff` reads one side, naming its file in every error.
 
 No module of this package prints or exits; ``manifest.cli`` renders the
-result and turns :attr:`~manifest.diff.result.ManifestDiff.has_bits` into the
+result and turns :attr:`~manifest.diff.result.ManifestDiff.exit_code` into the
 exit status. None imports torch, git, pynvml nor numpy: diff runs in CI jobs
 that have none of them.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from manifest.diff.refine import find_nondeterminism, refine_labels
-from manifest.diff.result import ManifestDiff
+from manifest.diff.result import Difference, ManifestDiff
 from manifest.diff.rules import Impact
 from manifest.diff.walk import Walker
 from manifest.errors import ManifestError, UnsupportedSchemaError
@@ -95,8 +103,59 @@ def diff_manifests(a: Manifest, b: Manifest) -> ManifestDiff:
         found, key=lambda d: (d.impact is not Impact.BITS, order.get(d.section, len(order)))
     )
     nondet = find_nondeterminism(found) if a.run_id == b.run_id else None
+    outputs, numeric = weigh_outputs(a, b, ranked)
+    if outputs == "identical":
+        ranked = [_outputs_identical(d) for d in ranked]
     return ManifestDiff(
         a_run_id=a.run_id, b_run_id=b.run_id, a_digest=a.digest, b_digest=b.digest,
-        differences=tuple(ranked), nondeterminism=nondet,
+        differences=tuple(ranked), nondeterminism=nondet, outputs=outputs, numeric=numeric,
     )
+
+
+# ------------------------------------------------------- weighing the outputs
+
+_OUTPUT_EVIDENCE = ("outputs.artifacts", "outputs.processes[*].trail", "outputs.status",
+                    "outputs.exit_code")
+"""Rules of what the runs produced: weights, step-trail states, how they ended."""
+
+
+def _has_evidence(m: Manifest) -> bool:
+    out = m.outputs
+    return out is not None and out.status == "ok" and bool(
+        out.artifacts or any(p.trail for p in out.processes))
+
+
+def weigh_outputs(a: Manifest, b: Manifest,
+                  found: list[Difference]) -> tuple[str | None, dict[str, Any] | None]:
+    """Step 5, the evidence: did the two runs produce the same thing? ``identical`` (no
+    output, trail state or ending differs), ``equivalent`` (they differ, every input that
+    differs in bits is rounding only and the numeric trails stay inside the envelope that
+    either run carries), ``differ``; None when a side has nothing to compare."""
+    if not (_has_evidence(a) and _has_evidence(b)):
+        return None, None
+    produced = [d for d in found if d.impact is Impact.BITS and d.rule.startswith(
+        _OUTPUT_EVIDENCE)]
+    if not produced:
+        return "identical", None
+    from manifest.numeric.envelope import judge, rounding_only
+
+    inputs = [d.path for d in found if d.impact is Impact.BITS and d.section != "outputs"]
+    assert a.outputs is not None and b.outputs is not None
+    envelope = a.outputs.envelope or b.outputs.envelope
+    if not rounding_only(inputs) or envelope is None:
+        return "differ", None
+    again = {p.rank: p.numeric or [] for p in b.outputs.processes}
+    verdicts = [judge(p.numeric or [], again.get(p.rank, []), envelope)
+                for p in a.outputs.processes if p.numeric]
+    if not verdicts:
+        return "differ", None
+    worst = next((v for v in verdicts if v.verdict != "equivalent"), verdicts[0])
+    return ("equivalent" if worst.verdict == "equivalent" else "differ"), worst.to_json()
+
+
+def _outputs_identical(d: Difference) -> Difference:
+    if d.impact is not Impact.BITS or d.section == "outputs":
+        return d
+    return replace(d, reason=f"{d.reason} (could change the bits; here the outputs are "
+                   "identical)")
 

@@ -30,6 +30,9 @@ A :class:`ManifestDiff` is plain frozen dataclasses over the models; its
         "artifacts": ["model.safetensors"],        # artifacts whose bytes differ
         "first_divergent_step": null | 120         # from the step trail, if any
       },
+      "outputs": null | "identical" | "equivalent" | "differ",  # what the runs produced
+      "numeric": {…},                              # only where judged: the numeric trails
+                                                   # against a noise envelope
       "differences": [                             # bits first, then by section
         {
           "section": "env",
@@ -142,6 +145,12 @@ class ManifestDiff:
     a_signature: InputSignature | None = None
     """The signature found with the first input (its pack's, FILE.sig, --signature)."""
     b_signature: InputSignature | None = None
+    outputs: str | None = None
+    """What the runs produced, weighed (``engine.weigh_outputs``): ``identical``,
+    ``equivalent``, ``differ``, or None when a side has no output or trail to compare."""
+    numeric: dict[str, Any] | None = None
+    """``equivalent`` or a rounding-only ``differ``: the numeric trails judged against the
+    noise envelope (``manifest.numeric.envelope.Judgement.to_json``)."""
 
     @property
     def same_run_id(self) -> bool:
@@ -166,6 +175,18 @@ class ManifestDiff:
             return Impact.BITS.value
         return Impact.BENIGN.value if self.differences else "identical"
 
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing can change the bits or the outputs are identical anyway; 4 when
+        they are equivalent (the same run up to rounding); 1 otherwise."""
+        from manifest.errors import EXIT_EQUIVALENT, EXIT_FAILED, EXIT_OK
+
+        if self.outputs == "identical":
+            return EXIT_OK
+        if self.outputs == "equivalent":
+            return EXIT_EQUIVALENT
+        return EXIT_FAILED if self.has_bits else EXIT_OK
+
     def selected(self, only: Impact | None = None) -> tuple[Difference, ...]:
         if only is None:
             return self.differences
@@ -189,6 +210,8 @@ class ManifestDiff:
             "only": None if only is None else only.value,
             "nondeterminism": None if self.nondeterminism is None
             else self.nondeterminism.to_json(),
+            "outputs": self.outputs,
+            **({"numeric": self.numeric} if self.numeric is not None else {}),
             "differences": [d.to_json() for d in self.selected(only)],
         }
 

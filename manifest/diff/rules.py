@@ -404,6 +404,16 @@ RULES: Mapping[str, Rule] = {
                                            "which steps were recorded"),
     "outputs.processes[*].ops.ops": Rule(N, "rank {key} ops recorded",
                                          "the count; the stream's digest decides"),
+    "outputs.processes[*].numeric": Rule(N, "rank {key} numeric trail",
+                                         "numbers measured from the weights (loss, norms, "
+                                         "projections); the tensors and the step trail decide",
+                                         missing="absent", show_values=False),
+    "outputs.envelope": Rule(N, "noise envelope", "a measurement of the run's rounding noise "
+                             "(capture --envelope), outside identity", missing="absent",
+                             show_values=False),
+    "outputs.envelope.runs": Rule(N, "noise envelope runs", "how the envelope was measured"),
+    "outputs.envelope.steps": Rule(N, "noise envelope", "another measurement of the same "
+                                   "rounding noise", show_values=False),
     # ------------------------------------------------------------ observed
     "observed.tool_version": Rule(N, "manifest version", "the recorder, not the run"),
     "observed.started_at": Rule(N, "start time", "wall-clock time"),

@@ -36,6 +36,7 @@ a one-ULP perturbation gives 6e-8 at step 1 and 1e-5 at step 30, threads 2 → 1
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -267,7 +268,11 @@ def rounding_only(paths: Sequence[str]) -> bool:
     for path in paths:
         if path.startswith(NOT_ROUNDING):
             return False
-        if not (path.startswith(("env.", "hardware.")) or path == "determinism.num_threads"
-                or path in ("env", "hardware")):
+        if not (path.startswith(("env.", "hardware.")) or path in ("env", "hardware")
+                or _THREADS.fullmatch(path)):
             return False
     return True
+
+
+_THREADS = re.compile(r"determinism\.(num_threads|processes\[[^\]]+\]\.flags\."
+                      r"num_(interop_)?threads)")
