@@ -235,9 +235,7 @@ class Redactor:
             return m.group(0)
 
         def query(m: re.Match[str]) -> str:
-            if is_secret_name(m.group(2)) or m.group(2).lower() in (
-                    "sig", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
-                    "code", "access_token", "private_token", "auth", "key"):
+            if is_secret_param(m.group(2)):
                 hidden = self._withhold(m.group(3), m.group(2), numbered)
                 return f"{m.group(1)}{m.group(2)}={hidden}"
             return m.group(0)
@@ -406,6 +404,84 @@ def restore_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
 
 
 # ------------------------------------------------------------------- URLs
+
+_URL_SECRET_PARAMS = frozenset({
+    "sig", "signature", "token", "key", "code", "auth", "access_token", "id_token",
+    "refresh_token", "private_token", "client_secret", "apikey", "api_key", "password",
+    "passwd", "pwd", "secret", "jwt", "session", "sessiontoken", "security-token",
+    "awsaccesskeyid", "googleaccessid", "credential", "x-amz-signature",
+    "x-amz-credential", "x-amz-security-token", "x-goog-signature", "x-goog-credential",
+})
+_URL_SECRET_PREFIXES = ("x-amz-", "x-goog-", "x-ms-", "x-oss-", "x-cos-")
+"""Presigned URLs (S3, GCS, Azure, Alibaba, Tencent): every such parameter is withheld; a
+signature cannot be told from its date and algorithm by name alone, and over-redaction
+is the safe failure."""
+
+
+def is_secret_param(name: str) -> bool:
+    """Whether a URL query (or fragment) parameter carries a credential or a signature:
+    ``X-Amz-*``, ``X-Goog-*``, ``sig``, ``signature``, ``token``, ``key``,
+    ``access_token`` … or any secret-named parameter (:func:`is_secret_name`);
+    percent-encoded names are decoded first (``X%2DAmz%2DSignature``)."""
+    from urllib.parse import unquote
+
+    plain = unquote(name).strip().lower()
+    return (plain in _URL_SECRET_PARAMS or plain.startswith(_URL_SECRET_PREFIXES)
+            or is_secret_name(plain))
+
+
+_URL_START = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)")
+_URL_PORT = re.compile(r"[0-9]*(?:[/?#]|$)")
+
+
+def redact_url(url: str) -> str:
+    """A URL as it was typed, with its userinfo and every credential-carrying query or
+    fragment parameter withheld (``<redacted>``): for sentences and reports, where the
+    user must recognise what they wrote (no normalisation: ``file:///etc/passwd`` stays
+    ``file:///etc/passwd``). Text without ``scheme://`` is returned as it is."""
+    match = _URL_START.match(url)
+    if match is None:
+        return url
+    head, rest = match.group(1), url[match.end():]
+    # Userinfo: ``user:password@`` (a password may hold ``/`` or ``?`` unencoded, as AWS
+    # secret keys do) or ``token@`` before the host.
+    cut = -1
+    colon = rest.find(":")
+    first_stop = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#"))
+                      if i >= 0), default=len(rest))
+    if 0 <= colon < first_stop and "@" in rest[colon:] and not _URL_PORT.match(
+            rest, colon + 1):
+        cut = rest.find("@", colon)
+    elif "@" in rest[:first_stop]:
+        cut = rest.rfind("@", 0, first_stop)
+    if cut >= 0:
+        rest = REDACTED + rest[cut:]
+    query_at = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=-1)
+    if query_at < 0:
+        return head + rest
+
+    def param(m: re.Match[str]) -> str:
+        name, eq, value = m.group(2), m.group(3), m.group(4)
+        if eq and value and is_secret_param(name):
+            return f"{m.group(1)}{name}={REDACTED}"
+        return m.group(0)
+
+    tail = re.sub(r"([?#&;]|^)([^=&;#]*)(=?)([^&;#]*)", param, rest[query_at:])
+    return head + rest[:query_at] + tail
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL in it passed through :func:`redact_url` (error sentences,
+    notes, job logs): a URL runs to the next whitespace or quote."""
+    if "://" not in text:
+        return text
+    def one(m: re.Match[str]) -> str:
+        url = m.group(0)
+        core = url.rstrip(".,:;)]")  # a sentence's punctuation is not part of the URL
+        return redact_url(core) + url[len(core):]
+
+    return re.sub(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*", one, text)
+
 
 
 def strip_url_credentials(url: str) -> str:

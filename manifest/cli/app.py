@@ -87,9 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except ManifestError as exc:
         from manifest.cli.text import printable
+        from manifest.redact import redact_urls
 
-        # Messages quote recorded strings: never let one act on the terminal.
-        sys.stderr.write(f"manifest: {printable(exc.diagnostics())}\n")
+        # Messages quote recorded strings: never let one act on the terminal, and a URL
+        # (a --data URL as typed, an endpoint) shows no userinfo or signature.
+        sys.stderr.write(f"manifest: {printable(redact_urls(exc.diagnostics()))}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("manifest: interrupted.\n")
@@ -102,13 +104,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as exc:  # a file or device failed us where no probe expected it
         where = f" ({exc.filename})" if exc.filename else ""
-        sys.stderr.write(f"manifest: {exc.strerror or exc}{where}.\n")
+        from manifest.redact import redact_urls
+
+        sys.stderr.write(redact_urls(f"manifest: {exc.strerror or exc}{where}.\n"))
         return EXIT_BAD_INPUT
     except Exception as exc:
         if os.environ.get("MANIFEST_DEBUG"):
             raise
-        sys.stderr.write(f"manifest: internal error ({type(exc).__name__}: {exc}); no verdict. "
-                         "Re-run with MANIFEST_DEBUG=1 for the traceback and report it.\n")
+        from manifest.redact import redact_urls
+
+        sys.stderr.write(redact_urls(
+            f"manifest: internal error ({type(exc).__name__}: {exc}); no verdict. "
+            "Re-run with MANIFEST_DEBUG=1 for the traceback and report it.\n"))
         return EXIT_NO_VERDICT
     except BaseException as exc:  # after Exception: only what is not an Exception
         from manifest.rerun.scratch import Terminated

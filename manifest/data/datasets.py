@@ -86,11 +86,21 @@ def recorded_path(path: Path, repo_root: Path | None) -> str:
 def _remote_spec(spec: str) -> tuple[str, str] | None:
     """``[NAME=]s3://…``, ``gs://…``, ``hf://…`` or ``delta://…`` -> (name, URL); None for a
     local path."""
+    import re
+
     from manifest.data.remote.url import is_remote
 
     name, sep, rest = spec.partition("=")
     if sep and name and "/" not in name and is_remote(rest):
         return path_text(os.fsencode(name)), rest
+    typed = rest if sep and name and "/" not in name else spec
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", typed) and not is_remote(typed):
+        from manifest.redact import redact_url
+
+        scheme = typed.split("://", 1)[0]
+        raise DataError(f"--data {redact_url(typed)}: {scheme}:// URLs are not read as data.",
+                        hint="Give a local path as a path, or an s3://, gs://, hf:// or "
+                             "delta:/// URL.")
     if not is_remote(spec):
         return None
     from manifest.data.remote.url import parse_url
@@ -134,9 +144,12 @@ def digest_datasets(specs: list[str], *, repo_root: Path | None, store: BlobStor
             raise DataError(f"two datasets are named {name!r}.",
                             hint="Name them apart with NAME=PATH.")
         names.add(name)
+        before, sep, after = spec.partition("=")
+        typed = after if sep and before and "/" not in before else spec  # as parsed above
         if base is not None and not path.is_absolute():
             path = base / path
-        label = path_text(os.fsencode(path))
+            typed = os.path.join(str(base), typed)
+        label = path_text(os.fsencode(typed))  # a sentence shows the path as it was typed
         found = digest_path(path, cache=cache, no_cache=no_cache, quiet=quiet, label=label,
                             skip=[store.root], store=store)
         datasets.append(Dataset(name=name, path=recorded_path(path, repo_root), root=found.root,

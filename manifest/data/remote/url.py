@@ -60,8 +60,17 @@ def is_remote(spec: str) -> bool:
 
 def parse_url(text: str) -> RemoteURL:
     """Parse a remote data URL; :class:`DataError` with one sentence if malformed."""
+    from manifest.redact import redact_url
+
     if "\0" in text or any(ord(ch) < 0x20 for ch in text):
-        raise DataError(f"remote dataset {text!r} contains a control character.")
+        raise DataError(f"remote dataset {redact_url(text)!r} contains a control character.")
+    if redact_url(text) != text or (not text.startswith("delta://") and any(
+            ch in text for ch in "?#")):
+        raise DataError(
+            f"--data {redact_url(text)} carries a user, a query or a fragment: a dataset is "
+            "named by its URL alone.",
+            hint="Give credentials the provider's usual way (AWS_PROFILE, "
+                 "GOOGLE_APPLICATION_CREDENTIALS, HF_TOKEN …), never in the URL.")
     if text.startswith("hf://"):
         return _parse_hf(text)
     if text.startswith("delta://"):
@@ -143,9 +152,10 @@ def scrub(message: str) -> str:
     """
     import re
 
-    from manifest.redact import redact_text
+    from manifest.redact import redact_text, redact_urls
 
     message = re.sub(r"(?<=://)[^/@\s]+@", "", message)  # a custom endpoint's userinfo
+    message = redact_urls(message)  # a presigned URL's signature, a password with a '/'
     env = dict(os.environ)
     env.update({f"CHAIN_SECRET_{i}": value for i, value in enumerate(chain_secrets())})
     return redact_text(message, env=env)
