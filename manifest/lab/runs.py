@@ -70,6 +70,8 @@ from manifest.rerun.plan import RerunOptions
 from manifest.verify.report import BASES
 
 if TYPE_CHECKING:
+    from manifest.capture.launcher import LaunchResult
+    from manifest.capture.snapshot import Snapshot
     from manifest.rerun.executor import Executor
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
@@ -182,6 +184,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
                 manifest = build_run_manifest(snap, cwd=cwd, argv=command, settings=settings,
                                               result=result, datasets=datasets,
                                               output_globs=outputs)
+                _remember_writes(snap, result)
                 assert manifest.outputs is not None
                 if manifest.outputs.status != "ok":
                     raise NoVerdictError(f"{mode} run {i} failed: {manifest.outputs.error}"
@@ -216,6 +219,23 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
         checklist=checklist(first, threads=threads, default=default, recipe=recipe),
         explained=explained, confinement=plan.confinement, plan=plan.to_json(),
     )
+
+
+def _remember_writes(snap: Snapshot, result: LaunchResult) -> None:
+    """The lab runs in the user's tree: what a run wrote there is never code.
+
+    capture remembers run-written files in the store; without the same here, a
+    log the script writes into the tree became code for the next capture or
+    lab of that tree (the recipe run_id moved between two labs of one tree).
+    """
+    from manifest.capture import observed
+
+    root = snap.code.root
+    if root is None:
+        return
+    untracked = observed.untracked_files(root)
+    observed.remember_written(snap.store, observed.written_by_run(
+        result.opened, root, untracked, result.started_ns))
 
 
 def _kept(saved: Path, path: str) -> Path:

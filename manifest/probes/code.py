@@ -146,18 +146,31 @@ def is_manifest_file(path: Path) -> bool:
     return head == _MANIFEST_HEAD and tail == _MANIFEST_TAIL
 
 
+def is_bytecode_cache(rel: bytes) -> bool:
+    """Whether a repo-relative path is a CPython bytecode cache (derived from the source)."""
+    parts = rel.split(b"/")
+    return (len(parts) >= 2 and parts[-2] == b"__pycache__"
+            and parts[-1].endswith((b".pyc", b".pyo")))
+
+
 def _without(untracked: list[bytes], root: Path, exclude: frozenset[tuple[int, int]],
              written: frozenset[str] = frozenset()) -> tuple[list[bytes], dict[str, int]]:
     """Untracked paths that are code, and the large ones left out (path -> bytes).
 
     Not code: the files this capture writes (by device and inode in
     ``exclude``: the manifest, a ``2> cap.err``; they may still be empty),
-    manifests of earlier captures (by content), and files an earlier captured
-    run wrote (``written``, remembered by the store: TensorBoard events, logs).
+    manifests of earlier captures (by content), files an earlier captured
+    run wrote (``written``, remembered by the store: TensorBoard events, logs),
+    and Python's bytecode caches (``__pycache__/*.pyc``): the interpreter
+    writes them beside any imported module of a tree whose ``.gitignore``
+    does not name them, so the first run of a script made the next run's
+    code differ (a lab, then a lab on SLURM, of one tree: two run_ids).
     """
     kept: list[bytes] = []
     large: dict[str, int] = {}
     for rel in untracked:
+        if is_bytecode_cache(rel):
+            continue
         path = root / os.fsdecode(rel)
         try:
             st = os.lstat(path)

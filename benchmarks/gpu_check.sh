@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU check in one command, on a bare GPU machine: Python 3 and a CUDA build of torch,
+# no network. Installs this project from the wheels benchmarks/gpu_wheels.sh prepared
+# (gpu-wheels/, carried beside the tree) into an environment of its own that still sees the
+# machine's torch, then runs the `gpu` tests and the bundled example end to end, and
+# writes one log: $OUT/gpu_check.log (OUT defaults to ./gpu-check-out).
+#   benchmarks/gpu_wheels.sh 3.12      # here, with the network
+#   benchmarks/gpu_check.sh            # there
+# Exit status: pytest's, or the example's if the tests passed and it failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+OUT="${OUT:-$ROOT/gpu-check-out}"
+mkdir -p "$OUT"
+LOG="$OUT/gpu_check.log"
+exec > >(tee "$LOG") 2>&1
+say() { printf '\n== %s\n' "$*"; }
+
+say "machine"
+date -u; uname -srm
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
+
+say "install (offline, from gpu-wheels/)"
+VENV="${MANIFEST_GPU_VENV:-/tmp/manifest-gpu-venv}"
+rm -rf "$VENV"
+# --system-site-packages: the machine's CUDA torch stays the one used (never replaced).
+python3 -m venv --system-site-packages "$VENV" || exit 2
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+ls gpu-wheels/*.whl >/dev/null 2>&1 || { echo "no gpu-wheels/: run benchmarks/gpu_wheels.sh"; exit 2; }
+python -m pip install -q --no-index --no-deps gpu-wheels/*.whl || exit 2
+python - <<'PY' || exit 2
+import importlib.metadata as md, torch, manifest
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+print("torch-manifest", md.version("torch-manifest"), "from", manifest.__file__)
+PY
+
+say "GPU suite (pytest -m gpu)"
+# Run from a copy of tests/ outside the tree, so `manifest` is the installed wheel.
+SUITE="$OUT/suite"; rm -rf "$SUITE"; mkdir -p "$SUITE"
+cp -r tests pyproject.toml examples "$SUITE"/
+(cd "$SUITE" && python -m pytest -q -p no:cacheprovider -m gpu -rA \
+   -W ignore::DeprecationWarning -W ignore::UserWarning -W ignore::FutureWarning tests)
+rc=$?
+
+say "bundled example: capture, capture again, verify"
+EX="$OUT/example"; rm -rf "$EX"; mkdir -p "$EX"
+cp examples/train.py "$EX/"
+(
+  cd "$EX" && set -e
+  git init -q -b main && printf 'out/\n*.json\n' > .gitignore
+  git add -A && git -c user.name=gpu -c user.email=gpu@example.invalid commit -q -m example
+  manifest capture --seed 0 --artifact 'out/*.safetensors' -- python train.py > a.json
+  manifest capture --seed 0 --artifact 'out/*.safetensors' -- python train.py > b.json
+  python -c "import json,sys; a,b=(json.load(open(f)) for f in ('a.json','b.json')); print('run_id a', a['run_id']); print('run_id b', b['run_id']); sys.exit(a['run_id']!=b['run_id'])"
+  manifest verify a.json
+)
+ex=$?
+say "result: gpu suite exit $rc, example exit $ex"
+[ "$rc" -ne 0 ] && exit "$rc"
+exit "$ex"
