@@ -38,6 +38,8 @@ pyproject's directory; every key optional)::
     command = ["python", "train.py", "--steps", "20"]   # default: [tool.manifest] command
     checks = ["determinism", "baseline", "hygiene"]     # which checks run
     same_env = false        # compare weights even when env/hardware drifted
+    allow_equivalent = false  # another runner type passes when 'equivalent' (the baseline
+                              # then carries a noise envelope, measured by --update-baseline)
     code_paths = ["."]      # what counts as code when looking for causes
     manifests = []          # more committed manifests (globs) for --no-rerun
     allow_dirty = true      # a dirty tree passes hygiene when its patch is recorded

@@ -192,6 +192,34 @@ def env_drift(baseline: Manifest, current: Manifest) -> list[str]:
             if d.section in ("env", "hardware")]
 
 
+def _weigh_across_runners(baseline: Manifest, current: Manifest, where: str,
+                          drift: list[str]) -> CheckResult | None:
+    """``allow_equivalent``: a baseline from another runner type, weighed as ``diff`` weighs
+    two runs (identical, equivalent within the baseline's noise envelope, or outside it);
+    None when that cannot be judged (inputs beyond rounding changed, or no envelope)."""
+    from manifest.diff.engine import diff_manifests
+
+    weighed = diff_manifests(baseline, current)
+    shown = tuple(drift[:20])
+    if weighed.outputs == "identical":
+        return CheckResult("baseline", Status.PASS, f"weights identical to the baseline {where}, "
+                           "recorded on another environment", shown)
+    if weighed.outputs == "equivalent" and weighed.numeric is not None:
+        return CheckResult("baseline", Status.PASS, f"equivalent to the baseline {where}: the "
+                           "same run up to rounding on another environment; "
+                           f"{weighed.numeric['sentence']}", shown)
+    if weighed.numeric is not None:
+        return CheckResult("baseline", Status.FAIL, f"outside the baseline's noise envelope: "
+                           f"{weighed.numeric['sentence']}", shown,
+                           hint=f"If the change is intended, {UPDATE_HINT}.")
+    if baseline.outputs is not None and baseline.outputs.envelope is None:
+        return CheckResult("baseline", Status.SKIP, f"the baseline {where} carries no noise "
+                           "envelope: 'equivalent' cannot be judged", shown,
+                           hint="Run `manifest gate --update-baseline` with allow_equivalent = "
+                                "true (it measures the envelope) and commit the baseline.")
+    return None
+
+
 def check_baseline(project: Project, current: Manifest) -> CheckResult:
     """Compare a fresh run with the committed baseline (see the module docstring); the
     details end with what the baseline's signature says (or that it has none)."""
@@ -212,6 +240,10 @@ def _compare_with_baseline(project: Project, baseline: Manifest, current: Manife
         return CheckResult("baseline", Status.FAIL,
                            f"the baseline {where} records no successful run", hint=UPDATE_HINT)
     drift = env_drift(baseline, current)
+    if drift and not project.policy.same_env and project.policy.allow_equivalent:
+        weighed = _weigh_across_runners(baseline, current, where, drift)
+        if weighed is not None:
+            return weighed
     if drift and not project.policy.same_env:
         return CheckResult(
             "baseline", Status.SKIP,

@@ -27,6 +27,10 @@ class GatePolicy:
     command: tuple[str, ...] | None = None
     checks: tuple[str, ...] = CHECK_NAMES
     same_env: bool = False
+    allow_equivalent: bool = False
+    """A baseline from another runner type passes when the fresh run is ``equivalent`` to it
+    (the same run up to rounding, judged against the baseline's noise envelope, which
+    ``--update-baseline`` then measures)."""
     code_paths: tuple[str, ...] = (".",)
     manifests: tuple[str, ...] = ()
     allow_dirty: bool = True
@@ -39,6 +43,7 @@ class GatePolicy:
             "command": None if self.command is None else list(self.command),
             "checks": list(self.checks),
             "same_env": self.same_env,
+            "allow_equivalent": self.allow_equivalent,
             "code_paths": list(self.code_paths),
             "manifests": list(self.manifests),
             "allow_dirty": self.allow_dirty,
@@ -95,6 +100,7 @@ def parse_policy(table: Any, origin: Path | None) -> GatePolicy:
         command=None if command is None else tuple(command),
         checks=checks if checks is not None else defaults.checks,
         same_env=flag("same_env", defaults.same_env),
+        allow_equivalent=flag("allow_equivalent", defaults.allow_equivalent),
         code_paths=strings("code_paths") or defaults.code_paths,
         manifests=strings("manifests") or defaults.manifests,
         allow_dirty=flag("allow_dirty", defaults.allow_dirty),
