@@ -29,8 +29,9 @@ class Status(StrEnum):
 
 GATE_VERDICTS: dict[Status, tuple[int, str]] = {
     Status.PASS: (EXIT_OK, "every enabled check passed (determinism: the re-run's outputs "
-                  "are bit-identical; the report says whether tensors or only the step "
-                  "trail were compared)"),
+                  "are bit-identical, and the report says whether tensors or only the step "
+                  "trail were compared; baseline: identical, or equivalent where "
+                  "allow_equivalent is set)"),
     Status.FAIL: (EXIT_FAILED, "a check failed: the re-run differs, the baseline moved, a "
                   "hygiene problem, or recorded data changed"),
     Status.NO_VERDICT: (EXIT_NO_VERDICT, "a check could not be made: the training failed, or "

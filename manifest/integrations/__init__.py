@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 TAG_RUN_ID = "manifest.run_id"
 TAG_DIGEST = "manifest.digest"
 TAG_VERDICT = "manifest.verdict"
-VERDICTS = ("identical", "differs", "checked", "no-verdict")
 
 
 def read_manifest(path: str | Path) -> Manifest:
@@ -41,11 +40,13 @@ def read_manifest(path: str | Path) -> Manifest:
 def manifest_tags(manifest: Manifest, verdict: str | None = None) -> dict[str, str]:
     """The tags every integration attaches: run_id, digest and, when given, the verdict."""
     from manifest.errors import UsageError
+    from manifest.verify.report import Verdict  # the one list of verify's verdicts
 
     tags = {TAG_RUN_ID: manifest.run_id, TAG_DIGEST: manifest.digest}
     if verdict is not None:
-        if verdict not in VERDICTS:
-            raise UsageError(f"verdict must be one of {', '.join(VERDICTS)}, not {verdict!r}.")
+        known = [v.value for v in Verdict]
+        if verdict not in known:
+            raise UsageError(f"verdict must be one of {', '.join(known)}, not {verdict!r}.")
         tags[TAG_VERDICT] = verdict
     return tags
 
