@@ -1,0 +1,156 @@
+"""The three-way verdict end to end (issue 28): capture --envelope, verify, diff, show.
+
+Real CPU training through the CLI: the bundled example captured with its noise envelope,
+then re-run under a thread count the envelope never saw (``equivalent``, exit 4); a
+script that updates its weights by hand (no torch.optim: backward() calls are its
+steps); a script that reseeds itself, so two captures with different ``--seed`` produce
+identical weights (diff's bits lines say so, exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+
+from tests.runs import capture, make_repo, manifest_cli
+
+pytestmark = pytest.mark.slow
+
+HAND = """\
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+x = torch.randn(256, 8)
+y = x.sum(1, keepdim=True)
+for step in range(12):  # word_language_model's way: no optimizer, p.data.add_
+    loss = ((model(x) - y) ** 2).mean()
+    model.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-0.05)
+Path("out").mkdir(exist_ok=True)
+save_file({k: v.contiguous() for k, v in model.state_dict().items()}, "out/hand.safetensors")
+"""
+
+RESEED = """\
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+torch.manual_seed(0)  # makemore's way: the script seeds torch itself
+jitter = random.random()  # a draw the launcher's seed decides, which the weights never see
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(16, 4)
+for _ in range(5):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+Path("out").mkdir(exist_ok=True)
+save_file(dict(model.state_dict()), "out/reseed.safetensors")
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_repo(tmp_path_factory.mktemp("numeric"), {"hand.py": HAND, "reseed.py": RESEED})
+
+
+@pytest.fixture(scope="module")
+def enveloped(repo: Path) -> tuple[Path, dict[str, Any]]:
+    return capture(repo, "--threads", "2", "--envelope", "2",
+                   command=["python", "train.py", "--steps", "12"], name="env.json")
+
+
+def test_capture_envelope_is_stored_outside_identity_and_shown(
+        repo: Path, enveloped: tuple[Path, dict[str, Any]]) -> None:
+    path, doc = enveloped
+    envelope = doc["outputs"]["envelope"]
+    assert envelope["runs"] == ["1 ULP (seed 1)", "1 ULP (seed 2)", "threads 2 → 1"]
+    assert [s["step"] for s in envelope["steps"]] == list(range(1, 13))
+    numeric = doc["outputs"]["processes"][0]["numeric"]
+    assert len(numeric) == 12 and numeric[0]["loss"] > 0 and len(numeric[0]["groups"]) == 1
+    # the envelope runs wrote over out/: the file on disk is the base run's again
+    [artifact] = doc["outputs"]["artifacts"]
+    on_disk = blake3.blake3((repo / artifact["path"]).read_bytes()).hexdigest()
+    assert artifact["digest"] == f"blake3:{on_disk}"
+    _, again = capture(repo, "--threads", "2", command=["python", "train.py", "--steps", "12"],
+                       name="plain.json")
+    assert again["run_id"] == doc["run_id"]  # the envelope is outside identity
+    assert again["outputs"]["artifacts"] == doc["outputs"]["artifacts"]
+    shown = manifest_cli("show", str(path), cwd=repo)
+    assert shown.returncode == 0
+    assert b"noise envelope" in shown.stdout and b"envelope step 12" in shown.stdout
+
+
+def test_verify_on_another_thread_count_is_equivalent_with_its_own_status(
+        repo: Path, enveloped: tuple[Path, dict[str, Any]]) -> None:
+    path, _ = enveloped
+    proc = manifest_cli("verify", str(path), "--threads", "3", "--json", cwd=repo)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 4, proc.stderr.decode()
+    assert report["verdict"] == "equivalent"
+    assert report["numeric"]["verdict"] == "equivalent"
+    assert report["numeric"]["steps_compared"] == 12
+    assert any(d["path"] == "determinism.num_threads" for d in report["drift"])
+    # the same machine, the same threads: bits, as always
+    same = manifest_cli("verify", str(path), "--json", cwd=repo)
+    assert same.returncode == 0 and json.loads(same.stdout)["verdict"] == "identical"
+
+
+def test_diff_weighs_outputs_equivalent_across_thread_counts(
+        repo: Path, enveloped: tuple[Path, dict[str, Any]]) -> None:
+    path, _ = enveloped
+    other, _ = capture(repo, "--threads", "1", command=["python", "train.py", "--steps", "12"],
+                       name="threads1.json")
+    proc = manifest_cli("diff", str(path), str(other), "--json", cwd=repo)
+    result = json.loads(proc.stdout)
+    assert (proc.returncode, result["outputs"]) == (4, "equivalent"), proc.stderr.decode()
+    assert result["numeric"]["verdict"] == "equivalent"
+    # another seed is never rounding: differ, exit 1, even with an envelope at hand
+    seeded, _ = capture(repo, "--threads", "2", "--seed", "7",
+                        command=["python", "train.py", "--steps", "12"], name="seed7.json")
+    proc = manifest_cli("diff", str(path), str(seeded), "--json", cwd=repo)
+    assert (proc.returncode, json.loads(proc.stdout)["outputs"]) == (1, "differ")
+
+
+def test_hand_updated_weights_count_backward_calls_as_steps(repo: Path) -> None:
+    path, doc = capture(repo, "--envelope", "2", command=["python", "hand.py"],
+                        outputs="out/hand.safetensors", name="hand.json")
+    process = doc["outputs"]["processes"][0]
+    assert [p["step"] for p in process["trail"]] == list(range(1, 13))
+    numeric = process["numeric"]
+    assert [p["step"] for p in numeric] == list(range(1, 13))
+    losses = [p["loss"] for p in numeric]
+    assert losses[-1] < losses[0]  # the loss of each step, from its backward()
+    assert len(doc["outputs"]["envelope"]["steps"]) == 12
+    proc = manifest_cli("verify", str(path), "--json", cwd=repo)
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:]
+
+
+def test_diff_bits_lines_say_when_the_outputs_are_identical(repo: Path) -> None:
+    a, _ = capture(repo, "--seed", "0", command=["python", "reseed.py"],
+                   outputs="out/reseed.safetensors", name="r0.json")
+    b, _ = capture(repo, "--seed", "1", command=["python", "reseed.py"],
+                   outputs="out/reseed.safetensors", name="r1.json")
+    proc = manifest_cli("diff", str(a), str(b), "--json", cwd=repo)
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stdout.decode()[-3000:]
+    assert result["outputs"] == "identical"
+    bits = [d for d in result["differences"] if d["impact"] == "bits"]
+    assert bits, "the seeds still differ, and a seed can change the bits"
+    assert all("here the outputs are identical" in d["reason"] for d in bits
+               if d["section"] != "outputs")
+    text = manifest_cli("diff", str(a), str(b), cwd=repo)
+    assert b"Here the outputs are identical." in text.stdout
