@@ -220,6 +220,9 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
         report.timings[label] = time.perf_counter() - started
         if result.job is not None:
             report.jobs.append({"run": label, **result.job})
+            from manifest.rerun.cluster.remote_run import confinement_line
+
+            report.confinement = confinement_line(plan, result.job)  # what the host applied
         return result
 
     recorded_trails = _recorded_trails(recorded)

@@ -145,8 +145,11 @@ class RerunPlan:
     @property
     def confinement(self) -> str:
         if self.cluster is not None:
-            how = ("bubblewrap on the host where it works there"
-                   + (", network allowed (--network)" if self.network else ", no network")
+            # A prediction: the host decides, and the report replaces this line with what
+            # the job says happened there (remote_run.confinement_line).
+            how = ("bubblewrap if the host can run it, else not confined (the report says "
+                   "which)" + (", network allowed (--network)" if self.network
+                               else ", no network")
                    if self.sandbox_requested else "not confined (--no-sandbox)")
             return f"on {self.cluster.describe()}: {how}"
         if not self.confined:

@@ -80,6 +80,10 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     result = executor_for(plan).run(plan, workspace, settings, base_env)
     report.rerun_exit_code = result.exit_code
     report.job = result.job
+    if result.job is not None:  # what the host that ran it applied, not the plan's guess
+        from manifest.rerun.cluster.remote_run import confinement_line
+
+        report.confinement = confinement_line(plan, result.job)
     new = build_run_manifest(snap, cwd=workspace.cwd, argv=list(plan.argv),
                              settings=settings, result=result, datasets=[],
                              output_globs=[_any_version(g) for g in recorded.command.outputs],

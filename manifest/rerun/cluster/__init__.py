@@ -78,7 +78,12 @@ class ClusterOptions:
             parts = [f"partition {self.partition}" if self.partition else None,
                      f"account {self.account}" if self.account else None,
                      f"time {self.time_min} min" if self.time_min else None]
-            how = "submitit local executor" if self.local else "SLURM through submitit"
+            import shutil
+
+            # What SlurmExecutor.local() decides: without sbatch, submitit runs it here.
+            how = ("submitit local executor on this machine" if self.local
+                   else "submitit local executor on this machine (no sbatch on PATH)"
+                   if shutil.which("sbatch") is None else "SLURM through submitit")
             return how + "".join(f", {p}" for p in parts if p)
         return f"Kubernetes Indexed Job in namespace {self.namespace}"
 

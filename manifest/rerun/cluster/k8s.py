@@ -112,10 +112,12 @@ def image_for(options: ClusterOptions, recorded_image: str | None) -> str:
     container image the manifest recorded (``env.container.image_digest``) when it names a
     repository (``registry/train@sha256:…``). A bare ``sha256:…`` (podman's image id) is
     not something a node can pull: it, or no recorded image, is one sentence (exit 2)."""
+    from manifest.rerun.cluster.image import check_reference
+
     if options.image:
-        return options.image
+        return check_reference(options.image)
     if recorded_image and not recorded_image.startswith("sha256:"):
-        return recorded_image
+        return check_reference(recorded_image, "recorded in env.container.image_digest")
     if recorded_image:
         raise UsageError(f"--on k8s needs an image a node can pull: the manifest recorded "
                          f"only the image id {recorded_image}; pass --image "

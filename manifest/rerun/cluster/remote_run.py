@@ -295,6 +295,16 @@ class ClusterExecutor:
             tables=tables, job=job_info)
 
 
+def confinement_line(plan: RerunPlan, job: dict[str, Any] | None) -> str:
+    """The report's confinement line once a cluster job ran: where it ran and what the host
+    that ran it applied (its own words, from the result: bubblewrap with its policy, or
+    ``not confined on the host (why)``), never the plan's prediction; the plan's line when
+    no job reported one."""
+    if plan.cluster is None or job is None or not job.get("confinement"):
+        return plan.confinement
+    return f"on {plan.cluster.describe()}: {job['confinement']}"
+
+
 def _network_policy(doc: dict[str, Any]) -> str:
     where = str(doc.get("confinement") or "")
     if "no network" in where:
