@@ -502,22 +502,29 @@ def _on_cuda_init() -> None:
     torch = sys.modules.get("torch")
     if _obs["record"] is None or torch is None:
         return
-    queued = getattr(torch.cuda, "_queued_calls", None)
+    queued = getattr(getattr(torch, "cuda", None), "_queued_calls", None)
     if isinstance(queued, list):
         queued.append((_read_cuda_states, []))
 
 
 def _read_cuda_states() -> None:
-    """The CUDA generators' states once the queued seeds have run: the state at first use."""
+    """The CUDA generators' states once the queued seeds have run: the state at first use.
+
+    It runs inside torch's init loop, where an exception would fail the user's
+    first CUDA call: a state that cannot be read is not recorded, never raised.
+    """
     record = _obs["record"]
     torch = sys.modules.get("torch")
     if record is None or torch is None:
         return
     digests = []
-    for gen in torch.cuda.default_generators:
-        digest = rng.blake3_hex([gen.get_state().numpy().tobytes()])
-        if digest:
-            digests.append(digest)
+    try:
+        for gen in torch.cuda.default_generators:
+            digest = rng.blake3_hex([gen.get_state().numpy().tobytes()])
+            if digest:
+                digests.append(digest)
+    except Exception:
+        return
     if isinstance(record.get("at_start"), dict):
         record["at_start"]["cuda"] = digests
     _obs["launch_fp"]["cuda"] = ",".join(digests)
