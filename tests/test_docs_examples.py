@@ -70,6 +70,9 @@ SESSION_SETUP = {
                  "git commit -qm ignore && mkdir -p data/cifar && printf x > data/cifar/a.bin && "
                  "XDG_DATA_HOME=$PWD/../elsewhere manifest capture --seed 42 --data data/cifar "
                  "-- python train.py --steps 5 > their-run.json",
+    # How the example resumes, for verify --segments and lab --resume-at (guides/long-runs).
+    "long-runs": "printf '[tool.manifest]\\nresume = \"--resume {checkpoint}\"\\n' > "
+                 "pyproject.toml && git add pyproject.toml && git commit -qm resume",
 }
 
 
