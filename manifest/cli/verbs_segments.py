@@ -23,11 +23,15 @@ def add_segment_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--segments", type=positive_int, default=None, metavar="N",
                    help="replay N stretches between recorded checkpoints, chosen with a seed "
                    "from the run_id, and compare the step trail exactly")
-    g.add_argument("--at", type=positive_int, nargs="+", default=None, metavar="STEP",
-                   help="replay the stretches holding these optimizer steps")
+    g.add_argument("--at", type=_steps, action="append", default=None, metavar="STEP[,STEP…]",
+                   help="replay the stretches holding these optimizer steps (repeatable)")
     g.add_argument("--resume-args", default=None, metavar="TEMPLATE",
                    help="how the script resumes, e.g. '--resume {checkpoint}' (default: "
                    "[tool.manifest] resume)")
+
+
+def _steps(text: str) -> list[int]:
+    return [positive_int(part) for part in text.split(",") if part.strip()]
 
 
 def wants_segments(args: argparse.Namespace) -> bool:
@@ -49,7 +53,9 @@ def run_segments(args: argparse.Namespace, data: bytes, signer: str | None) -> i
                             sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
                             signer=signer, cluster=cluster_from_args(args), layout=args.layout)
     report = verify_segments(data, file=args.file, cwd=Path.cwd(), options=options,
-                             segments=args.segments, at=args.at, resume=args.resume_args,
+                             segments=args.segments,
+                             at=[s for group in args.at or [] for s in group] or None,
+                             resume=args.resume_args,
                              announce=None if args.quiet else render_command,
                              show_plan=show_plan)
     from manifest.cli.options import ReportFormat

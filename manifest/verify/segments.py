@@ -236,7 +236,10 @@ def _place(checkpoint: Checkpoint, original: Path, target: Path) -> str | None:
         found = digest_artifact(original, checkpoint.path)
     except (MalformedArtifactError, OSError) as exc:
         return f"{where} is unreadable: {exc}"
-    if found.digest != checkpoint.artifact.digest:
+    # A DCP directory's .metadata carries a fresh save_id, so a rewrite of the same state
+    # has another digest: its table (every tensor and every pickled item) decides.
+    same_dcp = found.format == "dcp" and found.tensors == checkpoint.artifact.tensors
+    if found.digest != checkpoint.artifact.digest and not same_dcp:
         return f"{where} changed since capture (its digest is not the recorded one)"
     target.parent.mkdir(parents=True, exist_ok=True)
     if original.is_dir():

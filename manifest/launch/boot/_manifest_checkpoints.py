@@ -128,7 +128,7 @@ def on_torch(torch: Any, write_record: Callable[[], None]) -> None:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if _state["steps"] >= stop:
+            if _state["steps"] >= stop and not _state.get("inert_step"):
                 # The segment is done: leave as explain does at its step, record written.
                 with contextlib.suppress(Exception):
                     sys.stdout.flush()
@@ -151,7 +151,8 @@ def on_torch(torch: Any, write_record: Callable[[], None]) -> None:
         def probe_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             step = int(_state["steps"]) + 1
             record = _state["record"]
-            if step <= start or record is None or len(record.get("probes", ())) >= MAX_PROBES:
+            if (step <= start or record is None or _state.get("inert_step")
+                    or len(record.get("probes", ())) >= MAX_PROBES):
                 return
             try:
                 record.setdefault("probes", []).append({"step": step, **state_probe(optimizer)})
@@ -235,8 +236,40 @@ def on_dcp(module: Any) -> None:
             owner.save = _wrap(owner.save, "dcp", _dcp_target)
 
 
+def _not_a_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    """DCP's ``_init_optim_state`` calls ``optimizer.step()`` with zero gradients and lr 0
+    to create the optimizer's state before a load (a resume's ``get_state_dict``). It is
+    not a training step: the count, trail points and probes it made are taken back, so a
+    resumed run numbers its steps as the uninterrupted one did."""
+    if getattr(original, "_manifest_checkpoint", False):
+        return original
+
+    @functools.wraps(original)
+    def init(*args: Any, **kwargs: Any) -> Any:
+        kept = {key: len(_state[key]) for key in ("auto_trail", "numeric")
+                if isinstance(_state.get(key), list)}
+        steps = _state["steps"]
+        _state["inert_step"] = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _state["inert_step"] = False
+            _state["steps"] = steps
+            for key, n in kept.items():
+                del _state[key][n:]
+
+    init._manifest_checkpoint = True  # type: ignore[attr-defined]
+    return init
+
+
+def on_dcp_state_dict(module: Any) -> None:
+    if hasattr(module, "_init_optim_state"):
+        module._init_optim_state = _not_a_step(module._init_optim_state)
+
+
 IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
     "safetensors.torch": on_safetensors,
     "torch.distributed.checkpoint": on_dcp,
+    "torch.distributed.checkpoint.state_dict": on_dcp_state_dict,
 }
 """Modules whose save functions are wrapped the moment they are imported."""
