@@ -22,6 +22,7 @@ import argparse
 import ast
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -268,11 +269,18 @@ def render_verdicts() -> str:
     return "\n".join(rows) + "\n"
 
 
+SESSION_FENCE = re.compile(r"^```\n(?=\$ )", re.MULTILINE)
+"""A fence with no language whose first line is a ``$ `` prompt: a shell session."""
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Fill the generated parts of hand-written pages (the verdicts table)."""
+    """Fill the generated parts of hand-written pages (the verdicts table), and highlight
+    shell sessions as ``console`` so the prompt and the output are marked apart and the
+    copy button leaves them out (assets/stylesheets/extra.css). The pages keep bare
+    fences: the docs tests read them as written."""
     if VERDICTS_MARKER in markdown:
         markdown = markdown.replace(VERDICTS_MARKER, render_verdicts())
-    return markdown
+    return SESSION_FENCE.sub("```console\n", markdown)
 
 
 def render(page: str) -> str:
@@ -300,10 +308,22 @@ def _prune(nav: list[Any], docs: Path) -> list[Any]:
     return kept
 
 
+def version() -> str:
+    """The version pyproject.toml gives the distribution: the header shows it."""
+    import tomllib
+
+    with (REPO / "pyproject.toml").open("rb") as fh:
+        found: str = tomllib.load(fh)["project"]["version"]
+    return found
+
+
 def on_config(config: Any) -> Any:
-    """Leave out nav entries whose page has not landed yet (never a placeholder)."""
+    """Leave out nav entries whose page has not landed yet (never a placeholder); put the
+    version beside the repository's name in the header."""
     if config.get("nav"):
         config["nav"] = _prune(config["nav"], Path(config["docs_dir"]))
+    if config.get("repo_name") and version() not in config["repo_name"]:
+        config["repo_name"] = f"{config['repo_name']} {version()}"
     return config
 
 

@@ -16,6 +16,8 @@ fails :func:`test_every_block_is_marked`. Kinds:
   ``manifest`` command is parsed by the real parser, each other program must be
   one a reader has (pip, git …), and a script or file it names must exist;
 * ``python``: executed in a fresh interpreter (``slow`` when it imports torch);
+* ``diagram``: a Mermaid diagram (``mermaid`` fence) of a known type whose brackets and
+  quotes close on every line (the docs check in ``tests/test_docs_site.py`` draws them);
 * ``config``: TOML, YAML and JSON parse; a ``[tool.manifest]`` table passes the
   validator capture uses; a pre-commit hook id and a reusable workflow or
   action named with ``uses:`` exist in this repository; each member of a JSON
@@ -31,6 +33,7 @@ marker regex, the matcher and the four kinds above.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -47,7 +50,7 @@ import pytest
 
 from tests.runs import REPO
 
-KINDS = {"run", "session", "parse", "python", "config", "layout"}
+KINDS = {"run", "session", "parse", "python", "config", "layout", "diagram"}
 """``layout``: README's package listing, which tests/test_layout.py checks against the package."""
 EXTERNAL = {"pip", "python", "python3", "git", "openssl", "model_signing", "cd", "bash", ".",
             "ruff", "mypy", "pytest", "jq", "mkdir", "printf", "head"}
@@ -188,7 +191,9 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def run_steps(block: Block, cwd: Path, env: dict[str, str], *, loose: bool) -> None:
+def run_steps(block: Block, cwd: Path, env: dict[str, str], *, loose: bool) -> list[str]:
+    """Run the block's commands in order; what each printed (the stream the block shows)."""
+    printed = []
     for step in steps(block):
         words = shlex.split(step.command, comments=True)
         missing = [w for w in ("jq",) if w in words and shutil.which(w) is None]
@@ -201,6 +206,8 @@ def run_steps(block: Block, cwd: Path, env: dict[str, str], *, loose: bool) -> N
         shown = done.stderr if block.attrs.get("stream") == "stderr" else done.stdout
         if step.expected is not None:
             assert matches(step.expected, shown, loose=loose), f"{where} printed:\n{shown}"
+        printed.append(shown)
+    return printed
 
 
 # ------------------------------------------------------------------------- tests
@@ -285,6 +292,30 @@ def test_parse_block(block: Block) -> None:
     for step in steps(block):
         for words in _command_words(step.command):
             check_command(words)
+
+
+DIAGRAM_TYPES = ("flowchart", "graph", "sequenceDiagram", "stateDiagram-v2")
+
+
+def diagram_problems(body: str) -> list[str]:
+    """What is wrong with a Mermaid diagram's text, line by line (empty: nothing)."""
+    lines = body.splitlines()
+    if not lines or lines[0].split()[0] not in DIAGRAM_TYPES:
+        return [f"not a known diagram type: {lines[:1]}"]
+    problems = []
+    for n, line in enumerate(lines[1:], 2):
+        if line.count('"') % 2 or any(line.count(a) != line.count(b)
+                                      for a, b in ("[]", "{}", "()")):
+            problems.append(f"line {n}: an unclosed quote or bracket: {line.strip()}")
+    return problems
+
+
+@pytest.mark.parametrize("block", all_blocks("diagram"), ids=lambda b: b.name)
+def test_diagram_block(block: Block) -> None:
+    assert block.lang == "mermaid", block.name
+    assert diagram_problems(block.body) == []
+    # Positive control: the same diagram with a bracket left open is caught.
+    assert diagram_problems(block.body + '\n  a["open --> b') != []
 
 
 def test_parse_check_has_teeth() -> None:
@@ -401,8 +432,15 @@ def test_session(name: str, tmp_path: Path) -> None:
     if name in SESSION_SETUP:
         setup += f" && {SESSION_SETUP[name].replace('git commit', f'{git} commit')}"
     subprocess.run(["bash", "-c", setup], cwd=repo, env=env, check=True, capture_output=True)
-    for block in _sessions()[name]:
-        run_steps(block, repo, env, loose=True)
+    printed = {block.name: run_steps(block, repo, env, loose=True)
+               for block in _sessions()[name]}
+    # What the session printed is what the docs build puts on the pages (docs/gen_sessions.py).
+    spec = importlib.util.spec_from_file_location("gen_sessions",
+                                                  REPO / "docs" / "gen_sessions.py")
+    assert spec is not None and spec.loader is not None
+    gen_sessions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_sessions)
+    gen_sessions.store(name, printed)
 
 
 def test_sessions_are_known() -> None:
