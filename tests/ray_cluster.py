@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.runs import free_port
+from tests.runs import REPO, free_port
 
 
 def _ours(marker: str) -> list[int]:
@@ -59,8 +59,11 @@ def ray_cluster(*, raylets: int = 1, cpus: int = 2) -> Iterator[str]:
     """The Jobs API address of a Ray cluster of ``raylets`` nodes with ``cpus`` CPUs each."""
     temp = tempfile.mkdtemp(prefix="mfray-", dir="/tmp")  # socket paths must stay short
     port, dash = free_port(), free_port()
+    # No idle workers started ahead of tasks: on a loaded machine they starve the raylet
+    # that is registering (Ray gives it a fixed 30 s).
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               RAY_USAGE_STATS_ENABLED="0")
+               RAY_USAGE_STATS_ENABLED="0", RAY_enable_worker_prestart="0",
+               RAY_prestart_worker_first_driver="0")
     ray = str(Path(sys.executable).parent / "ray")
     procs = [subprocess.Popen(
         [ray, "start", "--head", "--block", f"--num-cpus={cpus}", f"--temp-dir={temp}",
@@ -79,15 +82,31 @@ def ray_cluster(*, raylets: int = 1, cpus: int = 2) -> Iterator[str]:
                 if time.monotonic() > deadline or procs[0].poll() is not None:
                     raise RuntimeError("the Ray head did not come up") from None
                 time.sleep(1)
-        for _ in range(raylets - 1):
-            procs.append(subprocess.Popen(
-                [ray, "start", "--block", f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}",
+        def worker() -> subprocess.Popen[bytes]:
+            # tests.ray_node: ``ray start`` with more than Ray's fixed 30 s to register.
+            return subprocess.Popen(
+                [sys.executable, "-m", "tests.ray_node", "start", "--block",
+                 f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}",
                  "--node-ip-address=127.0.0.1", "--disable-usage-stats", *_ports()],
-                env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL))
-        while _alive_nodes(address) < raylets:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"{raylets} raylets did not come up")
+                env=env, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+
+        workers = [worker() for _ in range(raylets - 1)]
+        procs.extend(workers)
+        # A raylet that still fails to come up (a loaded machine: seen here at a load of 10
+        # on 2 cores) is started again, up to 6 times.
+        restarts = 0
+        deadline = time.monotonic() + 480
+        while (alive := _alive_nodes(address)) < raylets:
+            if procs[0].poll() is not None or time.monotonic() > deadline or restarts > 6:
+                raise RuntimeError(
+                    f"{raylets} raylets did not come up: {alive} alive, head "
+                    f"{'exited' if procs[0].poll() is not None else 'running'}, "
+                    f"{restarts} restarts, load {os.getloadavg()[0]:.1f}")
+            for i, proc in enumerate(procs[1:], start=1):
+                if proc.poll() is not None:
+                    restarts += 1
+                    procs[i] = worker()
             time.sleep(1)
         yield address
     finally:
@@ -110,5 +129,5 @@ def ray_cluster(*, raylets: int = 1, cpus: int = 2) -> Iterator[str]:
 if __name__ == "__main__":  # a cluster to try things against: python -m tests.ray_cluster 2
     with ray_cluster(raylets=int(sys.argv[1]) if len(sys.argv) > 1 else 2) as where:
         print(where, flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})  # then the teardown above runs

@@ -1,7 +1,8 @@
 """``verify`` and ``explain --on slurm`` through submitit's local executor, end to end (issue 23).
 
-A real single-host SLURM (slurmctld, slurmd, munge) is used when ``sbatch`` is on PATH;
-this machine has none, so that case skips with the reason.
+A real single-host SLURM (slurmctld, slurmd, munge) is used when ``sbatch`` is on PATH:
+``.ci/run`` as root starts one (``.ci/slurm-up``); without root that case skips with the
+reason. The multi-node SLURM cases are in ``tests/test_cluster_nodes_e2e.py``.
 """
 
 from __future__ import annotations

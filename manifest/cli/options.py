@@ -145,4 +145,14 @@ def add_rerun_options(parser: argparse.ArgumentParser, *, received: bool = True)
                          help="bring the output files back (default: their tensor tables only; "
                          "files give max |delta| and ULP numbers)")
     cluster.add_argument("--dry-run", action="store_true",
-                         help="k8s: print the Job and Service YAML and run nothing")
+                         help="k8s: print the Job and Service YAML and run nothing (exit 0)")
+    cluster.add_argument("--claim", metavar="PVC",
+                         help="k8s: the PersistentVolumeClaim whose volume holds the folder "
+                         "the bundle is staged in")
+    cluster.add_argument("--bundle-url", metavar="URL",
+                         help="k8s: upload the bundle to this object-store prefix (s3://, gs://) "
+                         "for an init container to fetch (instead of --claim)")
+    cluster.add_argument("--shared-path", dest="shared_paths", action="append", metavar="PATH",
+                         help="data under PATH is seen at the same path by every node of the "
+                         "cluster: mounted, not shipped (repeatable; data outside the "
+                         "repository is otherwise bundled, up to max_data_bytes)")

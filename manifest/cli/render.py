@@ -137,6 +137,13 @@ def render_command(argv: list[str], file: TextIO | None = None) -> None:
     stream.flush()
 
 
+def render_dry_run(argv: list[str], file: TextIO | None = None) -> None:
+    """``--dry-run``: what would be re-run; nothing is (stderr)."""
+    stream = file or sys.stderr
+    stream.write(f"manifest: --dry-run, not re-running: {shell_join(argv)}\n")
+    stream.flush()
+
+
 def render_plan(plan: RerunPlan, file: TextIO | None = None) -> None:
     """What a verb will run (or would, before a refusal), every string escaped (stderr)."""
     stream = file or sys.stderr

@@ -123,7 +123,7 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from manifest.cli.render import render_command, render_verify
+    from manifest.cli.render import render_command, render_dry_run, render_verify
     from manifest.verify.pipeline import verify_run
     from manifest.verify.report import VerifyOptions
 
@@ -138,8 +138,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                             no_cache=args.no_cache, quiet=args.quiet, network=args.network,
                             sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
                             signer=signer, cluster=cluster_from_args(args), layout=args.layout)
-    report = verify_run(data, file=args.file, cwd=Path.cwd(),
-                        options=options, announce=render_command, show_plan=show_plan)
+    dry = options.cluster is not None and options.cluster.dry_run
+    report = verify_run(data, file=args.file, cwd=Path.cwd(), options=options,
+                        announce=render_dry_run if dry else render_command, show_plan=show_plan)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
         sys.stderr.write(f"manifest: re-run: {report.confinement}; ran because: {report.trust}.\n")
         for note in report.notes:
@@ -222,7 +223,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterOptions | None:
     table = load_config(Path.cwd())[0].get("executors", {})
     flags = {name: getattr(args, name, None) for name in (
         "address", "partition", "account", "time_min", "image", "namespace", "timeout_s",
-        "fetch_outputs", "dry_run")}
+        "fetch_outputs", "dry_run", "claim", "bundle_url", "shared_paths")}
     return cluster_options(on, flags, table)
 
 

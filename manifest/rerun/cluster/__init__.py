@@ -58,6 +58,14 @@ class ClusterOptions:
     namespace: str = "default"
     claim: str | None = None
     """Kubernetes: the PersistentVolumeClaim that holds ``folder`` on the nodes."""
+    bundle_url: str | None = None
+    """Kubernetes: an object-store prefix (``s3://bucket/prefix``) the bundle is uploaded to
+    and an init container fetches it from (instead of ``claim``)."""
+    shared_paths: tuple[str, ...] = ()
+    """Paths every node of the cluster sees as this machine does (``--shared-path``): data
+    under them is mounted from the same path, not shipped."""
+    max_data_bytes: int = 1 << 30
+    """Data outside the repository bundled with the re-run, at most (default 1 GiB)."""
     python: str = "python"
     """The interpreter on the cluster that has torch-manifest installed."""
     timeout_s: float | None = None
@@ -104,6 +112,8 @@ def cluster_options(on: str, flags: Mapping[str, Any], config: Mapping[str, Any]
                           f"{', '.join(unknown)}.")
     values: dict[str, Any] = {k: v for k, v in table.items() if k in known}
     values.update({k: v for k, v in flags.items() if v is not None and v is not False})
+    if "shared_paths" in values:
+        values["shared_paths"] = tuple(str(p) for p in values["shared_paths"])
     if values.get("address"):
         values["address"] = strip_url_credentials(str(values["address"]))
     options = ClusterOptions(on=on)

@@ -1,0 +1,145 @@
+"""``verify --on k8s`` submitted, watched, collected and deleted through the official client
+(issue 30), against ``tests.k8s_api``: a local server speaking the endpoints the client uses,
+which runs each pod's commands here. No real API server runs on these machines: scheduling,
+images, volumes and the Service's DNS are not exercised (docs/cluster.md says so).
+
+* a claim: the bundle staged in the folder the claim holds, the pods' ``/bundle`` mapped to it;
+* ``--bundle-url s3://…``: the bundle's tar uploaded to a moto S3 server and fetched by the
+  init container with the remote-data clients;
+* ``--timeout`` deletes the Job and says so once the API answers 404; a Job whose pods stay
+  Pending is said to be waiting;
+* ``--dry-run`` prints the objects and exits 0 saying nothing ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.k8s_api import fake_kube
+from tests.runs import capture, make_repo, manifest_cli
+
+pytest.importorskip("kubernetes", reason="the k8s extra is not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+IMAGE = "registry.example/train@sha256:" + "0" * 64
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A run, in a repository whose config stages k8s bundles in ``claim/`` beside it (the
+    folder the claim's volume holds; the fake pods see it as /bundle)."""
+    base = tmp_path_factory.mktemp("k8s")
+    repo = make_repo(base / "repo", {"pyproject.toml": (
+        "[tool.manifest.executors.k8s]\n"
+        f"folder = {json.dumps(str(base / 'claim'))}\n")})
+    path, _ = capture(repo, command=["python", "train.py", "--steps", "6"])
+    return repo, path
+
+
+def _claim(repo: Path) -> Path:
+    return repo.parent / "claim"
+
+
+def _verify(repo: Path, manifest: Path, env: dict[str, str], *args: str
+            ) -> tuple[int, dict[str, Any], str]:
+    proc = manifest_cli("verify", str(manifest), "--json", "--on", "k8s", "--image", IMAGE,
+                        *args, cwd=repo, env={**os.environ, **env}, timeout=600)
+    return proc.returncode, json.loads(proc.stdout or b"{}"), proc.stderr.decode()
+
+
+def _posted(kube: Any, kind: str) -> dict[str, Any]:
+    [body] = [b for m, p, b in kube.requests if m == "POST" and p.endswith(f"/{kind}")]
+    return dict(body)
+
+
+def test_claim_submit_watch_collect_delete(recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    repo, manifest = recorded
+    with fake_kube(tmp_path, claim_dir=_claim(repo)) as (kube, env):
+        code, report, stderr = _verify(repo, manifest, env, "--claim", "bundles",
+                                       "--namespace", "ml")
+    assert code == 0, stderr
+    assert report["verdict"] == "identical"
+    job = report["job"]
+    assert job["executor"] == "k8s" and job["job_id"].startswith("manifest-")
+    assert f"kubectl -n ml logs -l manifest/job={job['job_id']}" in job["where"]
+    body = _posted(kube, "jobs")
+    spec = body["spec"]["template"]["spec"]
+    assert spec["volumes"][0]["persistentVolumeClaim"] == {"claimName": "bundles",
+                                                           "readOnly": True}
+    assert spec["containers"][0]["command"][1:4] == ["-I", "-m", "manifest.rerun.cluster.k8s"]
+    assert body["spec"]["completionMode"] == "Indexed" and body["spec"]["completions"] == 1
+    assert _posted(kube, "services")["spec"]["clusterIP"] == "None"
+    deleted = [p for m, p, _ in kube.requests if m == "DELETE"]
+    assert any(p.endswith(f"/jobs/{job['job_id']}") for p in deleted)  # collected, then gone
+    assert any(p.endswith(f"/services/{job['job_id']}") for p in deleted)
+
+
+def test_bundle_url_init_container_fetches_from_s3(recorded: tuple[Path, Path],
+                                                   tmp_path: Path) -> None:
+    pytest.importorskip("moto.server", reason="moto is not installed")
+    from moto.server import ThreadedMotoServer
+
+    from tests.remote_fixtures import S3_ENV
+    from tests.runs import free_port
+
+    repo, manifest = recorded
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    s3_env = {**S3_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    saved = {k: os.environ.get(k) for k in s3_env}
+    os.environ.update(s3_env)  # the fake pods inherit it, as a pod would from its spec
+    try:
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="bundles")
+        with fake_kube(tmp_path) as (kube, env):
+            code, report, stderr = _verify(repo, manifest, {**env, **s3_env},
+                                           "--bundle-url", "s3://bundles/re-runs")
+        keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(
+            Bucket="bundles")["Contents"]]
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert code == 0, stderr
+    assert report["verdict"] == "identical"
+    digest = report["job"]["bundle"].removeprefix("blake3:")
+    assert keys == [f"re-runs/{digest}.tar"]
+    spec = _posted(kube, "jobs")["spec"]["template"]["spec"]
+    [init] = spec["initContainers"]
+    assert init["command"][-3:] == ["fetch", f"s3://bundles/re-runs/{digest}.tar",
+                                    f"/bundle/{digest}"]
+    assert spec["volumes"] == [{"name": "bundle", "emptyDir": {}}]
+
+
+def test_timeout_deletes_the_job_and_a_pending_job_is_said(
+        recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    repo, manifest = recorded
+    with fake_kube(tmp_path, claim_dir=_claim(repo), hold=True) as (kube, env):
+        code, _, stderr = _verify(repo, manifest, env, "--claim", "bundles", "--timeout", "3")
+    assert code == 3, stderr
+    assert "did not finish within 3 s (--timeout); it was cancelled (k8s reports the Job is " \
+           "deleted)" in stderr
+    assert any(m == "DELETE" and "/jobs/" in p for m, p, _ in kube.requests)
+
+
+def test_dry_run_exits_0_and_says_nothing_ran(recorded: tuple[Path, Path],
+                                              tmp_path: Path) -> None:
+    repo, manifest = recorded
+    with fake_kube(tmp_path) as (kube, env):
+        proc = manifest_cli("verify", str(manifest), "--on", "k8s", "--image", IMAGE,
+                            "--dry-run", "--bundle-url", "s3://bundles/x", cwd=repo,
+                            env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "kind: Job" in proc.stdout.decode() and "initContainers" in proc.stdout.decode()
+    assert "nothing was submitted and nothing ran" in proc.stderr.decode()
+    assert kube.requests == []  # not one API call
