@@ -86,7 +86,8 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         report.confinement = confinement_line(plan, result.job)
     new = build_run_manifest(snap, cwd=workspace.cwd, argv=list(plan.argv),
                              settings=settings, result=result, datasets=[],
-                             output_globs=[_any_version(g) for g in recorded.command.outputs],
+                             output_globs=[g if options.in_place else _any_version(g)
+                                           for g in recorded.command.outputs],
                              malformed_ok=True)
     assert new.outputs is not None
     from manifest.capture.outside import outside_recipe
