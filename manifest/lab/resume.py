@@ -135,7 +135,7 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
     from manifest.rerun.plan import plan_command
     from manifest.rerun.trust import TrustDecision
     from manifest.rerun.workspace import open_workspace, repo_root_of
-    from manifest.verify.segments import resume_argv, resume_template
+    from manifest.verify.segments import NO_TEMPLATE, RESUME_VAR, resume_argv, resume_template
 
     say = progress or (lambda _: None)
     root = repo_root_of(cwd) or cwd
@@ -147,7 +147,9 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
         variables={"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)},
         options=replace(rerun, in_place=True),
         trust=TrustDecision(True, "the command you typed", "typed"),
-        runs=(f"1 stopped after step {at}", f"1 resumed from its checkpoint ({' '.join(resume)})",
+        runs=(f"1 stopped after step {at}", "1 resumed from its checkpoint ("
+              + (" ".join(resume) if resume else "a known convention: Lightning's ckpt_path")
+              + ")",
               "1 uninterrupted"))
     if show_plan is not None:
         show_plan(plan)
@@ -171,8 +173,12 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
         checkpoint = _checkpoint_at(stopped, at, workspace.cwd)
         resumed_argv = resume_argv(command, resume, checkpoint)
         probe = {PROBE_VAR: json.dumps({"from": at})}
-        resumed = run(resumed_argv, {**probe, SEGMENT_VAR: json.dumps({"step_offset": at})},
+        convention = {} if resume is not None else {RESUME_VAR: checkpoint}
+        resumed = run(resumed_argv, {**probe, **convention,
+                                     SEGMENT_VAR: json.dumps({"step_offset": at})},
                       f"run 2: resumed from {checkpoint}")
+        if resume is None and not any(r.get("resumed_from") for r in resumed):
+            raise UsageError(NO_TEMPLATE[0] + ".", hint=NO_TEMPLATE[1])
         whole = run(command, probe, "run 3: uninterrupted")
     audit = ResumeAudit(command=command, at=at, checkpoint=checkpoint,
                         resumed_command=resumed_argv)

@@ -8,8 +8,10 @@ with the recorded checkpoint placed where the run wrote it:
 
 1. The argv is the recorded one plus the resume template (``[tool.manifest]
    resume = "--resume {checkpoint}"`` or ``--resume-args``), ``{checkpoint}``
-   being the checkpoint's path relative to the command's cwd. A stretch from
-   step 0 needs no checkpoint and runs the command as recorded.
+   being the checkpoint's path relative to the command's cwd. Without a
+   template, a known convention takes it (Lightning's ``Trainer.fit``
+   ``ckpt_path``, given through ``MANIFEST_RESUME_FROM``); a replay that did not
+   resume is named. A stretch from step 0 runs the command as recorded.
 2. The launcher starts its step count at the checkpoint's step and ends the
    process before it would take a step past the stretch's end
    (``MANIFEST_SEGMENT``, read by ``launch/boot/_manifest_checkpoints``), so the
@@ -198,18 +200,25 @@ def choose(recorded: Manifest, *, segments: int | None,
 # ------------------------------------------------------------------ resuming
 
 
-def resume_template(root: Path, given: str | None) -> list[str]:
-    """The resume arguments: ``--resume-args``, else ``[tool.manifest] resume``."""
+NO_TEMPLATE = (
+    "the script did not resume: it takes no resume argument the manifest knows of",
+    "Set [tool.manifest] resume = \"--resume {checkpoint}\" in pyproject.toml, or pass "
+    "--resume-args '--resume {checkpoint}'.")
+RESUME_VAR = "MANIFEST_RESUME_FROM"
+
+
+def resume_template(root: Path, given: str | None) -> list[str] | None:
+    """The resume arguments: ``--resume-args``, else ``[tool.manifest] resume``; None
+    when neither is set: then the checkpoint goes to a known convention (Lightning's
+    ``Trainer.fit(ckpt_path=…)``) through ``MANIFEST_RESUME_FROM``, and a replay that
+    did not take it is named as not resumed."""
     if given is None:
         from manifest.config import load_config
 
         table, _ = load_config(root)
         given = table.get("resume")
     if given is None:
-        raise UsageError(
-            "verify --segments needs to know how the script resumes from a checkpoint.",
-            hint="Set [tool.manifest] resume = \"--resume {checkpoint}\" in pyproject.toml, "
-            "or pass --resume-args '--resume {checkpoint}'.")
+        return None
     args = shlex.split(given) if isinstance(given, str) else [str(a) for a in given]
     if not any(PLACEHOLDER in a for a in args):
         raise UsageError(f"the resume template {shlex.join(args)!r} has no {PLACEHOLDER}.",
@@ -217,8 +226,8 @@ def resume_template(root: Path, given: str | None) -> list[str]:
     return args
 
 
-def resume_argv(argv: list[str], template: list[str], checkpoint: str) -> list[str]:
-    return [*argv, *(a.replace(PLACEHOLDER, checkpoint) for a in template)]
+def resume_argv(argv: list[str], template: list[str] | None, checkpoint: str) -> list[str]:
+    return [*argv, *(a.replace(PLACEHOLDER, checkpoint) for a in template or [])]
 
 
 def _place(checkpoint: Checkpoint, original: Path, target: Path) -> str | None:
@@ -335,7 +344,7 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
     return report
 
 
-def _replay(recorded: Manifest, plan: Any, stretch: Stretch, template: list[str],
+def _replay(recorded: Manifest, plan: Any, stretch: Stretch, template: list[str] | None,
             original_cwd: Path, root: Path, blobs: Any, options: Any,
             announce: Any) -> SegmentResult:
     from manifest.capture.run import merge_records
@@ -360,6 +369,8 @@ def _replay(recorded: Manifest, plan: Any, stretch: Stretch, template: list[str]
             announce(argv)
         env, _ = rerun_env(recorded, workspace.mount_at)
         env[SEGMENT_VAR] = json.dumps({"step_offset": stretch.start, "stop_after": stretch.end})
+        if ck is not None and template is None:
+            env[RESUME_VAR] = ck.path
         settings = replace(seg_plan.settings, root=str(workspace.mount_at))
         ran = executor_for(seg_plan).run(seg_plan, workspace, settings, env)
         result.wall_s = time.monotonic() - began
@@ -367,6 +378,10 @@ def _replay(recorded: Manifest, plan: Any, stretch: Stretch, template: list[str]
             error = next((str(r["exception"]) for r in ran.records if r.get("exception")),
                          f"exit status {ran.exit_code}")
             result.reason = f"the replay failed: {error[:500]}{confined_hint(seg_plan)}"
+            return result
+        if ck is not None and template is None and not any(
+                r.get("resumed_from") for r in ran.records):
+            result.reason = f"{NO_TEMPLATE[0]} ({NO_TEMPLATE[1]})"
             return result
         outcomes = merge_records(ran.records)[2]
         result.steps_compared, result.first_divergent_step = compare_trails(

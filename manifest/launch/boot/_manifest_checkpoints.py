@@ -267,9 +267,47 @@ def on_dcp_state_dict(module: Any) -> None:
         module._init_optim_state = _not_a_step(module._init_optim_state)
 
 
+# -------------------------------------------------- known resume conventions
+
+RESUME_VAR = "MANIFEST_RESUME_FROM"
+"""A checkpoint for a script that resumes by a known convention, no template needed:
+Lightning's ``Trainer.fit(ckpt_path=…)``. Given only where the script passed none."""
+
+
+def on_lightning_io(module: Any) -> None:
+    """Lightning saves through ``_atomic_save`` (torch.save into memory, then fsspec)."""
+    if hasattr(module, "_atomic_save"):
+        module._atomic_save = _wrap(module._atomic_save, "lightning", _arg(1, "filepath"))
+
+
+def on_lightning_trainer(module: Any) -> None:
+    trainer = getattr(module, "Trainer", None)
+    fit = getattr(trainer, "fit", None)
+    if trainer is None or fit is None or getattr(fit, "_manifest_checkpoint", False):
+        return
+
+    @functools.wraps(fit)
+    def resumed_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        given = os.environ.get(RESUME_VAR)
+        # fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, …)
+        if given and kwargs.get("ckpt_path") is None and len(args) < 5:
+            kwargs["ckpt_path"] = given
+            record = _state["record"]
+            if record is not None:
+                record["resumed_from"] = given
+        return fit(self, *args, **kwargs)
+
+    resumed_fit._manifest_checkpoint = True  # type: ignore[attr-defined]
+    trainer.fit = resumed_fit
+
+
 IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
     "safetensors.torch": on_safetensors,
     "torch.distributed.checkpoint": on_dcp,
     "torch.distributed.checkpoint.state_dict": on_dcp_state_dict,
+    "lightning.fabric.utilities.cloud_io": on_lightning_io,
+    "lightning_fabric.utilities.cloud_io": on_lightning_io,
+    "lightning.pytorch.trainer.trainer": on_lightning_trainer,
+    "pytorch_lightning.trainer.trainer": on_lightning_trainer,
 }
 """Modules whose save functions are wrapped the moment they are imported."""
