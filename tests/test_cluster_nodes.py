@@ -64,10 +64,12 @@ def test_cluster_launch_leaves_node_rank_and_endpoint_to_each_node() -> None:
     argv = cluster_launch(as_every_node_runs(ARGV), Layout(2, 1))
     assert option(argv, "node_rank") is None and option(argv, "rdzv_endpoint") is None
     assert option(argv, "rdzv_backend") == "c10d" and option(argv, "nnodes") == "2"
-    assert "join_timeout=120" in (option(argv, "rdzv_conf") or "")
+    assert option(argv, "rdzv_conf") is None  # per node: node 0 serves the rendezvous
     assert argv[-3:] == ["train.py", "--lr", "1"]
-    assert node_env(1, "10.0.0.5", 29500) == {"PET_NODE_RANK": "1",
-                                               "PET_RDZV_ENDPOINT": "10.0.0.5:29500"}
+    assert node_env(1, "10.0.0.5", 29500) == {
+        "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "10.0.0.5:29500",
+        "PET_RDZV_CONF": "join_timeout=120,is_host=false"}
+    assert "is_host=true" in node_env(0, "10.0.0.5", 29500)["PET_RDZV_CONF"]
     with pytest.raises(UsageError, match="does not start torchrun"):
         cluster_launch(["python", "train.py"], Layout(2, 1))
 

@@ -28,7 +28,9 @@ those are only known where the job runs. Each node's launch gets them as
 torchrun's own environment variables (:func:`node_env`: ``PET_NODE_RANK``,
 ``PET_RDZV_ENDPOINT``; torchrun reads ``PET_<OPTION>`` for any option not
 on its command line), so the bundle, which names the command, is one for
-every node.
+every node. The rendezvous settings (``--rdzv-conf``) go the same way, because
+node 0 must be told it serves the rendezvous; a recorded ``--rdzv-conf`` (its
+timeouts) is not carried to a cluster re-run.
 """
 
 from __future__ import annotations
@@ -154,11 +156,16 @@ def cluster_launch(argv: list[str], layout: Layout) -> list[str]:
     if find_torchrun(argv) is None:
         raise UsageError("the recorded command does not start torchrun, so its nodes cannot "
                          "be placed one torchrun per node.")
-    values = {**_launch_options(argv, layout), "rdzv_endpoint": None, "node_rank": None}
+    values = {**_launch_options(argv, layout), "rdzv_endpoint": None, "node_rank": None,
+              "rdzv_conf": None}
     return with_options(argv, values)
 
 
 def node_env(node: int, host: str, port: int) -> dict[str, str]:
-    """What one node's launch of :func:`cluster_launch` needs: its node rank and node 0's
-    endpoint, as torchrun's own variables."""
-    return {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}"}
+    """What one node's launch of :func:`cluster_launch` needs: its node rank, node 0's
+    endpoint and the rendezvous settings, as torchrun's own variables. Node 0 is told it
+    serves the rendezvous (``is_host``): torchrun's own guess compares the endpoint with
+    the host's name, and an address the engine reports (Ray's node IP) need not be the one
+    the host name resolves to."""
+    return {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}",
+            "PET_RDZV_CONF": f"join_timeout=120,is_host={'true' if node == 0 else 'false'}"}

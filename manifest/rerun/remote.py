@@ -58,12 +58,44 @@ RETURNED_ENV = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "OMP_NUM_THREADS",
 """The only variables of the run's environment that come back (the verdict reads them)."""
 
 
-def _fill(value: str, tree: Path, writable: list[Path]) -> str:
+def _fill(value: str, tree: Path, writable: list[Path],
+          inputs: list[tuple[str, str]] | None = None) -> str:
     from manifest.rerun.cluster.bundle import TREE_TOKEN
 
     for i, path in enumerate(writable):
         value = value.replace(f"{{writable:{i}}}", str(path))
+    for named, here in inputs or []:  # data shipped in the bundle, named by its recorded path
+        if value == named or value.startswith(named + "/"):
+            value = here + value[len(named):]
+        elif "=" in value:  # --data=/data/x
+            key, rest = value.split("=", 1)
+            if rest == named or rest.startswith(named + "/"):
+                value = f"{key}={here}{rest[len(named):]}"
     return value.replace(TREE_TOKEN, str(tree))
+
+
+def _place_inputs(inputs: list[dict[str, Any]], tree: Path, outdir: Path
+                  ) -> list[tuple[str, str]]:
+    """Data outside the repository that travelled in the bundle (``inputs`` of the index):
+    linked where a relative reference from the tree lands, when that stays inside
+    ``outdir``; (recorded absolute path, where it is here) for the command line."""
+    from manifest.errors import NoVerdictError
+
+    placed: list[tuple[str, str]] = []
+    for item in inputs:
+        at = (tree / str(item["at"])).resolve()
+        if not at.is_relative_to(tree.resolve()) or not at.exists():
+            raise NoVerdictError(f"the bundle's data {item['at']!r} is not in its tree.")
+        landing = item.get("landing")
+        if landing:
+            where = Path(os.path.normpath(tree / str(landing)))
+            if (where.is_relative_to(outdir) and not where.is_relative_to(tree)
+                    and not os.path.lexists(where)):
+                where.parent.mkdir(parents=True, exist_ok=True)
+                where.symlink_to(at)
+        if os.path.isabs(str(item["path"])):
+            placed.append((str(item["path"]), str(at)))
+    return placed
 
 
 def _files_under(directory: Path) -> dict[str, str]:
@@ -102,10 +134,11 @@ def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
     writable = [outdir / "writable" / str(i) for i in range(int(index["writable"]))]
     for path in writable:
         path.mkdir(parents=True, exist_ok=True)
+    inputs = _place_inputs(index.get("inputs") or [], tree, outdir)
     settings_doc = json.loads(_fill(json.dumps(index["settings"]), tree, writable))
     settings = LaunchSettings(**settings_doc)
     env = {k: v for k, v in os.environ.items() if k not in set(index["unset"])}
-    env.update({k: _fill(v, tree, writable) for k, v in index["env"].items()})
+    env.update({k: _fill(v, tree, writable, inputs) for k, v in index["env"].items()})
     cwd = (tree / index["cwd"]).resolve()
     if not cwd.is_relative_to(tree.resolve()):
         raise NoVerdictError("the bundle's working directory leaves its tree.")
@@ -124,7 +157,8 @@ def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
     workspace = Workspace(root=tree, scratch=outdir, tree=tree, cwd=cwd, mount_at=tree)
     executor = LocalExecutor(confined=confined, network=bool(confinement["network"]))
     # The plan's own fields are not read by the local executor beyond argv.
-    plan = _StubPlan(tuple(index["argv"]))
+    plan = _StubPlan(tuple(_fill(a, tree, writable, inputs) if inputs else a
+                           for a in index["argv"]))
     result = executor.run(plan, workspace, settings, env,  # type: ignore[arg-type]
                           writable=writable)
     artifacts, missing = digest_outputs(list(index["outputs"]), cwd, malformed_ok=True)

@@ -53,6 +53,8 @@ INDEX = "bundle.json"
 PATCH = "patch"
 TREE = "tree"
 TREE_TOKEN = "{tree}"  # noqa: S105 - a path placeholder, not a password
+DATA_DIR = ".manifest-data"
+"""Where data outside the repository travels inside the tree (``inputs`` of the index)."""
 
 
 class BundleRefused(NoVerdictError):
@@ -128,9 +130,13 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
                  diff_digest: str | None, settings: dict[str, Any], env: Mapping[str, str],
                  writable: Sequence[Path] = (), topology: dict[str, Any] | None = None,
                  fetch_outputs: bool = False, sandbox: bool = True, network: bool = False,
-                 require_sandbox: bool = False, only: Sequence[str] | None = None) -> Bundle:
+                 require_sandbox: bool = False, only: Sequence[str] | None = None,
+                 inputs: Sequence[tuple[Path, str, str | None]] = ()) -> Bundle:
     """Write the bundle for one run into ``dest`` (which must not exist). ``only``: the
-    files of ``tree`` to ship (the user's own tree: see :func:`tree_files`), else all."""
+    files of ``tree`` to ship (the user's own tree: see :func:`tree_files`), else all.
+    ``inputs``: data outside the repository shipped with it, each (source, the path the
+    command names it by, where a relative reference from the tree lands or None), copied
+    under ``tree/.manifest-data/<i>`` and indexed like every file (:data:`DATA_DIR`)."""
     if patch is not None and "blake3:" + blake3.blake3(patch).hexdigest() != diff_digest:
         raise NoVerdictError("the scratch tree does not reproduce the recorded patch; "
                              "refusing to ship it.")
@@ -148,6 +154,19 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
             target.chmod(0o755)
         files[rel] = file_digest(target)
         total += target.stat().st_size
+    shipped: list[dict[str, Any]] = []
+    for i, (source, named, landing) in enumerate(inputs):
+        at = f"{DATA_DIR}/{i}"
+        walked = [("", source)] if source.is_file() else list(_walk(source))
+        for rel, full in walked:
+            inside = f"{at}/{rel}" if rel else f"{at}/{source.name}"
+            target = dest / TREE / inside
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(full, target)
+            files[inside] = file_digest(target)
+            total += target.stat().st_size
+        shipped.append({"path": named, "landing": landing,
+                        "at": at if not source.is_file() else f"{at}/{source.name}"})
     if patch is not None:
         (dest / PATCH).write_bytes(patch)
         total += len(patch)
@@ -167,6 +186,7 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
         "fetch_outputs": fetch_outputs,
         "confinement": {"sandbox": sandbox, "network": network,
                         "require_sandbox": require_sandbox},
+        **({"inputs": shipped} if shipped else {}),
     }
     data = _canonical(index)
     (dest / INDEX).write_bytes(data)

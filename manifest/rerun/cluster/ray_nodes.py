@@ -74,6 +74,9 @@ def run_node(node: int, host: str, port: int, expect: str, python: str) -> dict[
             return {"format": RESULT_FORMAT, "bundle": expect,
                     "refused": f"node {node}'s entrypoint exited {proc.returncode} without a "
                                "result"}
+        import ray
+
+        doc["placed_on"] = ray.get_runtime_context().get_node_id()  # the Ray node it ran on
         return doc
 
 
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         i, host, port, args.expect, args.python) for i in range(args.nodes)]
     docs = ray.get(pending)
     combined = combine_results(docs)
+    combined["placed_on"] = [d.get("placed_on") for d in docs]
     sys.stdout.write("\n".join(encode_result(combined)) + "\n")
     sys.stdout.flush()
     return int(combined.get("exit_code", EXIT_NO_VERDICT)) if "refused" not in combined \

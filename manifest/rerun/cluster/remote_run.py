@@ -162,6 +162,7 @@ class ClusterExecutor:
         if problem is not None:
             raise NoVerdictError(f"{self.name} cannot place this re-run: {problem}; nothing "
                                  "was submitted.")
+        inputs, data = self._outside_data(plan, workspace.root)
         staged = self.stage()
         try:
             bundle = build_bundle(
@@ -171,7 +172,7 @@ class ClusterExecutor:
                 settings=dataclasses.asdict(settings), env=env, writable=writable,
                 topology=topology_of(plan), fetch_outputs=self.options.fetch_outputs,
                 sandbox=plan.sandbox_requested, network=plan.network or nodes > 1,
-                require_sandbox=plan.require_sandbox, only=only)
+                require_sandbox=plan.require_sandbox, only=only, inputs=inputs)
             figures.bundle_s = time.perf_counter() - started
             figures.shipped_bytes, figures.files = bundle.bytes, bundle.files
             submitted = time.perf_counter()
@@ -184,8 +185,54 @@ class ClusterExecutor:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
         figures.returned_bytes = len(json.dumps(doc))
+        figures.extra["data"] = data
         self.last = figures
         return self._result(doc, job, bundle.name, workspace, writable, figures)
+
+    def _outside_data(self, plan: RerunPlan, root: Path
+                      ) -> tuple[list[tuple[Path, str, str | None]], list[dict[str, Any]]]:
+        """Data outside the repository: (what goes in the bundle, one line per dataset for
+        the report). Under a ``--shared-path`` it is mounted from the same path where the
+        job runs; otherwise it is bundled, content-addressed like every file, up to
+        ``max_data_bytes`` in all; over that is one sentence (exit 2) before anything is
+        built. Each is said before submission, never silently left behind."""
+        import os
+
+        from manifest.errors import UsageError
+
+        shipped: list[tuple[Path, str, str | None]] = []
+        said: list[dict[str, Any]] = []
+        total = 0
+        for item in plan.inputs:
+            if not item.outside:
+                continue
+            named = item.path if os.path.isabs(item.path) else os.path.normpath(
+                root / item.path)
+            shared = next((sp for sp in self.options.shared_paths
+                           if Path(named).is_relative_to(sp)
+                           or Path(item.source).is_relative_to(sp)), None)
+            if shared is not None:
+                said.append({"path": named, "how": f"shared: mounted from the same path "
+                                                   f"(--shared-path {shared})"})
+                continue
+            source = Path(item.source)
+            size = (source.stat().st_size if source.is_file() else
+                    sum(f.stat().st_size for f in source.rglob("*") if f.is_file()))
+            total += size
+            if total > self.options.max_data_bytes:
+                raise UsageError(
+                    f"--on {self.name}: the data outside the repository ({named}, "
+                    f"{size / 2**20:.1f} MiB; {total / 2**20:.1f} MiB in all) is over the "
+                    f"{self.options.max_data_bytes / 2**20:.0f} MiB that travels in a bundle.",
+                    hint=f"If every node of the cluster sees it at that path, pass "
+                         f"--shared-path {os.path.dirname(named) or named}; or raise "
+                         f"max_data_bytes in [tool.manifest.executors.{self.name}].")
+            shipped.append((source, named, os.path.relpath(named, root)))
+            said.append({"path": named, "how": "bundled (content-addressed)", "bytes": size})
+        for line in said:
+            self.note(f"data outside the repository: {line['path']}: {line['how']}"
+                      + (f", {line['bytes']} bytes" if "bytes" in line else ""))
+        return shipped, said
 
     def _wait(self, job: Submission, plan: RerunPlan) -> dict[str, Any]:
         limit = self.options.timeout_s or DEFAULT_TIMEOUT_S
@@ -281,6 +328,8 @@ class ClusterExecutor:
             "submit_to_result_s": round(figures.submit_to_result_s, 3),
             "outputs_fetched": tables is None,
             "nodes": int(doc.get("nodes") or 1),
+            **({"placed_on": list(doc["placed_on"])} if doc.get("placed_on") else {}),
+            **({"data": figures.extra["data"]} if figures.extra.get("data") else {}),
         }
         if exit_code != 0:
             job_info["log_tail"] = redacted_tail(job.log_tail())
