@@ -181,6 +181,12 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
         console.print(f"compared: {markup(report.basis_text)}")
     if report.topology is not None and report.topology.get("text") != report.reason:
         console.print(f"topology: {markup(report.topology['text'])}")
+    if report.job is not None:  # where it ran (--on): the job id and where to look
+        job = report.job
+        nodes = int(job.get("nodes") or 1)
+        console.print(f"job: {markup(str(job['executor']))} {markup(str(job['job_id']))}"
+                      + (f", {nodes} nodes" if nodes > 1 else "")
+                      + f"; see {markup(str(job['where']))}")
     for sentence in report.outside_recipe:  # before any verdict detail: it qualifies them all
         console.print(f"[yellow]outside the recipe[/yellow]: {markup(sentence)}")
     for drift in report.drift:
