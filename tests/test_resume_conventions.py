@@ -1,4 +1,5 @@
-"""Known resume conventions need no template: Lightning's ``Trainer.fit(ckpt_path=…)``.
+"""Known resume conventions need no template: Lightning's ``Trainer.fit(ckpt_path=…)``
+and the Hugging Face ``Trainer.train(resume_from_checkpoint=…)``.
 
 A real Lightning fit (Adam, StepLR, dropout, a shuffled DataLoader) that
 checkpoints at each epoch's end through ``ModelCheckpoint`` and keeps the
@@ -7,6 +8,10 @@ torch generator in the checkpoint (``on_save_checkpoint``). With no
 ``ckpt_path``; Lightning's own checkpoints are recorded at capture through
 its ``_atomic_save``. The planted fault (``--forget-rng``) leaves the generator
 out of the restore.
+
+A real Hugging Face Trainer run on a tiny model built in the test (no hub):
+``checkpoint-N`` directories every 4 steps, each file recorded at its step; a
+replay gets the whole directory placed and the Trainer gets the directory.
 """
 
 from __future__ import annotations
@@ -102,3 +107,63 @@ def test_lightning_resume_audit(repo: Path, extra: tuple[str, ...], identical: b
     if not identical:
         assert audit["first_divergent_step"] == 9
         assert audit["forgotten"] == ["torch's CPU RNG state"]
+
+
+HF = """# A Hugging Face Trainer on a tiny model built here (no hub), checkpoints every 4 steps.
+import torch
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainingArguments
+
+
+class Pairs(Dataset):
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(64, 8, generator=g), torch.randn(64, 2, generator=g)
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.drop = torch.nn.Linear(8, 16), torch.nn.Dropout(0.1)
+        self.b = torch.nn.Linear(16, 2)
+
+    def forward(self, x, labels=None):
+        out = self.b(self.drop(self.a(x)))
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=16, max_steps=16,
+                         save_strategy="steps", save_steps=4, logging_steps=100, report_to=[],
+                         use_cpu=True, seed=0, disable_tqdm=True)
+Trainer(model=Net(), args=args, train_dataset=Pairs()).train()
+"""
+
+
+@pytest.mark.slow
+def test_hf_trainer_checkpoints_segments_and_resume_audit(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    repo = make_repo(tmp_path / "repo", {"hf.py": HF, ".gitignore": "out/\n*.json\n"},
+                     example=False)
+    cap = manifest_cli("capture", "--seed", "0", "--artifact",
+                       "out/checkpoint-16/model.safetensors", "--", "python", "hf.py", cwd=repo)
+    assert cap.returncode == 0, cap.stderr.decode()
+    (repo / "run.json").write_bytes(cap.stdout)
+    saved = {(c["step"], c["path"]) for c in json.loads(cap.stdout)["outputs"]["checkpoints"]}
+    assert {(4, "out/checkpoint-4/model.safetensors"), (4, "out/checkpoint-4/optimizer.pt"),
+            (4, "out/checkpoint-4/rng_state.pth"), (16, "out/checkpoint-16/scheduler.pt")} <= saved
+    out = manifest_cli("verify", "-q", "--at", "6", "--format", "json", "run.json", cwd=repo)
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    [seg] = json.loads(out.stdout)["segments"]
+    assert seg["checkpoint"] == "out/checkpoint-4/model.safetensors"
+    assert seg["verdict"] == "identical" and seg["steps_compared"] == 4
+    assert seg["end_checkpoints"]["out/checkpoint-8/optimizer.pt"] is True
+    audit = manifest_cli("lab", "-q", "--resume-at", "8", "--format", "json", "--", "python",
+                         "hf.py", cwd=repo)
+    assert audit.returncode == 0, audit.stdout.decode() + audit.stderr.decode()
+    assert json.loads(audit.stdout)["steps_compared"] == 8

@@ -10,8 +10,10 @@ with the recorded checkpoint placed where the run wrote it:
    resume = "--resume {checkpoint}"`` or ``--resume-args``), ``{checkpoint}``
    being the checkpoint's path relative to the command's cwd. Without a
    template, a known convention takes it (Lightning's ``Trainer.fit``
-   ``ckpt_path``, given through ``MANIFEST_RESUME_FROM``); a replay that did not
-   resume is named. A stretch from step 0 runs the command as recorded.
+   ``ckpt_path``, the Hugging Face ``Trainer.train`` ``resume_from_checkpoint``
+   with its whole ``checkpoint-N`` directory placed; given through
+   ``MANIFEST_RESUME_FROM``); a replay that did not resume is named. A stretch
+   from step 0 runs the command as recorded.
 2. The launcher starts its step count at the checkpoint's step and ends the
    process before it would take a step past the stretch's end
    (``MANIFEST_SEGMENT``, read by ``launch/boot/_manifest_checkpoints``), so the
@@ -42,6 +44,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import time
@@ -53,6 +56,7 @@ from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UsageError
 from manifest.models import Checkpoint, Manifest
 
 SEGMENT_VAR = "MANIFEST_SEGMENT"
+HF_CHECKPOINT = re.compile(r"checkpoint-[0-9]+")
 PLACEHOLDER = "{checkpoint}"
 
 
@@ -251,6 +255,14 @@ def _place(checkpoint: Checkpoint, original: Path, target: Path) -> str | None:
     if found.digest != checkpoint.artifact.digest and not same_dcp:
         return f"{where} changed since capture (its digest is not the recorded one)"
     target.parent.mkdir(parents=True, exist_ok=True)
+    if HF_CHECKPOINT.fullmatch(original.parent.name):
+        # A Hugging Face Trainer checkpoint is its whole directory (trainer_state.json,
+        # rng_state.pth …): copied beside the file whose digest was checked.
+        from manifest.weights.dcp import member_files
+
+        for member in member_files(original.parent):
+            shutil.copyfile(member, target.parent / member.name)
+        return None
     if original.is_dir():
         from manifest.weights.dcp import member_files
 

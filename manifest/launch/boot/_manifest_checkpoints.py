@@ -271,7 +271,8 @@ def on_dcp_state_dict(module: Any) -> None:
 
 RESUME_VAR = "MANIFEST_RESUME_FROM"
 """A checkpoint for a script that resumes by a known convention, no template needed:
-Lightning's ``Trainer.fit(ckpt_path=…)``. Given only where the script passed none."""
+Lightning's ``Trainer.fit(ckpt_path=…)``, the Hugging Face ``Trainer.train(
+resume_from_checkpoint=…)``. Given only where the script passed none."""
 
 
 def on_lightning_io(module: Any) -> None:
@@ -301,7 +302,31 @@ def on_lightning_trainer(module: Any) -> None:
     trainer.fit = resumed_fit
 
 
+def on_hf_trainer(module: Any) -> None:
+    """The Hugging Face Trainer resumes from a ``checkpoint-N`` directory: given a file in
+    one (the checkpoint the run recorded), it gets the directory."""
+    trainer = getattr(module, "Trainer", None)
+    train = getattr(trainer, "train", None)
+    if trainer is None or train is None or getattr(train, "_manifest_checkpoint", False):
+        return
+
+    @functools.wraps(train)
+    def resumed_train(self: Any, *args: Any, **kwargs: Any) -> Any:
+        given = os.environ.get(RESUME_VAR)
+        if given and not args and kwargs.get("resume_from_checkpoint") is None:
+            folder = os.path.dirname(given) if os.path.isfile(given) else given
+            kwargs["resume_from_checkpoint"] = folder
+            record = _state["record"]
+            if record is not None:
+                record["resumed_from"] = folder
+        return train(self, *args, **kwargs)
+
+    resumed_train._manifest_checkpoint = True  # type: ignore[attr-defined]
+    trainer.train = resumed_train
+
+
 IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
+    "transformers.trainer": on_hf_trainer,
     "safetensors.torch": on_safetensors,
     "torch.distributed.checkpoint": on_dcp,
     "torch.distributed.checkpoint.state_dict": on_dcp_state_dict,
