@@ -52,9 +52,12 @@ KEYED_LISTS: Mapping[str, str] = {
 }
 """List pattern -> the field that names an element. The key field itself is never a difference."""
 
-OPAQUE_LISTS = frozenset({"outputs.processes[*].numeric", "outputs.envelope.steps"})
+OPAQUE_LISTS = frozenset({"outputs.processes[*].numeric", "outputs.envelope.steps",
+                          "outputs.checkpoints"})
 """Lists of measurements compared as one value: one line when they differ, never one line
-per step (the numeric trail and the envelope: ``manifest.numeric`` reads them)."""
+per step (the numeric trail and the envelope: ``manifest.numeric`` reads them; the
+checkpoints saved during training: ``verify --segments`` reads them, and the step trail
+already names the first step where two runs part)."""
 
 SET_LISTS = frozenset({"hardware.cpu_isa", "hardware.nodes[*].cpu_isa"})
 """Lists whose order carries no meaning: compared as sets of strings."""
