@@ -1,8 +1,10 @@
 """Lightning: a ``Callback`` that records the parameter trail per optimizer step.
 
-``Trainer(callbacks=[ManifestCallback()])``: at fit start it seals a snapshot
-of code, environment and hardware and logs its ``manifest.run_id`` and
-``manifest.digest`` as hyperparameters of every logger the trainer has; after
+``Trainer(callbacks=[ManifestCallback()])``: at fit start it logs the run's
+``manifest.run_id`` as a hyperparameter of every logger the trainer has (under the
+launcher the run's launch identity, the same in the capture and every re-run; run
+bare, the run_id and ``manifest.digest`` of a snapshot it seals; see
+``manifest.integrations._steps``); after
 each optimizer step it fingerprints the LightningModule's parameters; at fit
 end it writes ``manifest-trail.json`` into the trainer's log directory. A
 Lightning script run under ``manifest capture`` no longer depends on seeding

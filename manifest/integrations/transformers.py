@@ -1,8 +1,9 @@
 """Hugging Face Trainer: a ``TrainerCallback`` that records the parameter trail per step.
 
-``Trainer(..., callbacks=[ManifestTrainerCallback()])``: at train begin it seals
-a snapshot of code, environment and hardware and puts ``manifest.run_id`` and
-``manifest.digest`` into the trainer state's log history (saved with every
+``Trainer(..., callbacks=[ManifestTrainerCallback()])``: at train begin it puts
+the run's ``manifest.run_id`` (under the launcher its launch identity, the same in the
+capture and every re-run; run bare, a sealed snapshot's, with ``manifest.digest``)
+into the trainer state's log history (saved with every
 checkpoint's ``trainer_state.json``) and into every later ``logs`` dict, which
 the report_to integrations after it (W&B, MLflow, TensorBoard …) receive;
 after each optimizer step it fingerprints the model's parameters; at train
