@@ -9,7 +9,8 @@ instead, in order:
   symlink to it (the check used to hash through the link, and an edit after it ran);
 * ``copy-of:REL``: a plain copy of the bundle's REL;
 * ``link:TARGET``, ``fifo``, ``socket``, ``chardev`` (a character device, where this
-  user may make one), ``dir``, ``bytes:N``, ``text:…``;
+  user may make one), ``dir``, ``bytes:N``, ``sparse:N`` (N bytes on no disk),
+  ``text:…``;
 * ``planted-code``: a Python file that, imported, writes a marker file.
 
 ``start`` is how the entrypoint is started: ``isolated`` (default, ``python -I -m
@@ -123,6 +124,9 @@ class Planter:
                 path.mkdir()
             elif kind == "bytes":
                 path.write_bytes(b" " * int(arg))
+            elif kind == "sparse":  # a file of that many bytes that takes no disk
+                with open(path, "wb") as fh:
+                    fh.truncate(int(arg))
             elif kind == "text":
                 path.write_text(arg)
             elif kind == "planted-code":
@@ -218,6 +222,20 @@ def test_control_a_plain_walk_of_two_dot_links_does_not_end(tmp_path: Path) -> N
         if seen > 2000:
             break
     assert seen > 2000, "a plain walk that follows links ended on its own"
+
+
+def test_control_hashing_a_planted_sparse_file_does_not_end_in_seconds(tmp_path: Path) -> None:
+    import blake3
+
+    huge = tmp_path / "data.bin"
+    with open(huge, "wb") as fh:
+        fh.truncate(64 << 30)
+    h, read, started = blake3.blake3(), 0, time.monotonic()
+    with open(huge, "rb") as fh:  # what the check did: read it all, whatever its size
+        while time.monotonic() - started < 2 and (chunk := fh.read(1 << 20)):
+            h.update(chunk)
+            read += len(chunk)
+    assert read < 64 << 30, "64 GiB were hashed in 2 s"
 
 
 def test_control_a_plain_open_of_a_fifo_index_blocks(tmp_path: Path) -> None:

@@ -145,6 +145,7 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
     paths = [(str(w), f"{{writable:{i}}}") for i, w in enumerate(writable)] + paths
     delta, removed = env_delta(env, os.environ)
     files: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     total = 0
     for rel, full in (_walk(tree) if only is None else _listed(tree, only)):
         target = dest / TREE / rel
@@ -153,7 +154,8 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
         if os.access(full, os.X_OK):
             target.chmod(0o755)
         files[rel] = file_digest(target)
-        total += target.stat().st_size
+        sizes[rel] = target.stat().st_size
+        total += sizes[rel]
     shipped: list[dict[str, Any]] = []
     for i, (source, named, landing) in enumerate(inputs):
         at = f"{DATA_DIR}/{i}"
@@ -164,7 +166,8 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(full, target)
             files[inside] = file_digest(target)
-            total += target.stat().st_size
+            sizes[inside] = target.stat().st_size
+            total += sizes[inside]
         shipped.append({"path": named, "landing": landing,
                         "at": at if not source.is_file() else f"{at}/{source.name}"})
     if patch is not None:
@@ -175,6 +178,8 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
         "format": BUNDLE_FORMAT,
         "code": {"commit": commit, "diff_digest": diff_digest},
         "files": files,
+        "sizes": sizes,
+        **({"patch_bytes": len(patch)} if patch is not None else {}),
         "argv": list(argv),
         "cwd": cwd.relative_to(tree).as_posix() if cwd != tree else ".",
         "outputs": list(outputs),
@@ -216,8 +221,10 @@ class _Arrival:
     of its folder and without following a link, hashed from that descriptor and (when
     ``dest`` is given) copied from it, so what was checked is what is copied."""
 
-    def __init__(self, files: dict[str, str], dest: Path | None) -> None:
+    def __init__(self, files: dict[str, str], sizes: dict[str, int],
+                 dest: Path | None) -> None:
         self.files = files
+        self.sizes = sizes
         self.dirs = {rel.rsplit("/", 1)[0] for rel in files if "/" in rel}
         for rel in list(self.dirs):
             while "/" in rel:
@@ -246,9 +253,11 @@ class _Arrival:
         return fd
 
     def digest(self, dir_fd: int, name: str, rel: str, kind: Any,
-               copy_to: Path | None = None) -> str:
+               copy_to: Path | None = None, size: int | None = None) -> str:
         """blake3 of the regular file ``name`` in ``dir_fd``, read once from one descriptor
-        (and written to ``copy_to`` from the same reads)."""
+        (and written to ``copy_to`` from the same reads); when the index gave its ``size``,
+        a file of another size is refused before a byte is read, and one that grows while
+        it is read is refused at the first byte beyond it."""
         from manifest.bounded import open_regular_at
         from manifest.errors import ManifestError
 
@@ -261,13 +270,22 @@ class _Arrival:
         assert opened is not None
         fd, st = opened
         out = -1
+        if size is not None and st.st_size != size:
+            os.close(fd)
+            raise BundleRefused(f"{_shown(rel)} in the bundle is {st.st_size} bytes, not the "
+                                f"shipped {size}: refusing to run edited code.")
         try:
             if copy_to is not None:
                 out = os.open(copy_to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                               | getattr(os, "O_CLOEXEC", 0),
                               0o755 if st.st_mode & 0o111 else 0o644)
             h = blake3.blake3()
+            read = 0
             while chunk := os.read(fd, 1 << 20):
+                read += len(chunk)
+                if size is not None and read > size:
+                    raise BundleRefused(f"{_shown(rel)} in the bundle grew while it was "
+                                        "checked: refusing it.")
                 h.update(chunk)
                 view = memoryview(chunk)
                 while out >= 0 and view:
@@ -311,7 +329,8 @@ class _Arrival:
             from manifest.bounded import InputKind
 
             got = self.digest(dir_fd, name, f"{TREE}/{rel}", InputKind.ARTIFACT,
-                              None if self.dest is None else self.dest / rel)
+                              None if self.dest is None else self.dest / rel,
+                              self.sizes.get(rel))
             if got != want:
                 raise BundleRefused(f"{shown} arrived as {got}, not the shipped {want}: "
                                     "refusing to run edited code.")
@@ -352,14 +371,19 @@ def check_bundle(path: Path, expect: str, copy_to: Path | None = None) -> dict[s
             raise BundleRefused("the bundle's index is not a manifest-bundle/v1 index.")
         files = index.get("files")
         code = index.get("code")
+        sizes = index.get("sizes", {})
+        patch_bytes = index.get("patch_bytes")
         if (not isinstance(files, dict) or not isinstance(code, dict)
-                or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
-            raise BundleRefused("the bundle's index is malformed (files, code).")
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+                or not isinstance(sizes, dict)
+                or not all(isinstance(v, int) for v in sizes.values())
+                or not (patch_bytes is None or isinstance(patch_bytes, int))):
+            raise BundleRefused("the bundle's index is malformed (files, sizes, code).")
         extra = sorted(set(os.listdir(root)) - {INDEX, PATCH, TREE})
         if extra:
             raise BundleRefused(f"the bundle holds {_shown(extra[0])} beside {TREE}/, "
                                 f"{INDEX} and {PATCH}: refusing it.")
-        arrival = _Arrival(files, staging)
+        arrival = _Arrival(files, sizes, staging)
         recorded = code.get("diff_digest")
         if recorded is not None:
             try:
@@ -369,7 +393,7 @@ def check_bundle(path: Path, expect: str, copy_to: Path | None = None) -> dict[s
             if present is None:
                 raise BundleRefused(f"the recorded patch {recorded} is missing from the "
                                     "bundle.")
-            arrived = arrival.digest(root, PATCH, PATCH, InputKind.BLOB)
+            arrived = arrival.digest(root, PATCH, PATCH, InputKind.BLOB, size=patch_bytes)
             if arrived != recorded:
                 raise BundleRefused(f"the patch in the bundle is {arrived}, not the recorded "
                                     f"{recorded} (code.diff_digest): refusing to run edited "
