@@ -24,6 +24,7 @@ from manifest.cli.options import (
     add_rerun_options,
     positive_int,
 )
+from manifest.cli.text import plain_confinement, plain_trust
 from manifest.errors import UsageError
 
 if TYPE_CHECKING:
@@ -142,7 +143,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     report = verify_run(data, file=args.file, cwd=Path.cwd(), options=options,
                         announce=render_dry_run if dry else render_command, show_plan=show_plan)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
-        sys.stderr.write(f"manifest: re-run: {report.confinement}; ran because: {report.trust}.\n")
+        sys.stderr.write(f"manifest: the re-run ran {plain_confinement(report.confinement)}; "
+                         f"it was allowed to run because {plain_trust(report.trust)}.\n")
         for note in report.notes:
             sys.stderr.write(f"manifest: note: {note}.\n")
     explained = None
