@@ -209,3 +209,11 @@ def test_two_gloo_ranks_resume_from_dcp_bit_identically(tmp_path: Path) -> None:
                          cwd=repo)
     assert audit.returncode == 0, audit.stdout.decode() + audit.stderr.decode()
     assert json.loads(audit.stdout)["steps_compared"] == 8
+
+
+@pytest.mark.slow
+def test_strict_refuses_on_drift_before_replaying(faulty_run: Path) -> None:
+    code, doc = _segments(faulty_run, "--at", "10", "--threads", "1", "--strict")
+    assert code == 3, doc
+    assert doc["segments"] == [] and doc["verdict"] == "no-verdict"
+    assert any("threads 2 → 1" in d or "threads" in d for d in doc["drift"]), doc

@@ -95,6 +95,10 @@ def segments_text(report: SegmentsReport) -> str:
         if s.reason:
             text += f" ({printable(s.reason)})"
         lines.append(text)
+    for drift in report.drift:
+        lines.append(f"  drift (bits): {printable(drift)}")
+    for change in report.changed_data:
+        lines.append(f"  data changed: {printable(change)}")
     for note in report.notes:
         lines.append(f"  note: {printable(note)}")
     return "\n".join(lines) + "\n"

@@ -99,6 +99,10 @@ class SegmentsReport:
     segments: list[SegmentResult] = field(default_factory=list)
     recorded_wall_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)
+    """Environment drift that can change bits (bit-exactness is then not expected)."""
+    changed_data: list[str] = field(default_factory=list)
+    """Recorded datasets changed since capture: never ``identical``, as in a full verify."""
 
     @property
     def steps_checked(self) -> int:
@@ -121,7 +125,7 @@ class SegmentsReport:
     @property
     def verdict(self) -> str:
         verdicts = {s.verdict for s in self.segments}
-        if "differs" in verdicts:
+        if "differs" in verdicts or self.changed_data:
             return "differs"
         if not self.segments or "no-verdict" in verdicts:
             return "no-verdict"
@@ -139,7 +143,8 @@ class SegmentsReport:
                 "p_catch_single_bad_step": round(self.p_catch_single_bad_step, 6),
                 "recorded_wall_s": self.recorded_wall_s,
                 "spent_wall_s": round(self.spent_wall_s, 3),
-                "segments": [s.to_json() for s in self.segments], "notes": self.notes}
+                "segments": [s.to_json() for s in self.segments], "drift": self.drift,
+                "changed_data": self.changed_data, "notes": self.notes}
 
 
 # ------------------------------------------------------------------ choosing
@@ -336,6 +341,20 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
     from manifest.store import OverlayStore
 
     blobs = OverlayStore(store.root, packed.blobs) if packed else store
+    # Steps 2 and 3 of a full verify, as there: drift that can change bits is named
+    # (--strict refuses on it), and changed data makes the verdict ``differs``.
+    from manifest.capture.snapshot import probe_machine
+    from manifest.verify.pipeline import check_data, environment_drift, threads_drift
+
+    drift = [*environment_drift(recorded, probe_machine()),
+             *threads_drift(recorded, options.threads)]
+    report.drift = [f"{d.path}: {d.reason}" for d in drift if d.impact == "bits"]
+    changed = [d for d in check_data(recorded, root, blobs, no_cache=False, quiet=True)
+               if d.checked]
+    report.changed_data = [d.detail for d in changed]
+    if options.strict and (report.drift or report.changed_data):
+        report.notes.append("environment or data drift under --strict; refusing to re-run")
+        return report
     rerun_options = RerunOptions(
         trust=options.trust, signer=options.signer, sandbox=options.sandbox,
         require_sandbox=options.require_sandbox, network=options.network,
