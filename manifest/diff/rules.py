@@ -408,9 +408,10 @@ RULES: Mapping[str, Rule] = {
                                          "numbers measured from the weights (loss, norms, "
                                          "projections); the tensors and the step trail decide",
                                          missing="absent", show_values=False),
-    "outputs.checkpoints": Rule(B, "checkpoints saved during training",
-                                "the weights or state saved at some step differ, or were "
-                                "saved at other steps", missing="absent", show_values=False),
+    "outputs.checkpoints": Rule(N, "checkpoints saved during training",
+                                "what the run saved on the way (verify --segments reads it); "
+                                "the step trail and the declared outputs decide",
+                                missing="absent", show_values=False),
     "outputs.envelope": Rule(N, "noise envelope", "a measurement of the run's rounding noise "
                              "(capture --envelope), outside identity", missing="absent",
                              show_values=False),
