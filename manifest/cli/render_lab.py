@@ -93,6 +93,11 @@ def render_lab(report: LabReport, out: TextIO | None = None) -> None:
     elif r.recipe.outcome == "differs":
         lines.append("  next: capture a recipe run and run 'manifest explain run.json' for the "
                      "first op where the runs part")
+    if r.envelope is not None or r.envelope_note:
+        from manifest.cli.render_envelope import envelope_lines
+
+        lines += ["", *(["  " + x for x in envelope_lines(r.envelope)] if r.envelope else []),
+                  *([f"  envelope: {r.envelope_note}"] if r.envelope_note else [])]
     c = r.cost
     lines += ["", "3. cost (wall time per run)",
               f"  default           median {c.default_median_s:.3f} s  "
@@ -226,6 +231,17 @@ def render_lab_markdown(report: LabReport, *, plots: bool = True) -> str:
         lines.append("")
     if r.explained is not None:
         lines += [f"Explain: {_md(' '.join(x.strip() for x in _explained_lines(r)))}", ""]
+    if r.envelope is not None:
+        from manifest.cli.render_envelope import envelope_lines, envelope_png
+
+        lines += ["### Noise envelope (rounding only, step by step)", "",
+                  *[f"    {x}" for x in envelope_lines(r.envelope)], ""]
+        drawn = envelope_png(r.envelope) if plots else None
+        if drawn is not None:
+            lines += [f"![noise envelope](data:image/png;base64,"
+                      f"{base64.b64encode(drawn).decode()})", ""]
+    if r.envelope_note:
+        lines += [f"Envelope: {_md(r.envelope_note)}", ""]
     c = r.cost
     lines += ["## 3. Cost", "",
               *_table(["mode", "median s", "min s", "max s", "runs (s)"],

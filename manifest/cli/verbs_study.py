@@ -88,6 +88,9 @@ def register_lab(sub: argparse._SubParsersAction[Parser]) -> None:
         epilog="Exit status: 0 bit-identical under the recipe, 1 the recipe runs differ, "
         "2 bad usage, 3 a run failed.")
     p.add_argument("--runs", type=positive_int, default=2, help="runs per mode (default 2)")
+    p.add_argument("--envelope", type=positive_int, default=0, metavar="N",
+                   help="also measure the noise envelope: N runs with the state moved one ULP "
+                   "and one under another thread count, step by step against recipe run 1")
     p.add_argument("--seed", type=seed_value, default=None, help="base seed (default: config or 0)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="pin the torch/OpenMP thread count (default: config or the count here)")
@@ -141,7 +144,8 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         return run_resume_audit(args, command, rerun)
     options = LabOptions(rerun=rerun, runs=args.runs, seed=args.seed,
                          threads=args.threads, data=args.data, outputs=args.outputs,
-                         store_dir=args.store, no_cache=args.no_cache, quiet=args.quiet)
+                         store_dir=args.store, no_cache=args.no_cache, quiet=args.quiet,
+                         envelope=args.envelope)
     report = run_lab(Path.cwd(), command, options, progress=progress,
                      show_plan=None if args.quiet else show_plan)
     if args.report:

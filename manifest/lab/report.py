@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from manifest.models import Model
+from manifest.models import Envelope, Model
 
 FORMAT: Literal["manifest-lab/v1"] = "manifest-lab/v1"
 
@@ -184,6 +184,11 @@ class LabReport(Model):
     """How the runs were confined (``manifest.rerun``), or ``not confined (why)``."""
     plan: dict[str, Any] | None = None
     """What the runs were planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
+    envelope: Envelope | None = None
+    """``--envelope N``: the recipe run's noise envelope (``manifest.numeric.measure``), what
+    rounding alone does to its numeric trail step by step; None when not asked."""
+    envelope_note: str | None = None
+    """Why no envelope was measured, or which of its runs were left out."""
 
     @property
     def exit_code(self) -> int:

@@ -91,6 +91,9 @@ class LabOptions:
     store_dir: str | None = None
     no_cache: bool = False
     quiet: bool = False
+    envelope: int = 0
+    """``--envelope N``: after the recipe runs, N one-ULP runs and one under another thread
+    count, measured against recipe run 1 (``manifest.numeric.measure``)."""
 
 
 @dataclass
@@ -195,6 +198,18 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
                     kept.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(cwd / art.path, kept)
                 runs[mode].append(_Run(mode, i, wall, manifest, result.records, saved))
+        envelope = envelope_note = None
+        if options.envelope:
+            from manifest.numeric.measure import measure, numeric_of
+
+            measured = measure(
+                numeric_of(runs["recipe"][0].records),
+                replace(recipe_settings, root=str(workspace.mount_at)), options.envelope,
+                lambda planned: executor.run(plan, workspace, planned, dict(os.environ)),
+                cwd=cwd, outputs=outputs, say=say)
+            envelope = measured.envelope
+            envelope_note = "; ".join(filter(None, [measured.reason, *(
+                f"left out: {f}" for f in measured.failed)])) or None
         say("audit run: every aten op, its module and line")
         catalogue = _audit(plan, workspace, executor, seed, threads, work / "audit")
         default = _mode_result("default", runs["default"])
@@ -218,6 +233,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
         identity=identity,
         checklist=checklist(first, threads=threads, default=default, recipe=recipe),
         explained=explained, confinement=plan.confinement, plan=plan.to_json(),
+        envelope=envelope, envelope_note=envelope_note,
     )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.models import Envelope, NumericPoint
-from manifest.numeric.envelope import measure_envelope
+from manifest.numeric.envelope import ULP_LABEL, measure_envelope
 
 if TYPE_CHECKING:
     from manifest.capture.launcher import LaunchResult, LaunchSettings
@@ -65,7 +65,7 @@ def measure(base: Sequence[NumericPoint], settings: LaunchSettings, runs: int,
         return Measured(None, reason="the run recorded no numeric trail (no optimizer step "
                         "or backward() under the launcher, or the trail is off)")
     plans: list[tuple[str, LaunchSettings]] = [
-        (f"1 ULP (seed {s})", replace(settings, perturb=s)) for s in range(1, runs + 1)]
+        (f"{ULP_LABEL} (seed {s})", replace(settings, perturb=s)) for s in range(1, runs + 1)]
     threads = other_threads(settings.threads)
     plans.append((f"threads {settings.threads} → {threads}", replace(settings, threads=threads)))
     measured: list[tuple[str, list[NumericPoint]]] = []
