@@ -1,7 +1,8 @@
 """A real Ray cluster on 127.0.0.1 for the tests: a head and, when asked, a second raylet.
 
 Ray's own tests put several raylets on one machine (``ray.cluster_utils.Cluster``);
-here they are two ``ray start --block`` processes, each in its own session, with
+here they are ``ray start --block`` processes (through ``tests.ray_node``, which gives a
+raylet more than Ray's fixed 30 s to register), each in its own session, with
 every port chosen here so a Ray another user runs on this machine cannot clash.
 A placement group with ``STRICT_SPREAD`` then really places one bundle on each.
 
@@ -64,13 +65,14 @@ def ray_cluster(*, raylets: int = 1, cpus: int = 2) -> Iterator[str]:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                RAY_USAGE_STATS_ENABLED="0", RAY_enable_worker_prestart="0",
                RAY_prestart_worker_first_driver="0")
-    ray = str(Path(sys.executable).parent / "ray")
     procs = [subprocess.Popen(
-        [ray, "start", "--head", "--block", f"--num-cpus={cpus}", f"--temp-dir={temp}",
+        [sys.executable, "-m", "tests.ray_node", "start", "--head", "--block",
+         f"--num-cpus={cpus}", f"--temp-dir={temp}",
          f"--port={port}", f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1",
          "--node-ip-address=127.0.0.1", "--include-dashboard=true", "--disable-usage-stats",
          *_ports()],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        env=env, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)]
     address = f"http://127.0.0.1:{dash}"
     try:
         deadline = time.monotonic() + 180
@@ -83,7 +85,6 @@ def ray_cluster(*, raylets: int = 1, cpus: int = 2) -> Iterator[str]:
                     raise RuntimeError("the Ray head did not come up") from None
                 time.sleep(1)
         def worker() -> subprocess.Popen[bytes]:
-            # tests.ray_node: ``ray start`` with more than Ray's fixed 30 s to register.
             return subprocess.Popen(
                 [sys.executable, "-m", "tests.ray_node", "start", "--block",
                  f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}",

@@ -24,7 +24,7 @@ def main() -> int:
         deadline = time.monotonic() + 300
         while True:
             try:
-                return original(gcs_address, node_id)
+                return original(gcs_address, node_id)  # type: ignore[no-untyped-call]
             except RuntimeError:
                 if time.monotonic() > deadline:
                     raise
@@ -32,7 +32,7 @@ def main() -> int:
 
     services.get_node = patient  # node.py calls it as ray._private.services.get_node
     sys.argv = ["ray", *sys.argv[1:]]
-    result: int = ray_main()
+    result: int = ray_main()  # type: ignore[no-untyped-call]
     return result
 
 
