@@ -38,16 +38,16 @@ PY
 
 say "GPU suite (pytest -m gpu)"
 # Run from a copy of tests/ outside the tree, so `manifest` is the installed wheel.
-SUITE="$OUT/suite"; rm -rf "$SUITE"; mkdir -p "$SUITE"
+SUITE="$(mktemp -d)/suite"; mkdir -p "$SUITE"
 cp -r tests pyproject.toml examples "$SUITE"/
 # Only the files that hold gpu tests are collected: the rest need the dev extras.
 FILES=$(cd "$SUITE" && grep -l "mark.gpu" tests/test_*.py)
-(cd "$SUITE" && python -m pytest -q -p no:cacheprovider -m gpu -rA \
+(cd "$SUITE" && python -m pytest -v -p no:cacheprovider -m gpu -rA --durations=0 \
    -W ignore::DeprecationWarning -W ignore::UserWarning -W ignore::FutureWarning $FILES)
 rc=$?
 
 say "bundled example: capture, capture again, verify"
-EX="$OUT/example"; rm -rf "$EX"; mkdir -p "$EX"
+EX="$(mktemp -d)/example"; mkdir -p "$EX"
 cp examples/train.py "$EX/"
 (
   cd "$EX" && set -e
@@ -57,6 +57,7 @@ cp examples/train.py "$EX/"
   manifest capture --seed 0 --artifact 'out/*.safetensors' -- python train.py > b.json
   python -c "import json,sys; a,b=(json.load(open(f)) for f in ('a.json','b.json')); print('run_id a', a['run_id']); print('run_id b', b['run_id']); sys.exit(a['run_id']!=b['run_id'])"
   manifest verify a.json
+  cp a.json b.json "$OUT/"
 )
 ex=$?
 say "result: gpu suite exit $rc, example exit $ex"
