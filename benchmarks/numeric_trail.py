@@ -20,6 +20,7 @@ step each planted change was caught at.
 
     python benchmarks/numeric_trail.py [--steps 40] [--rounds 7] [--threads 1] [--calibrate]
     python benchmarks/numeric_trail.py --plot docs/concepts/envelope.png
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 python benchmarks/numeric_trail.py --devices   # on a GPU
 """
 
 from __future__ import annotations
@@ -210,6 +211,49 @@ def plot(path: str) -> None:
     print(f"wrote {path}")
 
 
+def devices() -> None:
+    """A GPU against the CPU (``--devices``): each side's envelope measured on its own
+    device, the other device's run judged against it, and planted changes made on the GPU
+    judged against the CPU's envelope. Dropout is 0 here: masks come from each device's
+    own generator, a different random stream, which is not rounding."""
+    import torch
+
+    from manifest.models import NumericPoint
+    from manifest.numeric.envelope import judge, measure_envelope
+    from tests.numeric_runs import train as run
+
+    gpu = "cuda" if torch.cuda.is_available() else None
+    print(f"torch {torch.__version__}; GPU: "
+          f"{torch.cuda.get_device_name(0) if gpu else 'none (CPU twin: CPU against CPU)'}")
+    other = gpu or "cpu"
+    planted = ("lr", "loss", "shard", "wd", "swap@5", "bias@5", "labels@5", "bias@20")
+    false_equivalent = 0
+    for kind in ("cnn", "transformer"):
+        def points(kind: str = kind, **kw: Any) -> list[NumericPoint]:
+            kw.setdefault("threads", 1)
+            kw.setdefault("dropout", 0.0)
+            return [NumericPoint.model_validate(p) for p in run(kind, **kw)]
+
+        for home, away in (("cpu", other), (other, "cpu")):
+            base = points(device=home)
+            runs = [(f"1 ULP (seed {s})", points(device=home, perturb=s)) for s in (1, 2, 3)]
+            if home == "cpu":
+                runs.append(("threads 1 → 3", points(device=home, threads=3)))
+            env = measure_envelope(base, runs)
+            verdict = judge(base, points(device=away), env)
+            print(f"{kind:<11} {away} run vs {home} envelope: {verdict.verdict:<10} "
+                  f"{verdict.sentence()}")
+        base = points()
+        env = measure_envelope(base, [(f"1 ULP (seed {s})", points(perturb=s)) for s in (1, 2, 3)]
+                               + [("threads 1 → 3", points(threads=3))])
+        for plant in planted:
+            verdict = judge(base, points(device=other, plant=plant), env)
+            false_equivalent += verdict.verdict == "equivalent"
+            print(f"{kind:<11} {other} planted {plant:<9} vs cpu envelope: {verdict.verdict:<10}"
+                  f" {verdict.sentence()}")
+    print(f"false equivalent across devices: {false_equivalent} of {2 * len(planted)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
@@ -217,12 +261,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--plot", metavar="PNG", help="only draw the docs' envelope figure")
+    parser.add_argument("--devices", action="store_true",
+                        help="only the GPU-against-CPU verdicts (CPU against CPU without one)")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     if args.plot:
         plot(args.plot)
+        return
+    if args.devices:
+        devices()
         return
     overhead(args.steps, args.rounds)
     if args.calibrate:

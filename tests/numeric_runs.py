@@ -52,7 +52,8 @@ def _model(torch: Any, kind: str, dropout: float) -> Any:
 
 def train(kind: str = "transformer", *, steps: int = 30, threads: int = 2,
           plant: str | None = None, perturb: int | None = None,
-          deterministic: bool = True, mkldnn: bool = True) -> list[dict[str, Any]]:
+          deterministic: bool = True, mkldnn: bool = True, device: str = "cpu",
+          dropout: float = 0.1) -> list[dict[str, Any]]:
     """One run's numeric trail: ``[{"step", "loss", "groups"}]``."""
     import torch
     import torch.nn.functional as F
@@ -68,7 +69,7 @@ def train(kind: str = "transformer", *, steps: int = 30, threads: int = 2,
     torch.backends.mkldnn.enabled = mkldnn  # type: ignore[assignment]  # oneDNN or ATen
     try:
         torch.manual_seed(0)
-        model = _model(torch, kind, 0.1 + (0.05 if name == "dropout" else 0.0))
+        model = _model(torch, kind, dropout + (0.05 if name == "dropout" else 0.0))
         if kind == "transformer":
             data = torch.randint(0, 32, (1024, 12))
             targets = (data + 1) % 32
@@ -80,6 +81,8 @@ def train(kind: str = "transformer", *, steps: int = 30, threads: int = 2,
             opt = torch.optim.SGD(model.parameters(), lr=0.05 * (1.01 if name == "lr" else 1),
                                   momentum=0.9,
                                   weight_decay=1e-4 if name == "wd" else 0.0)
+        model = model.to(device)
+        data, targets = data.to(device), targets.to(device)
         gen = torch.Generator().manual_seed(1)
         start = 512 if name == "shard" else 0
         points: list[dict[str, Any]] = []
@@ -88,6 +91,7 @@ def train(kind: str = "transformer", *, steps: int = 30, threads: int = 2,
             if name == "swap" and step == k:
                 idx = torch.randint(start, start + 512, (32,), generator=torch.Generator()
                                     .manual_seed(99))
+            idx = idx.to(device)
             y = targets[idx].clone()
             if name == "labels" and step == k:
                 y.view(-1)[0] = (y.view(-1)[0] + 1) % 10
