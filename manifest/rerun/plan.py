@@ -294,14 +294,17 @@ def refuse_oversized(recorded: Manifest) -> None:
 
 def recorded_settings(recorded: Manifest, threads: int | None = None) -> LaunchSettings:
     """The launcher settings a manifest was recorded under (``threads`` overrides)."""
-    from manifest.capture.launcher import LaunchSettings
+    from manifest.capture.launcher import LaunchSettings, launch_identity
 
+    argv = list(recorded.command.argv) if recorded.command else []
     return LaunchSettings(
         seed=recorded.randomness.seed or 0,
         derivation=recorded.randomness.derivation or "same",
         threads=threads or recorded.determinism.num_threads or 1,
         deterministic=recorded.determinism.requested,
         hashseed=recorded.determinism.pythonhashseed,
+        sealed=launch_identity(recorded.code.commit, recorded.code.diff_digest, argv,
+                               recorded.randomness.seed or 0),
     )
 
 
