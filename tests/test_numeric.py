@@ -57,9 +57,9 @@ def test_bounds_run_on_as_a_running_maximum_times_the_spread() -> None:
         EnvelopeStep(step=3, loss=[2e-7, 4e-7], groups=[[4e-7, 2e-7]])])
     limit = bounds(env)
     factor = 2e-8 / 1e-8
-    # parameters and loss at step t are held to the envelope up to step t + 1
-    assert [b.groups[0] for b in limit] == pytest.approx([2e-8 * factor, 4e-7 * factor,
+    assert [b.groups[0] for b in limit] == pytest.approx([2e-8 * factor, 2e-8 * factor,
                                                           4e-7 * factor])
+    # the loss of step t is held to the envelope's losses up to t + 1
     assert limit[0].loss == pytest.approx(1e-7 * factor)
 
 
