@@ -40,6 +40,24 @@ Path("out").mkdir(exist_ok=True)
 save_file({k: v.contiguous() for k, v in model.state_dict().items()}, "out/hand.safetensors")
 """
 
+ACCUMULATE = """\
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x = torch.randn(64, 8)
+for i in range(12):  # two micro-batches per optimizer step: 12 backward(), 6 steps
+    ((model(x[i % 4 * 16:(i % 4 + 1) * 16]) - 1) ** 2).mean().backward()
+    if i % 2 == 1:
+        opt.step()
+        opt.zero_grad()
+Path("out").mkdir(exist_ok=True)
+save_file(dict(model.state_dict()), "out/accumulate.safetensors")
+"""
+
 RESEED = """\
 import random
 from pathlib import Path
@@ -64,7 +82,8 @@ save_file(dict(model.state_dict()), "out/reseed.safetensors")
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_repo(tmp_path_factory.mktemp("numeric"), {"hand.py": HAND, "reseed.py": RESEED})
+    return make_repo(tmp_path_factory.mktemp("numeric"), {"hand.py": HAND, "reseed.py": RESEED,
+                                                               "accumulate.py": ACCUMULATE})
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +156,14 @@ def test_hand_updated_weights_count_backward_calls_as_steps(repo: Path) -> None:
     assert len(doc["outputs"]["envelope"]["steps"]) == 12
     proc = manifest_cli("verify", str(path), "--json", cwd=repo)
     assert proc.returncode == 0, proc.stdout.decode()[-2000:]
+
+
+def test_gradient_accumulation_counts_optimizer_steps_not_backward_calls(repo: Path) -> None:
+    _, doc = capture(repo, command=["python", "accumulate.py"],
+                     outputs="out/accumulate.safetensors", name="accumulate.json")
+    process = doc["outputs"]["processes"][0]
+    assert [p["step"] for p in process["trail"]] == list(range(1, 7))
+    assert [p["step"] for p in process["numeric"]] == list(range(1, 7))
 
 
 def test_diff_bits_lines_say_when_the_outputs_are_identical(repo: Path) -> None:

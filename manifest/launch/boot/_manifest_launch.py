@@ -94,6 +94,10 @@ CUBLAS_DETERMINISTIC = ":4096:8"
 
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if _state["steps"] == 0:
+        # backward() calls before the first optimizer step were micro-batches of it
+        # (gradient accumulation), not steps: their points are dropped.
+        _state["backward_points"] = ([], [])
     _state["steps"] += 1
     step = _state["steps"]
     config = _state["config"] or {}
@@ -110,7 +114,7 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         if digest is not None:
             _state["auto_trail"].append({"step": step, "digest": digest})
         if config.get("numeric", True):
-            _numeric(step, trail.optimizer_groups(optimizer), _state["loss"])
+            _numeric(step, trail.optimizer_groups(optimizer), _state["loss"], _state["numeric"])
     if ops is not None:
         stop = ops.on_step_end(step)
         ops.on_step_start(step + 1)
@@ -124,7 +128,7 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             os._exit(0)
 
 
-def _numeric(step: int, groups: list[list[Any]], loss: Any) -> None:
+def _numeric(step: int, groups: list[list[Any]], loss: Any, into: list[Any]) -> None:
     """A numeric-trail point (``_manifest_trail.numeric_point``), paused from the op stream."""
     ops = _state["ops"]
     if ops is not None:
@@ -140,7 +144,7 @@ def _numeric(step: int, groups: list[list[Any]], loss: Any) -> None:
         if ops is not None:
             ops.paused = False
     if point is not None:
-        _state["numeric"].append({"step": step, **point})
+        into.append({"step": step, **point})
 
 
 def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -168,7 +172,8 @@ def _on_backward(tensors: Any) -> None:
 
 
 def _backward_step(step: int) -> None:
-    """The point of hand-updated step ``step`` (no torch.optim in this process)."""
+    """The point of hand-updated step ``step`` (no torch.optim in this process so far): kept
+    aside until the process ends without an optimizer step (``_write_record``)."""
     config = _state["config"] or {}
     params = [p for p in (ref() for ref in _state["leaves"]) if p is not None]
     if not params:
@@ -187,10 +192,11 @@ def _backward_step(step: int) -> None:
     finally:
         if ops is not None:
             ops.paused = False
+    digests, numeric = _state["backward_points"]
     if digest is not None:
-        _state["auto_trail"].append({"step": step, "digest": digest})
+        digests.append({"step": step, "digest": digest})
     if config.get("numeric", True):
-        _numeric(step, [params], _state["loss"])
+        _numeric(step, [params], _state["loss"], numeric)
 
 
 class _Groups:
@@ -349,6 +355,8 @@ def _write_record() -> None:
         if _state["steps"] == 0 and _state["backwards"] and _state["leaves"]:
             # Hand-updated weights: the last backward()'s update is the last step.
             _backward_step(_state["backwards"])
+            _state["auto_trail"].extend(_state["backward_points"][0])
+            _state["numeric"].extend(_state["backward_points"][1])
             record["step_source"] = "backward"
             record["steps"] = _state["backwards"]
         else:

@@ -40,5 +40,8 @@ state: dict[str, Any] = {
     "backwards": 0,
     "loss": None,
     "leaves": [],
+    # (trail points, numeric points) of backward() steps, until an optimizer step shows
+    # that the process has one (then they were micro-batches and are dropped).
+    "backward_points": ([], []),
     "perturbed": False,
 }
