@@ -27,15 +27,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-x = torch.randn(256, 8)
+model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.Tanh(), torch.nn.Linear(512, 1))
+x = torch.randn(1024, 64)
 y = x.sum(1, keepdim=True)
 for step in range(12):  # word_language_model's way: no optimizer, p.data.add_
     loss = ((model(x) - y) ** 2).mean()
     model.zero_grad()
     loss.backward()
     for p in model.parameters():
-        p.data.add_(p.grad, alpha=-0.05)
+        p.data.add_(p.grad, alpha=-0.01)
 Path("out").mkdir(exist_ok=True)
 save_file({k: v.contiguous() for k, v in model.state_dict().items()}, "out/hand.safetensors")
 """
@@ -156,6 +156,11 @@ def test_hand_updated_weights_count_backward_calls_as_steps(repo: Path) -> None:
     assert len(doc["outputs"]["envelope"]["steps"]) == 12
     proc = manifest_cli("verify", str(path), "--json", cwd=repo)
     assert proc.returncode == 0, proc.stdout.decode()[-2000:]
+    # explain finds the step too (it answered "the command ran no optimizer step" before)
+    proc = manifest_cli("explain", str(path), "--threads", "1", "--json", cwd=repo)
+    report = json.loads(proc.stdout)
+    assert (report["verdict"], report["first_step"]) == ("parted", 1), proc.stderr.decode()
+    assert report["findings"] and report["findings"][0]["op"].startswith("aten::")
 
 
 def test_gradient_accumulation_counts_optimizer_steps_not_backward_calls(repo: Path) -> None:

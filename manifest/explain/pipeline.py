@@ -236,8 +236,8 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
         trail_a, trail_b = _trails(a.records, auto=True), _trails(b.records, auto=True)
         report.steps_run = max((len(t) for t in trail_a.values()), default=0)
         if not report.steps_run:
-            report.reason = ("the command ran no optimizer step (torch.optim), so there is "
-                             "no step to explain")
+            report.reason = ("the command ran no optimizer step (torch.optim) and no "
+                             "backward(), so there is no step to explain")
             return
         parted = _first_parting(trail_a, trail_b)
         report.recorded_step = _first_parting(_trails(a.records, auto=False), recorded_trails)
