@@ -23,8 +23,23 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 say "install (offline, from gpu-wheels/)"
 VENV="${MANIFEST_GPU_VENV:-/tmp/manifest-gpu-venv}"
 rm -rf "$VENV"
-# --system-site-packages: the machine's CUDA torch stays the one used (never replaced).
-python3 -m venv --system-site-packages "$VENV" || exit 2
+# The interpreter whose torch is the machine's CUDA build: $PYTHON, else the first of these
+# that imports torch (it may live in a venv or conda of its own).
+PY=""
+for cand in ${PYTHON:-} python3 python python3.12 python3.11 /usr/local/bin/python3 \
+            /usr/bin/python3 /opt/*/bin/python3 /opt/conda/bin/python /root/.venv/bin/python \
+            /venv/bin/python /workspace/.venv/bin/python; do
+  command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import torch" 2>/dev/null \
+    && { PY="$(command -v "$cand")"; break; }
+done
+[ -n "$PY" ] || { echo "no Python here imports torch (set PYTHON=...)"; exit 2; }
+echo "torch's interpreter: $PY"
+"$PY" -m venv --system-site-packages "$VENV" || exit 2
+# The machine's torch stays the one used (never replaced): its site directory is put on the
+# new environment's path, wherever it lives.
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+"$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
+  > "$SITE/zz_machine_torch.pth"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 ls gpu-wheels/*.whl >/dev/null 2>&1 || { echo "no gpu-wheels/: run benchmarks/gpu_wheels.sh"; exit 2; }

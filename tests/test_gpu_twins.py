@@ -179,3 +179,31 @@ def test_verify_and_lab_agree_on_a_cuda_device(cuda_repo: Path) -> None:
     doc = json.loads(lab.stdout)
     assert doc["recipe"]["bit_identical"] is True
     assert doc["identity"]["recipe_runs_agree"] is True
+
+
+# ------------------------------------------------- ULP distances in a report
+
+def test_a_float64_parting_beyond_2_53_ulps_is_written_as_canonical_json() -> None:
+    """On an H100, explain's index_add finding failed to print: 'value cannot be written as
+    canonical JSON: 40880503745675260 exceeds safe integer domain'. float64 ULP distances
+    reach 2^64; a report states at most 2^53-1 ("at least" that)."""
+    import struct
+
+    import rfc8785
+
+    from manifest.canonical import canonical_bytes
+    from manifest.weights.compare import MAX_REPORTED_ULP, numeric_delta
+    from manifest.weights.raw import RawTensor
+
+    a = RawTensor("t", "float64", (2,), struct.pack("<2d", 1.0, -1e300))
+    b = RawTensor("t", "float64", (2,), struct.pack("<2d", 1.0, 1e300))
+    delta = numeric_delta(a, b)
+    assert delta.elements == 1 and delta.max_ulp == MAX_REPORTED_ULP
+    assert canonical_bytes({"max_ulp": delta.max_ulp})
+    # Positive control: the raw distance is past what canonical JSON can hold.
+    with pytest.raises(Exception, match="safe integer"):
+        rfc8785.dumps({"max_ulp": MAX_REPORTED_ULP + 1})
+    # float32 distances are exact (never near the cap).
+    c = RawTensor("t", "float32", (1,), struct.pack("<f", -1.0))
+    d = RawTensor("t", "float32", (1,), struct.pack("<f", 1.0))
+    assert numeric_delta(c, d).max_ulp == 2 * 0x3F800000

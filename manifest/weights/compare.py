@@ -22,6 +22,9 @@ from manifest.weights.bounds import WeightFileError
 from manifest.weights.raw import RawTensor
 from manifest.weights.tables import MappedFiles, open_tensors
 
+MAX_REPORTED_ULP = 2**53 - 1
+"""The largest ULP distance a report states; a larger one (float64 only) is reported as this."""
+
 _INT_VIEWS = {"float64": ("<i8", 63), "float32": ("<i4", 31), "float16": ("<i2", 15),
               "bfloat16": ("<i2", 15)}
 _NUMPY_DTYPES = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8",
@@ -86,6 +89,9 @@ def numeric_delta(a: RawTensor, b: RawTensor) -> TensorDelta:
         kb = np.where(ib[differ] < 0, -(ib[differ] & mask).astype(object),
                       (ib[differ] & mask).astype(object))
         max_ulp = int(max(abs(x - y) for x, y in zip(ka.tolist(), kb.tolist(), strict=True)))
+        # float64 distances reach 2^64; reports are canonical JSON, whose integers stop at
+        # 2^53-1 (an explain on an H100 failed writing one). Beyond it, "at least" that.
+        max_ulp = min(max_ulp, MAX_REPORTED_ULP)
         fa = _as_float64(a.data, a.dtype)[differ]
         fb = _as_float64(b.data, b.dtype)[differ]
         with np.errstate(invalid="ignore", over="ignore"):
