@@ -5,7 +5,7 @@
 # machine's torch, then runs the `gpu` tests and the bundled example end to end, and
 # writes one log: $OUT/gpu_check.log (OUT defaults to ./gpu-check-out).
 #   benchmarks/gpu_wheels.sh 3.12      # here, with the network
-#   benchmarks/gpu_check.sh            # there
+#   benchmarks/gpu_check.sh            # there (or with pytest node ids: only those)
 # Exit status: pytest's, or the example's if the tests passed and it failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +57,7 @@ SUITE="$(mktemp -d)/suite"; mkdir -p "$SUITE"
 cp -r tests pyproject.toml examples "$SUITE"/
 # Only the files that hold gpu tests are collected: the rest need the dev extras.
 FILES=$(cd "$SUITE" && grep -l "mark.gpu" tests/test_*.py)
+[ "$#" -gt 0 ] && FILES="$*"  # a re-check of some: benchmarks/gpu_check.sh tests/x.py::test_y
 (cd "$SUITE" && python -m pytest -v -p no:cacheprovider -m gpu -rA --durations=0 \
    -W ignore::DeprecationWarning -W ignore::UserWarning -W ignore::FutureWarning $FILES)
 rc=$?
