@@ -92,8 +92,10 @@ class FakeKube:
                 pods.append(Pod(pod_name, index, None))
                 continue
             bundle = self._bundle_dir(name, index)
+            # The pods' stable names do not resolve here: each pod a loopback address.
             env = dict(os.environ, JOB_COMPLETION_INDEX=str(index), MASTER_ADDR="127.0.0.1",
-                       PET_RDZV_ENDPOINT=f"127.0.0.1:{rdzv}")
+                       PET_RDZV_ENDPOINT=f"127.0.0.1:{rdzv}",
+                       PET_LOCAL_ADDR=f"127.0.0.{index + 1}")
             env.pop("PYTHONHASHSEED", None)
             failed = None
             for init in spec.get("initContainers") or []:

@@ -16,7 +16,7 @@ import pytest
 from manifest.canonical import load_manifest
 from manifest.errors import UsageError
 from manifest.nodes.gather import MERGED, NodesMissing, check_directory, gather
-from manifest.nodes.layout import Layout, cluster_launch, node_env
+from manifest.nodes.layout import Layout, cluster_launch, node_addresses, node_env
 from manifest.nodes.merge import merge_nodes
 from manifest.nodes.torchrun import as_every_node_runs, option
 from manifest.rerun.cluster.placement import NodeNeed, combine_results, need_of, shortfall
@@ -70,6 +70,16 @@ def test_cluster_launch_leaves_node_rank_and_endpoint_to_each_node() -> None:
         "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "10.0.0.5:29500",
         "PET_RDZV_CONF": "join_timeout=120,is_host=false"}
     assert "is_host=true" in node_env(0, "10.0.0.5", 29500)["PET_RDZV_CONF"]
+    assert node_env(1, "h", 1, "10.0.0.6")["PET_LOCAL_ADDR"] == "10.0.0.6"
+
+
+def test_nodes_on_one_host_get_loopback_addresses_of_their_own() -> None:
+    """c10d names a participant <local addr>_<pid>_<n>; in PID namespaces of their own two
+    nodes on one host would both be <addr>_2_0."""
+    assert node_addresses(["10.0.0.5", "10.0.0.6"]) == ("10.0.0.5", ["10.0.0.5", "10.0.0.6"])
+    assert node_addresses(["192.0.2.2", "192.0.2.2"]) == ("127.0.0.1",
+                                                          ["127.0.0.1", "127.0.0.2"])
+    assert node_addresses(["h"]) == ("h", ["h"])
     with pytest.raises(UsageError, match="does not start torchrun"):
         cluster_launch(["python", "train.py"], Layout(2, 1))
 

@@ -230,3 +230,26 @@ def test_slurm_unplaceable_and_timeout(run: dict[str, Any]) -> None:
     code, _, stderr, _ = _verify(run, "--on", "slurm", "--timeout", "5")
     assert code == 3, stderr
     assert "it was cancelled (slurm reports CANCELLED" in stderr, stderr
+
+
+# -------------------------------------------------------------------- Kubernetes
+
+
+def test_k8s_two_pods_one_per_node_identical(run: dict[str, Any], tmp_path: Path) -> None:
+    """The Indexed Job of two completions, its pods' commands run here by ``tests.k8s_api``
+    (no real API server can run on these machines): each pod's torchrun gets its node rank
+    and node 0's endpoint from the PET_* variables, and the two results become one."""
+    pytest.importorskip("kubernetes", reason="the k8s extra is not installed")
+    from manifest.rerun.cluster import default_folder
+    from tests.k8s_api import fake_kube
+
+    with fake_kube(tmp_path, claim_dir=default_folder("k8s")) as (kube, env):
+        proc = manifest_cli("verify", str(run["merged"]), "--json", "--on", "k8s", "--image",
+                            "registry.example/train@sha256:" + "0" * 64, "--claim", "bundles",
+                            cwd=run["repo"], env={**os.environ, **env}, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "identical"
+    assert report["topology"]["relation"] == "same" and report["job"]["nodes"] == 2
+    [job] = [b for m, p, b in kube.requests if m == "POST" and p.endswith("/jobs")]
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (2, 2)

@@ -161,11 +161,28 @@ def cluster_launch(argv: list[str], layout: Layout) -> list[str]:
     return with_options(argv, values)
 
 
-def node_env(node: int, host: str, port: int) -> dict[str, str]:
+def node_env(node: int, host: str, port: int, local_addr: str | None = None
+             ) -> dict[str, str]:
     """What one node's launch of :func:`cluster_launch` needs: its node rank, node 0's
     endpoint and the rendezvous settings, as torchrun's own variables. Node 0 is told it
     serves the rendezvous (``is_host``): torchrun's own guess compares the endpoint with
     the host's name, and an address the engine reports (Ray's node IP) need not be the one
-    the host name resolves to."""
-    return {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}",
-            "PET_RDZV_CONF": f"join_timeout=120,is_host={'true' if node == 0 else 'false'}"}
+    the host name resolves to. ``local_addr`` is how the others reach this node
+    (:func:`node_addresses`)."""
+    out = {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}",
+           "PET_RDZV_CONF": f"join_timeout=120,is_host={'true' if node == 0 else 'false'}"}
+    if local_addr:
+        out["PET_LOCAL_ADDR"] = local_addr
+    return out
+
+
+def node_addresses(addresses: list[str]) -> tuple[str, list[str]]:
+    """(the rendezvous host, each node's ``--local-addr``) from the address the engine gives
+    each node. c10d names a participant ``<local addr>_<pid>_<n>``: two nodes on one host,
+    each confined in a PID namespace of its own (bubblewrap), are both ``<addr>_2_0`` and
+    the rendezvous never fills (seen: RendezvousTimeoutError). When every node is on one
+    host, each gets its own loopback address (127.0.0.1, 127.0.0.2 …; all of 127/8 is
+    local on Linux) and they meet on 127.0.0.1."""
+    if len(addresses) > 1 and len(set(addresses)) == 1:
+        return "127.0.0.1", [f"127.0.0.{i + 1}" for i in range(len(addresses))]
+    return addresses[0], list(addresses)

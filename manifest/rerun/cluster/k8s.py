@@ -152,7 +152,8 @@ def rank_env(index: int, nodes: int, service: str) -> dict[str, str]:
     master = f"{service}-0.{service}"
     return {"NODE_RANK": str(index), "RANK": str(index), "WORLD_SIZE": str(nodes),
             "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT),
-            **(node_env(index, master, MASTER_PORT) if nodes > 1 else {})}
+            **(node_env(index, master, MASTER_PORT, f"{service}-{index}.{service}")
+               if nodes > 1 else {})}
 
 
 def image_for(options: ClusterOptions, recorded_image: str | None) -> str:

@@ -57,14 +57,15 @@ def rendezvous_point() -> tuple[str, int]:
     return host, port
 
 
-def run_node(node: int, host: str, port: int, expect: str, python: str) -> dict[str, Any]:
+def run_node(node: int, host: str, port: int, expect: str, python: str,
+             local_addr: str | None = None) -> dict[str, Any]:
     """One node's launch: the remote entrypoint on this node's copy of the bundle."""
     from manifest.nodes.layout import node_env
     from manifest.rerun.remote import RESULT, RESULT_FORMAT
 
     bundle = Path.cwd()
     with tempfile.TemporaryDirectory(prefix=f"manifest-node{node}-") as out:
-        env = {**os.environ, **node_env(node, host, port)}
+        env = {**os.environ, **node_env(node, host, port, local_addr)}
         proc = subprocess.run(
             [python, "-I", "-m", "manifest.rerun.remote", str(bundle), out, "--expect", expect],
             env=env, preexec_fn=_die_with_parent, check=False)
@@ -94,6 +95,7 @@ def _nodes_seen() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from manifest.errors import EXIT_NO_VERDICT
+    from manifest.nodes.layout import node_addresses
     from manifest.rerun.cluster.placement import NodeNeed, combine_results
     from manifest.rerun.remote import RESULT_FORMAT, encode_result
 
@@ -130,14 +132,17 @@ def main(argv: list[str] | None = None) -> int:
                                                 placement_group_bundle_index=index)
 
     where = ray.remote(num_cpus=0)(rendezvous_point)
-    host, port = ray.get(where.options(scheduling_strategy=on(0)).remote())
+    points = ray.get([where.options(scheduling_strategy=on(i)).remote()
+                      for i in range(args.nodes)])
+    host, local_addrs = node_addresses([address for address, _ in points])
+    port = points[0][1]
     sys.stdout.write(f"manifest: {args.nodes} nodes placed (STRICT_SPREAD); rendezvous at "
                      f"{host}:{port}\n")
     sys.stdout.flush()
     task = ray.remote(run_node)
     pending = [task.options(num_cpus=args.cpus, num_gpus=args.gpus,
                             scheduling_strategy=on(i)).remote(
-        i, host, port, args.expect, args.python) for i in range(args.nodes)]
+        i, host, port, args.expect, args.python, local_addrs[i]) for i in range(args.nodes)]
     docs = ray.get(pending)
     combined = combine_results(docs)
     combined["placed_on"] = [d.get("placed_on") for d in docs]

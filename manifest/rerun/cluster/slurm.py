@@ -90,12 +90,15 @@ def run_job(bundle: str, outdir: str, expect: str, nodes: int = 1) -> dict[str, 
     if nodes > 1:
         import submitit
 
-        from manifest.nodes.layout import node_env
+        from manifest.nodes.layout import node_addresses, node_env
 
         job = submitit.JobEnvironment()
         local = "SUBMITIT_LOCAL_JOB_ID" in os.environ
-        host = "127.0.0.1" if local else node_address(job.hostnames[0])
-        os.environ.update(node_env(job.global_rank, host, rendezvous_port(str(job.job_id))))
+        addresses = (["127.0.0.1"] * nodes if local
+                     else [node_address(name) for name in job.hostnames])
+        host, local_addrs = node_addresses(addresses)
+        os.environ.update(node_env(job.global_rank, host, rendezvous_port(str(job.job_id)),
+                                   local_addrs[job.global_rank]))
         out = out / f"node-{job.global_rank}"
     try:
         return run_bundle(Path(bundle), out, expect)
