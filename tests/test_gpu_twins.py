@@ -195,8 +195,8 @@ def test_a_float64_parting_beyond_2_53_ulps_is_written_as_canonical_json() -> No
     from manifest.weights.compare import MAX_REPORTED_ULP, numeric_delta
     from manifest.weights.raw import RawTensor
 
-    a = RawTensor("t", "float64", (2,), struct.pack("<2d", 1.0, -1e300))
-    b = RawTensor("t", "float64", (2,), struct.pack("<2d", 1.0, 1e300))
+    a = RawTensor("t", "float64", [2], struct.pack("<2d", 1.0, -1e300))
+    b = RawTensor("t", "float64", [2], struct.pack("<2d", 1.0, 1e300))
     delta = numeric_delta(a, b)
     assert delta.elements == 1 and delta.max_ulp == MAX_REPORTED_ULP
     assert canonical_bytes({"max_ulp": delta.max_ulp})
@@ -204,6 +204,6 @@ def test_a_float64_parting_beyond_2_53_ulps_is_written_as_canonical_json() -> No
     with pytest.raises(Exception, match="safe integer"):
         rfc8785.dumps({"max_ulp": MAX_REPORTED_ULP + 1})
     # float32 distances are exact (never near the cap).
-    c = RawTensor("t", "float32", (1,), struct.pack("<f", -1.0))
-    d = RawTensor("t", "float32", (1,), struct.pack("<f", 1.0))
+    c = RawTensor("t", "float32", [1], struct.pack("<f", -1.0))
+    d = RawTensor("t", "float32", [1], struct.pack("<f", 1.0))
     assert numeric_delta(c, d).max_ulp == 2 * 0x3F800000
