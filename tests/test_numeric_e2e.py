@@ -128,6 +128,17 @@ def test_verify_on_another_thread_count_is_equivalent_with_its_own_status(
     assert same.returncode == 0 and json.loads(same.stdout)["verdict"] == "identical"
 
 
+def test_explain_says_a_parting_on_another_thread_count_is_rounding(
+        repo: Path, enveloped: tuple[Path, dict[str, Any]]) -> None:
+    path, _ = enveloped
+    proc = manifest_cli("explain", str(path), "--threads", "3", "--json", cwd=repo)
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "parted", proc.stderr.decode()
+    assert report["numeric"]["verdict"] == "equivalent"
+    text = manifest_cli("explain", str(path), "--threads", "3", cwd=repo)
+    assert b"against the noise envelope: rounding only" in text.stdout
+
+
 def test_diff_weighs_outputs_equivalent_across_thread_counts(
         repo: Path, enveloped: tuple[Path, dict[str, Any]]) -> None:
     path, _ = enveloped

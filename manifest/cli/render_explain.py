@@ -83,6 +83,10 @@ def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
         out.write("\n".join(_finding_lines(f)) + "\n")
     if report.reason:
         out.write(f"{report.reason}\n")
+    if report.numeric is not None:
+        kind = {"equivalent": "rounding only", "differs": "more than rounding"}.get(
+            report.numeric["verdict"], "not judged")
+        out.write(f"against the noise envelope: {kind}: {report.numeric['sentence']}\n")
     for drift in report.drift:
         out.write(f"drift ({drift.impact}): {drift.reason}\n")
     if report.confinement is not None:  # None: explain stopped before planning a re-run

@@ -86,6 +86,9 @@ class ExplainReport:
     """What the re-runs were planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
     jobs: list[dict[str, Any]] = field(default_factory=list)
     """Where a cluster executor (``--on``) ran each run: one entry per run, as verify's ``job``."""
+    numeric: dict[str, Any] | None = None
+    """Whether the parting is rounding: run B's numeric trail against run A's, judged by the
+    recorded run's noise envelope (``manifest.numeric.envelope.Judgement.to_json``)."""
 
     @property
     def exit_code(self) -> int:
@@ -108,10 +111,24 @@ class ExplainReport:
             "confinement": self.confinement,
             "plan": self.plan,
             **({"jobs": self.jobs} if self.jobs else {}),
+            **({"numeric": self.numeric} if self.numeric is not None else {}),
         }
 
 
 # ------------------------------------------------------------------ trails
+
+
+def _judge_parting(recorded: Manifest, report: ExplainReport, a: list[dict[str, Any]],
+                   b: list[dict[str, Any]], parted: int | None) -> None:
+    """Runs A and B part, and the recorded run carries a noise envelope: say whether B
+    stays inside it (a parting by rounding) or where it leaves (a real change)."""
+    envelope = recorded.outputs.envelope if recorded.outputs is not None else None
+    if parted is None or envelope is None:
+        return
+    from manifest.numeric.envelope import judge
+    from manifest.numeric.measure import numeric_of
+
+    report.numeric = judge(numeric_of(a), numeric_of(b), envelope).to_json()
 
 
 def _trails(records: list[dict[str, Any]], *, auto: bool) -> dict[int, dict[int, str]]:
@@ -240,6 +257,7 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
                              "backward(), so there is no step to explain")
             return
         parted = _first_parting(trail_a, trail_b)
+        _judge_parting(recorded, report, a.records, b.records, parted)
         report.recorded_step = _first_parting(_trails(a.records, auto=False), recorded_trails)
         step = parted if parted is not None else report.recorded_step
         if step is None:
