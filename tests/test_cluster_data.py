@@ -97,7 +97,10 @@ def test_relative_reference_lands_beside_the_tree(setup: dict[str, Any]) -> None
     assert code == 0, stderr
     assert report["verdict"] == "identical"
     assert report["job"]["data"][0]["how"].startswith("bundled")
-    assert "/.manifest-data/0/data.bin" in _log(report)
+    # The bundle's copy: linked where ../ext lands (bound there read-only when confined).
+    log = _log(report)
+    assert "/out/ext/data.bin" in log or "/.manifest-data/0/data.bin" in log
+    assert f"read {setup['ext']}" not in log
 
 
 def test_over_the_limit_is_one_sentence_before_anything_is_submitted(

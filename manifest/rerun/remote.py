@@ -75,13 +75,15 @@ def _fill(value: str, tree: Path, writable: list[Path],
 
 
 def _place_inputs(inputs: list[dict[str, Any]], tree: Path, outdir: Path
-                  ) -> list[tuple[str, str]]:
+                  ) -> tuple[list[tuple[str, str]], list[tuple[Path, Path]]]:
     """Data outside the repository that travelled in the bundle (``inputs`` of the index):
     linked where a relative reference from the tree lands, when that stays inside
-    ``outdir``; (recorded absolute path, where it is here) for the command line."""
+    ``outdir`` (and bound there read-only when confined: the sandbox shows only the tree);
+    (recorded absolute path, where it is here) for the command line."""
     from manifest.errors import NoVerdictError
 
     placed: list[tuple[str, str]] = []
+    binds: list[tuple[Path, Path]] = []
     for item in inputs:
         at = (tree / str(item["at"])).resolve()
         if not at.is_relative_to(tree.resolve()) or not at.exists():
@@ -93,9 +95,10 @@ def _place_inputs(inputs: list[dict[str, Any]], tree: Path, outdir: Path
                     and not os.path.lexists(where)):
                 where.parent.mkdir(parents=True, exist_ok=True)
                 where.symlink_to(at)
+                binds.append((at, where))
         if os.path.isabs(str(item["path"])):
             placed.append((str(item["path"]), str(at)))
-    return placed
+    return placed, binds
 
 
 def _files_under(directory: Path) -> dict[str, str]:
@@ -134,7 +137,7 @@ def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
     writable = [outdir / "writable" / str(i) for i in range(int(index["writable"]))]
     for path in writable:
         path.mkdir(parents=True, exist_ok=True)
-    inputs = _place_inputs(index.get("inputs") or [], tree, outdir)
+    inputs, landed = _place_inputs(index.get("inputs") or [], tree, outdir)
     settings_doc = json.loads(_fill(json.dumps(index["settings"]), tree, writable))
     settings = LaunchSettings(**settings_doc)
     env = {k: v for k, v in os.environ.items() if k not in set(index["unset"])}
@@ -154,7 +157,12 @@ def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
     if not confined and confinement["require_sandbox"]:
         raise NoVerdictError(f"--require-sandbox: the re-run cannot be confined on this host: "
                              f"{reason}.")
-    workspace = Workspace(root=tree, scratch=outdir, tree=tree, cwd=cwd, mount_at=tree)
+    # Data the user said every node sees at its own path (--shared-path): bound read-only
+    # at that path when confined (the private /tmp and the read-only system hide it).
+    shared = tuple((Path(p), Path(p)) for p in index.get("shared") or []
+                   if os.path.isabs(p) and os.path.exists(p))
+    workspace = Workspace(root=tree, scratch=outdir, tree=tree, cwd=cwd, mount_at=tree,
+                          ro_binds=(*shared, *landed))
     executor = LocalExecutor(confined=confined, network=bool(confinement["network"]))
     # The plan's own fields are not read by the local executor beyond argv.
     plan = _StubPlan(tuple(_fill(a, tree, writable, inputs) if inputs else a

@@ -172,7 +172,8 @@ class ClusterExecutor:
                 settings=dataclasses.asdict(settings), env=env, writable=writable,
                 topology=topology_of(plan), fetch_outputs=self.options.fetch_outputs,
                 sandbox=plan.sandbox_requested, network=plan.network or nodes > 1,
-                require_sandbox=plan.require_sandbox, only=only, inputs=inputs)
+                require_sandbox=plan.require_sandbox, only=only, inputs=inputs,
+                shared=[d["path"] for d in data if d["how"].startswith("shared")])
             figures.bundle_s = time.perf_counter() - started
             figures.shipped_bytes, figures.files = bundle.bytes, bundle.files
             submitted = time.perf_counter()
