@@ -60,7 +60,7 @@ def tree_relative(value: str, what: str) -> PurePosixPath:
     return path
 
 
-def _static_prefix(glob: PurePosixPath) -> PurePosixPath:
+def static_prefix(glob: PurePosixPath) -> PurePosixPath:
     """The leading components of a glob that hold no wildcard."""
     parts: list[str] = []
     for part in glob.parts:
@@ -101,7 +101,7 @@ def check_outputs(tree: Path, cwd: Path, globs: list[str]) -> None:
     """
     for glob in globs:
         rel = tree_relative(glob, "declared output")
-        prefix = _static_prefix(rel)
+        prefix = static_prefix(rel)
         _check_existing(tree, prefix if prefix != rel else rel.parent,
                         f"declared output {_show(glob)}", start=cwd)
         for match in cwd.glob(str(rel)) if rel.parts else []:

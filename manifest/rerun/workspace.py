@@ -31,7 +31,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from manifest.gitrun import GitFailedError, GitMissingError, run_git
@@ -173,6 +173,26 @@ def link_data(binds: list[tuple[Path, Path]], tree: Path, *, confined: bool,
     return notes
 
 
+def _output_tops(root: Path, tree: Path, cwd: Path, globs: list[str]) -> None:
+    """Make the top directory of each declared output (``out`` of ``out/*.safetensors``)
+    in the scratch tree when the user's tree has it and git does not carry it: a script
+    may save into ``out/`` without creating it, as it did at capture. Nothing deeper is
+    made: a logger that picks the next free ``version_N`` (Lightning's) must find the
+    tree as the recorded run found it, and ``version_0`` taken would make it write
+    ``version_1``. An empty top directory changes no such choice."""
+    from manifest.rerun.paths import make_parents, static_prefix, tree_relative
+
+    for glob in globs:
+        rel = tree_relative(glob, "declared output")
+        prefix = static_prefix(rel)
+        if len(rel.parts) < 2 or prefix == PurePosixPath("."):
+            continue  # a file at the top, or a wildcard from the start: no directory to make
+        top = prefix.parts[0]
+        user_dir = root / cwd.relative_to(tree) / top
+        if user_dir.is_dir() and not user_dir.is_symlink() and not (cwd / top).exists():
+            make_parents(tree, PurePosixPath(top), f"declared output {glob}", start=cwd)
+
+
 @dataclass(frozen=True)
 class Workspace:
     """Where one plan runs. Paths are host paths."""
@@ -219,6 +239,8 @@ def open_workspace(plan: RerunPlan, root: Path, *, recorded: Manifest | None = N
                 link_outside(outside_links(recorded, tree), tree_base(scratch, 0)[0])
         cwd = check_cwd(tree, plan.cwd)
         check_outputs(tree, cwd, list(plan.outputs))
+        if tree != root:
+            _output_tops(root, tree, cwd, list(plan.outputs))
         mount_at = root if plan.confined else tree
         ro = tuple((src, root / dst.relative_to(tree)) if dst.is_relative_to(tree) else (src, dst)
                    for src, dst in binds) if plan.confined else ()
