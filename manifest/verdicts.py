@@ -33,7 +33,8 @@ DIFF_OUTCOMES: dict[str, tuple[int, str]] = {
     "identical": (EXIT_OK, "the two manifests have no difference"),
     "benign": (EXIT_OK, "only differences that cannot change the bits (times, hosts, URLs)"),
     "bits": (EXIT_FAILED, "a difference that can change the bits, each with the reason; exit 0 "
-             "instead when both runs' outputs are identical anyway (said on each line), and "
+             "instead when only seeds and generator states differ and both runs' outputs are "
+             "identical anyway (said on each line), and "
              f"{EXIT_EQUIVALENT} when they are equivalent (rounding only, inside the envelope)"),
 }
 """``manifest.diff.result.ManifestDiff.verdict`` → (exit status, meaning)."""

@@ -198,7 +198,9 @@ def test_packages_digest_alone_is_reported() -> None:
          "cuDNN 9.1.0 → 9.3.0: convolution kernels may change"),
         (lambda doc: doc["env"]["variables"].update(OMP_NUM_THREADS="1"),
          "OMP_NUM_THREADS 2 → 1: CPU reduction order changes"),
-        (lambda doc: doc["randomness"].update(seed=43), "seed 42 → 43"),
+        # the two runs' outputs are identical here: a seed acts only through the draws
+        (lambda doc: doc["randomness"].update(seed=43),
+         "seed 42 → 43 (could change the bits; here the outputs are identical)"),
         (lambda doc: doc["env"]["variables"].pop("PYTHONHASHSEED"),
          "PYTHONHASHSEED 0 → unset: set and dict iteration order changes"),
         (lambda doc: doc["env"]["variables"].update(NCCL_MIN_NCHANNELS="4"),
@@ -215,6 +217,18 @@ def test_packages_digest_alone_is_reported() -> None:
 def test_reasons_read_like_sentences(edit: Any, reason: str) -> None:
     result = diff_manifests(build(), build(edit))
     assert reason in [d.reason for d in result.differences]
+
+
+def test_identical_outputs_settle_seed_lines_but_not_code_or_library_lines() -> None:
+    from manifest.errors import EXIT_FAILED, EXIT_OK
+
+    seeded = diff_manifests(build(), build(lambda doc: doc["randomness"].update(seed=43)))
+    assert seeded.has_bits and seeded.outputs == "identical"
+    assert (seeded.exit_code, seeded.to_json()["outputs"]) == (EXIT_OK, "identical")
+    both = diff_manifests(build(), build(lambda doc: (doc["randomness"].update(seed=43),
+                                                      doc["env"].update(torch="9.9.9"))))
+    assert both.outputs == "identical" and both.exit_code == EXIT_FAILED
+    assert "outputs" not in both.to_json()  # it decided nothing
 
 
 def test_added_and_removed_are_relative_to_a() -> None:

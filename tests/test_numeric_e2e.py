@@ -152,7 +152,7 @@ def test_diff_weighs_outputs_equivalent_across_thread_counts(
     seeded, _ = capture(repo, "--threads", "2", "--seed", "7",
                         command=["python", "train.py", "--steps", "12"], name="seed7.json")
     proc = manifest_cli("diff", str(path), str(seeded), "--json", cwd=repo)
-    assert (proc.returncode, json.loads(proc.stdout)["outputs"]) == (1, "differ")
+    assert proc.returncode == 1 and "numeric" not in json.loads(proc.stdout)
 
 
 def test_hand_updated_weights_count_backward_calls_as_steps(repo: Path) -> None:

@@ -63,7 +63,7 @@ def _summary(result: ManifestDiff) -> str:
         return f"No difference that can change the bits ({n_benign} benign)."
     can = "difference can" if n_bits == 1 else "differences can"
     line = f"{n_bits} {can} change the bits, {n_benign} cannot."
-    if result.outputs == "identical":
+    if result.settled_by_outputs:
         line += " Here the outputs are identical."
     elif result.outputs == "equivalent" and result.numeric is not None:
         line += (" The outputs differ, but the runs are equivalent (the same run up to "

@@ -30,7 +30,7 @@ A :class:`ManifestDiff` is plain frozen dataclasses over the models; its
         "artifacts": ["model.safetensors"],        # artifacts whose bytes differ
         "first_divergent_step": null | 120         # from the step trail, if any
       },
-      "outputs": null | "identical" | "equivalent" | "differ",  # what the runs produced
+      "outputs": "identical" | "equivalent" | "differ",  # only where it decided the exit
       "numeric": {…},                              # only where judged: the numeric trails
                                                    # against a noise envelope
       "differences": [                             # bits first, then by section
@@ -176,12 +176,19 @@ class ManifestDiff:
         return Impact.BENIGN.value if self.differences else "identical"
 
     @property
+    def settled_by_outputs(self) -> bool:
+        """``bits`` lines only of seeds and generators, and identical outputs anyway."""
+        return (self.outputs == "identical" and self.has_bits
+                and all(d.section == "randomness" for d in self.bits))
+
+    @property
     def exit_code(self) -> int:
-        """0 when nothing can change the bits or the outputs are identical anyway; 4 when
-        they are equivalent (the same run up to rounding); 1 otherwise."""
+        """0 when nothing can change the bits, or only seeds and generators differ and the
+        outputs are identical anyway; 4 when the outputs are equivalent (the same run up to
+        rounding); 1 otherwise."""
         from manifest.errors import EXIT_EQUIVALENT, EXIT_FAILED, EXIT_OK
 
-        if self.outputs == "identical":
+        if self.settled_by_outputs:
             return EXIT_OK
         if self.outputs == "equivalent":
             return EXIT_EQUIVALENT
@@ -210,7 +217,9 @@ class ManifestDiff:
             "only": None if only is None else only.value,
             "nondeterminism": None if self.nondeterminism is None
             else self.nondeterminism.to_json(),
-            "outputs": self.outputs,
+            # Only where weighing the outputs changed the answer (the exit status).
+            **({"outputs": self.outputs} if self.settled_by_outputs
+               or self.outputs == "equivalent" or self.numeric is not None else {}),
             **({"numeric": self.numeric} if self.numeric is not None else {}),
             "differences": [d.to_json() for d in self.selected(only)],
         }
