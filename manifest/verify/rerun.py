@@ -160,6 +160,10 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport) -> No
         return
     assert recorded.outputs is not None
     assert new.outputs is not None
+    if recorded.outputs.envelope is None:
+        report.notes.append("the run carries no noise envelope, so whether the difference is "
+                            "rounding cannot be judged (capture --envelope N measures one)")
+        return
     again = {p.rank: p.numeric or [] for p in new.outputs.processes}
     verdicts = [judge(p.numeric or [], again.get(p.rank, []), recorded.outputs.envelope)
                 for p in recorded.outputs.processes if p.numeric]
