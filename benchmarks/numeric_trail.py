@@ -14,9 +14,9 @@ context 64, batch 16, AdamW), on CPU. Printed: ms per step and numeric/bare, pai
 round (median, min, max).
 
 Part 2, calibration (``--calibrate``): the planted set of ``tests/test_numeric.py`` (two
-models, envelope from 3 one-ULP runs and threads 2 → 1, 4 rounding-only re-runs and 12
-planted changes each); prints false ``equivalent`` (must be 0), false ``differs`` and the
-step each planted change was caught at.
+models on one thread, envelope from 3 one-ULP runs and threads 1 → 3, 4 rounding-only
+re-runs and 12 planted changes each); prints false ``equivalent`` (must be 0), false
+``differs`` and the step each planted change was caught at.
 
     python benchmarks/numeric_trail.py [--steps 40] [--rounds 7] [--threads 1] [--calibrate]
     python benchmarks/numeric_trail.py --plot docs/concepts/envelope.png
@@ -156,16 +156,17 @@ def calibrate() -> None:
     from manifest.models import NumericPoint
     from manifest.numeric.envelope import judge, measure_envelope
     from tests.numeric_runs import train as run
-    from tests.test_numeric import PLANTED, ROUNDING_ONLY
+    from tests.test_numeric import BASE_THREADS, PLANTED, ROUNDING_ONLY
 
     false_equivalent = false_differs = planted = rounding = 0
     for kind in ("cnn", "transformer"):
         def points(kind: str = kind, **kw: Any) -> list[NumericPoint]:
+            kw.setdefault("threads", BASE_THREADS)
             return [NumericPoint.model_validate(p) for p in run(kind, **kw)]
 
         base = points()
-        env = measure_envelope(base, [(f"ulp {s}", points(perturb=s)) for s in (1, 2, 3)]
-                               + [("threads 1", points(threads=1))])
+        env = measure_envelope(base, [(f"1 ULP (seed {s})", points(perturb=s)) for s in (1, 2, 3)]
+                               + [("threads 1 → 3", points(threads=3))])
         for name, kw in ROUNDING_ONLY.items():
             rounding += 1
             verdict = judge(base, points(**kw), env)
