@@ -159,6 +159,28 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _json_int(token: str) -> int | float:
+    """A JSON integer literal: an int, or the double it stands for past 2^53-1.
+
+    RFC 8785 writes every number as an IEEE double, an integral one below 10^21
+    without an exponent: a loss of 4.088e16 is written ``40880508040642560``. Read
+    back as a Python int, it could not be written again (canonical JSON has no
+    integers past 2^53-1), and a manifest holding it failed its own digest check
+    (a diverging CUDA run on an H100: explain answered exit 2). A sealed manifest
+    can hold no such integer, so such a literal is the double it was written from.
+    """
+    value = int(token)  # over 4300 digits: ValueError, named by the caller
+    if -SAFE_INT <= value <= SAFE_INT:
+        return value
+    try:
+        return float(value)
+    except OverflowError:  # beyond any double: left an int, refused when written
+        return value
+
+
+SAFE_INT = 2**53 - 1
+
+
 def parse_json(data: bytes, *, what: str = "manifest", floats: list[str] | None = None) -> Any:
     """Strict JSON parse: UTF-8 only, no NaN/Infinity, no duplicate keys.
 
@@ -171,14 +193,14 @@ def parse_json(data: bytes, *, what: str = "manifest", floats: list[str] | None 
     try:
         if floats is None:
             return json.loads(text, object_pairs_hook=_no_duplicates,
-                              parse_constant=_reject_constant)
+                              parse_constant=_reject_constant, parse_int=_json_int)
 
         def literal(token: str) -> float:
             floats.append(token)
             return float(token)
 
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant,
-                          parse_float=literal)
+                          parse_float=literal, parse_int=_json_int)
     except json.JSONDecodeError as exc:
         raise InvalidManifestError(
             f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."

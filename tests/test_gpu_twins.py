@@ -207,3 +207,28 @@ def test_a_float64_parting_beyond_2_53_ulps_is_written_as_canonical_json() -> No
     c = RawTensor("t", "float32", [1], struct.pack("<f", -1.0))
     d = RawTensor("t", "float32", [1], struct.pack("<f", 1.0))
     assert numeric_delta(c, d).max_ulp == 2 * 0x3F800000
+
+
+
+def test_a_diverging_loss_past_2_53_survives_a_round_trip(tmp_path: Path) -> None:
+    """On an H100 a run without the recipe diverged (loss 4.088e16 at step 2). RFC 8785
+    writes that double as the literal 40880508040642560; read back as an int, the manifest
+    could not be canonicalised again, so explain refused its own capture (exit 2)."""
+    import rfc8785
+
+    from manifest.canonical import dumps, load_manifest, parse_json, seal, to_document
+
+    golden = Path(__file__).parent / "golden" / "manifest_v1.json"
+    doc = to_document(load_manifest(golden.read_bytes()))
+    doc["observed"]["duration_s"] = 40880508040642560.0  # any float field: a loss, a time
+    sealed = seal({k: v for k, v in doc.items() if k not in ("run_id", "digest")})
+    data = dumps(sealed)
+    assert b"40880508040642560" in data and b"e+16" not in data
+    again = load_manifest(data)
+    assert dumps(again) == data and again.digest == sealed.digest
+    # Positive control: a plain parse makes it an int that canonical JSON refuses.
+    plain = json.loads(data)
+    with pytest.raises(rfc8785.CanonicalizationError):
+        rfc8785.dumps(plain)
+    # Safe integers stay ints.
+    assert parse_json(b'{"a": 9007199254740991, "b": 1}') == {"a": 2**53 - 1, "b": 1}
