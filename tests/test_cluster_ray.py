@@ -173,7 +173,8 @@ def test_edited_patch_is_refused_on_arrival(ray_address: str, tmp_path: Path) ->
             results[edited] = {"error": exc.message}
     assert results[False]["exit_code"] == 0
     assert "refused the bundle on arrival" in results[True]["error"]
-    assert "not the recorded" in results[True]["error"]
+    # The index records each file's size: a grown patch is refused before it is hashed.
+    assert "refusing to run edited code" in results[True]["error"]
 
 
 def test_timeout_cancels_the_job(ray_address: str, recorded: tuple[Path, Path]) -> None:
