@@ -37,6 +37,10 @@ left out of the stored patch.
 
 Over-redaction is the safe failure: a withheld non-secret costs the user one
 environment variable at verify time; a missed secret is published.
+
+Longer than 500 lines because it is the one redactor (a security decision lives
+in one place): argv, free text, file names and URLs share the secret-name and
+secret-shape rules, and a second module would be a second place to check.
 """
 
 from __future__ import annotations

@@ -149,6 +149,15 @@ def remembered_written(store: BlobStore) -> frozenset[str]:
     return frozenset(line for line in text.split("\n") if line)
 
 
+def remember_run_writes(store: BlobStore, root: Path, opened: dict[str, str],
+                        started_ns: int, also: Iterable[str] = ()) -> list[str]:
+    """Remember the untracked files a run wrote in the tree at ``root`` (and ``also``):
+    never code for a later capture or lab of that tree. Returns the untracked paths."""
+    untracked = untracked_files(root)
+    remember_written(store, [*written_by_run(opened, root, untracked, started_ns), *also])
+    return untracked
+
+
 def remember_written(store: BlobStore, paths: Iterable[str]) -> None:
     """Add paths to the store's memory of run-written files (capped, atomic)."""
     from manifest.store import atomic_write

@@ -7,6 +7,9 @@ concretely first (``env.variables[OMP_NUM_THREADS]``), then with keys as
 ``[*]``; a field missing from the table falls back to :data:`FALLBACK_RULE`
 (``bits``: fail safe), and the test suite checks that every model field has
 a rule. New labels go here, never as special cases in a renderer.
+
+Longer than 500 lines because it is one table, one rule per field of the
+manifest: split, a field's rule would have two places to be looked for.
 """
 
 from __future__ import annotations

@@ -238,20 +238,12 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
 
 
 def _remember_writes(snap: Snapshot, result: LaunchResult) -> None:
-    """The lab runs in the user's tree: what a run wrote there is never code.
+    """What a lab run wrote in the user's tree is never code (capture does the same):
+    without it, a log or bytecode cache became code for the next lab of that tree."""
+    from manifest.capture.observed import remember_run_writes
 
-    capture remembers run-written files in the store; without the same here, a
-    log the script writes into the tree became code for the next capture or
-    lab of that tree (the recipe run_id moved between two labs of one tree).
-    """
-    from manifest.capture import observed
-
-    root = snap.code.root
-    if root is None:
-        return
-    untracked = observed.untracked_files(root)
-    observed.remember_written(snap.store, observed.written_by_run(
-        result.opened, root, untracked, result.started_ns))
+    if snap.code.root is not None:
+        remember_run_writes(snap.store, snap.code.root, result.opened, result.started_ns)
 
 
 def _kept(saved: Path, path: str) -> Path:
