@@ -16,8 +16,8 @@ is more than a screen or two (the single module was 600 lines):
 5. weigh the evidence (``weigh_outputs``): a ``bits`` line says what *could* change
    the weights; when the two runs' outputs are nevertheless identical, each seed and
    generator line says so, and when those are the only ``bits`` lines the exit status
-   follows the outputs (``WEIGHED_BY_OUTPUTS``). Outputs that differ while every
-   input difference is rounding only (hardware, driver, library build, threads) are
+   follows the outputs (``manifest.diff.result.WEIGHED_BY_OUTPUTS``). Outputs that differ
+   while every input difference is rounding only (hardware, driver, library build, threads) are
    ``equivalent`` when the numeric trails stay inside a run's noise envelope.
 
 The result and its documented ``--json`` shape are ``manifest.diff.result``.
@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from manifest.diff.refine import find_nondeterminism, refine_labels
-from manifest.diff.result import Difference, ManifestDiff
+from manifest.diff.result import Difference, ManifestDiff, settled_by_outputs
 from manifest.diff.rules import Impact
 from manifest.diff.walk import Walker
 from manifest.errors import ManifestError, UnsupportedSchemaError
@@ -154,15 +154,8 @@ def weigh_outputs(a: Manifest, b: Manifest,
     return ("equivalent" if worst.verdict == "equivalent" else "differ"), worst.to_json()
 
 
-WEIGHED_BY_OUTPUTS = ("randomness",)
-"""Sections whose ``bits`` lines identical outputs settle: a seed or a generator's state
-acts only through the run's draws, and identical weights show the draws did not reach them
-(makemore reseeds torch itself: --seed 0 and 1 give the same weights). A code, data or
-library change stays ``bits`` (exit 1) even then: it may well matter on other inputs."""
-
-
 def _outputs_identical(d: Difference) -> Difference:
-    if d.impact is not Impact.BITS or d.section not in WEIGHED_BY_OUTPUTS:
+    if d.impact is not Impact.BITS or not settled_by_outputs(d):
         return d
     return replace(d, reason=f"{d.reason} (could change the bits; here the outputs are "
                    "identical)")
