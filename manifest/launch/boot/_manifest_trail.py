@@ -81,12 +81,19 @@ def trail_points() -> list[dict[str, Any]]:
 _INT_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
+SQUARE_CHUNK = 1 << 24
+"""Elements squared at a time: the int64 copy the second sum needs stays under 128 MiB."""
+
+
 def optimizer_fingerprint(optimizer: Any) -> str | None:
-    """blake3 of (dtype, shape) and an integer sum over the bit view of every parameter.
+    """blake3 of (dtype, shape) and two integer sums over the bit view of every parameter.
 
     The sums run on the device the parameters live on and come back in one
-    transfer per device: a 1-ULP change anywhere moves a sum by one, at the
-    cost of one reduction per parameter (see benchmarks/trail_overhead.py).
+    transfer per device. The plain sum moves by one for a 1-ULP change, but two
+    changes that compensate (+1 ULP in one weight, -1 in another, as a planted
+    ULP's gradients made at the next update on this machine) left it, and the
+    trail, unchanged for two steps. The sum of the squared bit patterns moves
+    for those: +k at x_i and -k at x_j change it by 2k(x_i - x_j + k).
     """
     torch = sys.modules["torch"]
     header: list[str] = []
@@ -109,8 +116,13 @@ def optimizer_fingerprint(optimizer: Any) -> str | None:
                 if view is None and p.numel() and not p.is_contiguous():
                     view = _bit_view(torch, p.detach().contiguous())  # a copy: not cached
                 if view is not None:
-                    by_device.setdefault(str(view.device), []).append(
-                        view.sum(dtype=torch.int64))
+                    sums = by_device.setdefault(str(view.device), [])
+                    sums.append(view.sum(dtype=torch.int64))
+                    squares = None
+                    for chunk in view.split(SQUARE_CHUNK):
+                        part = chunk.to(torch.int64).square_().sum()
+                        squares = part if squares is None else squares + part
+                    sums.append(squares)
     parts: list[bytes | memoryview] = [json.dumps(header).encode()]
     for device in sorted(by_device):
         parts.append(torch.stack(by_device[device]).cpu().numpy().tobytes())
