@@ -27,7 +27,8 @@ from pathlib import Path
 from tests.runs import REPO, free_port
 
 
-def _ours(marker: str) -> list[int]:
+def processes_with(marker: str) -> list[int]:
+    """Processes (not this one) whose command line holds ``marker``: a cluster's leftovers."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -115,11 +116,11 @@ def ray_cluster(*, raylets: int = 1, cpus: int = 2) -> Iterator[str]:
             for proc in reversed(procs):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, sig)
-            for pid in _ours(temp):
+            for pid in processes_with(temp):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + 5
-            while (any(p.poll() is None for p in procs) or _ours(temp)) \
+            while (any(p.poll() is None for p in procs) or processes_with(temp)) \
                     and time.monotonic() < deadline:
                 time.sleep(0.2)
         for proc in procs:

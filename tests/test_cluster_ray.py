@@ -24,20 +24,11 @@ from typing import Any
 import pytest
 
 from tests.cluster_runs import EXPLAIN_KEYS, explain_both, threads_manifest
+from tests.ray_cluster import processes_with as _ours
 from tests.runs import capture, free_port, make_repo, manifest_cli
 
 pytest.importorskip("ray.job_submission", reason="the ray extra is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
-
-
-def _ours(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-    return [p for p in pids if p != os.getpid()]
 
 
 @pytest.fixture(scope="module")

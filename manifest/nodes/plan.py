@@ -17,16 +17,18 @@ from manifest.errors import UsageError
 
 if TYPE_CHECKING:
     from manifest.models import Manifest
+    from manifest.nodes.layout import Layout
     from manifest.rerun.plan import RerunPlan
 
 
-def node_runs(plan: RerunPlan, recorded: Manifest, layout_text: str | None) -> RerunPlan:
-    from manifest.nodes.layout import free_port, layout_of, local_launches, parse_layout
-    from manifest.rerun.plan import NodeRun
+def _layout_to_run(recorded: Manifest, layout_text: str | None, also: str) -> Layout | None:
+    """The layout a re-run of ``recorded`` takes (``--layout`` or the recorded one); None
+    for a run of one node on its own layout. A node record, not the whole run, is refused."""
+    from manifest.nodes.layout import layout_of, parse_layout
 
     topology = recorded.command.topology if recorded.command is not None else None
     if layout_text is None and (topology is None or topology.nodes <= 1):
-        return plan
+        return None
     if topology is None:
         raise UsageError("--layout: the recorded run is not a distributed run (no "
                          "command.topology), so it has no layout to change.")
@@ -34,8 +36,17 @@ def node_runs(plan: RerunPlan, recorded: Manifest, layout_text: str | None) -> R
         raise UsageError(
             f"this is the node record of node {topology.node} of {topology.nodes}, not the "
             "whole run: a re-run needs every node.",
-            hint="Merge the node records first: manifest merge NODE.json… > run.json.")
-    layout = parse_layout(layout_text) if layout_text is not None else layout_of(topology)
+            hint=f"Merge the node records first: manifest merge NODE.json… > run.json{also}.")
+    return parse_layout(layout_text) if layout_text is not None else layout_of(topology)
+
+
+def node_runs(plan: RerunPlan, recorded: Manifest, layout_text: str | None) -> RerunPlan:
+    from manifest.nodes.layout import free_port, local_launches
+    from manifest.rerun.plan import NodeRun
+
+    layout = _layout_to_run(recorded, layout_text, "")
+    if layout is None:
+        return plan
     launches = local_launches(list(plan.argv), layout, free_port())
     return replace(plan, nodes=tuple(NodeRun(i, tuple(a)) for i, a in enumerate(launches)),
                    layout=str(layout))
@@ -47,21 +58,11 @@ def cluster_node_runs(plan: RerunPlan, recorded: Manifest, layout_text: str | No
     one torchrun command for every node (``manifest.nodes.layout.cluster_launch``: no node
     rank, no endpoint; each node gets them where it runs), and the node count the
     executor places. A run of one node, on its own layout, keeps its plan."""
-    from manifest.nodes.layout import cluster_launch, layout_of, parse_layout
+    from manifest.nodes.layout import cluster_launch
 
-    topology = recorded.command.topology if recorded.command is not None else None
-    if layout_text is None and (topology is None or topology.nodes <= 1):
+    layout = _layout_to_run(recorded, layout_text, ", or capture with --nodes DIR")
+    if layout is None:
         return plan
-    if topology is None:
-        raise UsageError("--layout: the recorded run is not a distributed run (no "
-                         "command.topology), so it has no layout to change.")
-    if topology.node is not None:
-        raise UsageError(
-            f"this is the node record of node {topology.node} of {topology.nodes}, not the "
-            "whole run: a re-run needs every node.",
-            hint="Merge the node records first: manifest merge NODE.json… > run.json, or "
-                 "capture with --nodes DIR.")
-    layout = parse_layout(layout_text) if layout_text is not None else layout_of(topology)
     placed = {**(plan.topology or {}), "nodes": layout.nodes, "per_node": layout.per_node}
     # The nodes meet over TCP: where the host confines the run, it keeps the network.
     return replace(plan, argv=tuple(cluster_launch(list(plan.argv), layout)),
