@@ -104,7 +104,6 @@ CASES: dict[str, tuple[list[str], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
 def _racy_copy(repo: GitRepo, index: Path) -> None:
     """A private copy of the index whose entries are racily clean (the index no newer than
     a.txt), so git re-reads the file and a clean filter runs. The plain control used to
@@ -115,6 +114,7 @@ def _racy_copy(repo: GitRepo, index: Path) -> None:
     os.utime(index, ns=(a.st_atime_ns, a.st_mtime_ns))
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_plain_git_runs_the_plant_and_ours_does_not(planted: tuple[GitRepo, Path],
                                                     tmp_path: Path, case: str) -> None:
     repo, marks = planted
