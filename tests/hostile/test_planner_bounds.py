@@ -50,7 +50,7 @@ def _manifest(topology: dict[str, Any]) -> bytes:
 def test_planner_case(name: str, tmp_path: Path) -> None:
     case: dict[str, Any] = json.loads((HERE / f"{name}.json").read_text())
     assert name.endswith(("_ok", "_fail")), name
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=60)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=120)
     (tmp_path / "run.json").write_bytes(_manifest(case["topology"]))
     marker = tmp_path / "out"
     started = time.monotonic()

@@ -70,7 +70,7 @@ def test_image_case(name: str, tmp_path: Path) -> None:
                         namespace="default", nodes=1, threads=1, gpus=0, claim=None)
         assert job.spec.template.spec.containers[0].image == image
         return
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=60)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=120)
     recorded = case["source"] == "recorded"
     (tmp_path / "run.json").write_bytes(_manifest(image if recorded else None))
     flag = [] if recorded else ["--image", image]

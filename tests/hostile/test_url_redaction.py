@@ -61,7 +61,7 @@ def test_url_case_through_capture(name: str, tmp_path: Path, home: Path) -> None
     case = _case(name)
     repo = tmp_path / "repo"
     repo.mkdir()
-    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=60)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=120)
     env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
            "AWS_EC2_METADATA_DISABLED": "true", "NO_PROXY": "*"}
     started = time.monotonic()
