@@ -249,6 +249,34 @@ def test_dirty_tree_with_untracked_files_round_trips_through_git_apply(
     assert _tree_files(clone) == expected
 
 
+@pytest.mark.parametrize("untracked", [False, True], ids=["user index", "private index"])
+def test_racily_clean_same_size_edit_is_in_the_patch(repo: GitRepo, untracked: bool) -> None:
+    """An edit that keeps size and mtime, made in the instant the index was written, is seen.
+
+    git trusts an entry's stat data unless the file is no older than the index ("racily
+    clean"); ctime is switched off here so only that rule can find the edit. With an
+    untracked file the diff runs on a private copy of the index, which must keep the
+    index's mtime: a fresh one made git trust the entry and drop the edit from the patch.
+    """
+    repo.git("config", "core.trustctime", "false")
+    repo.write("data.txt", "alpha\n")
+    repo.commit("data", "data.txt")
+    path = repo.path / "data.txt"
+    stamp = path.stat().st_mtime_ns - 5_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+    repo.git("update-index", "--refresh")  # the entry now holds the file's stat data
+    path.write_text("ALPHA\n")  # same size, same inode
+    os.utime(path, ns=(stamp, stamp))
+    index = repo.path / ".git" / "index"
+    os.utime(index, ns=(stamp, stamp))  # written "in the same instant" as the file
+    if untracked:
+        repo.write("new.txt", "new\n")
+    probe = probe_code(repo.path, _store(repo))
+    assert probe.code.dirty
+    assert probe.patch is not None and b"+ALPHA" in probe.patch
+    assert index.stat().st_mtime_ns == stamp  # the user's index was not written
+
+
 def test_same_tree_same_digest_and_store_is_not_counted(repo: GitRepo) -> None:
     repo.write("train.py", "print('changed')\n")
     repo.write("extra.py", "y = 2\n")

@@ -45,7 +45,10 @@ def working_patch(root: Path, head: str | None, git_dir: Path, untracked: list[b
     with tempfile.TemporaryDirectory(prefix="manifest-index-") as tmp:
         index = Path(tmp) / "index"
         if (git_dir / "index").exists():
-            shutil.copyfile(git_dir / "index", index)
+            # copy2 keeps the index's mtime: git re-reads an entry whose file is no older
+            # than the index ("racily clean"). A fresh mtime on the copy would make git
+            # trust stat data that cannot tell a same-size edit within that instant.
+            shutil.copy2(git_dir / "index", index)
         objects = Path(tmp) / "objects"
         objects.mkdir()
         env = {"GIT_INDEX_FILE": str(index), "GIT_LITERAL_PATHSPECS": "1",
