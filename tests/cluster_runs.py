@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.runs import capture
+from tests.runs import EXAMPLE, capture, make_repo, manifest_cli
 
 EXPLAIN_KEYS = ("verdict", "cause", "first_step", "recorded_step", "steps_run", "findings")
 """What an explain names (step, op, module, line, numbers); timings, confinement and the plan's
@@ -44,3 +44,48 @@ def threads_manifest(repo: Path) -> Path:
     manifest, _ = capture(repo, "--seed", "0", "--threads", "2", name="threads.json",
                           command=["python", "train.py", "--steps", "4"])
     return manifest
+
+
+NUDGE = """        if os.environ.get("NUDGE_AT") == str(step + 1):
+            with torch.no_grad():  # a silent fault: one weight moved by one ULP
+                model.fc.bias[0] = torch.nextafter(model.fc.bias[0], torch.tensor(1e9))
+        opt.step()
+"""
+
+
+def nudged_example() -> str:
+    """The bundled example, nudging a weight by one ULP before optimizer step ``NUDGE_AT``
+    (the variable is not part of the recorded identity: a re-run does not nudge)."""
+    text = EXAMPLE.read_text()
+    assert text.count("        opt.step()\n") == 1
+    return text.replace("        opt.step()\n", NUDGE)
+
+
+def segments_run(base: Path, *, steps: int = 40, every: int = 10, nudge_at: int = 13,
+                 out: str = "ckpts") -> Path:
+    """A repository and ``run.json``: the nudged example captured with a checkpoint every
+    ``every`` steps under ``out/`` (by default a directory git does not ignore, so a replay's
+    placed checkpoint must not count as a change to the code)."""
+    repo = make_repo(base / "repo", {
+        "train.py": nudged_example(),
+        "pyproject.toml": '[tool.manifest]\nresume = "--resume {checkpoint}"\n'})
+    cap = manifest_cli("capture", "--seed", "0", "--artifact", f"{out}/*.safetensors", "--",
+                       "python", "train.py", "--steps", str(steps), "--save-every", str(every),
+                       "--out", out, cwd=repo, env={"NUDGE_AT": str(nudge_at)})
+    assert cap.returncode == 0, cap.stderr.decode()
+    (repo / "run.json").write_bytes(cap.stdout)
+    return repo
+
+
+def segments_verify(repo: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    """``verify --segments``/``--at`` as JSON, without the nudge in the environment."""
+    env = {k: v for k, v in os.environ.items() if k != "NUDGE_AT"}
+    out = manifest_cli("verify", "--trust", "run.json", "--format", "json", *args, cwd=repo,
+                       env=env, timeout=900)
+    assert b"Traceback" not in out.stderr, out.stderr.decode()
+    return out.returncode, json.loads(out.stdout or b"{}"), out.stderr.decode()
+
+
+SEGMENT_KEYS = ("start", "end", "checkpoint", "verdict", "first_divergent_step",
+                "steps_compared", "end_checkpoints", "reason")
+"""What a replayed stretch found (its time and job are where it ran)."""

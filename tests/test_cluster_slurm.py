@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster_runs import EXPLAIN_KEYS, explain_both, threads_manifest
+from tests.cluster_runs import (
+    EXPLAIN_KEYS,
+    explain_both,
+    segments_run,
+    segments_verify,
+    threads_manifest,
+)
 from tests.runs import capture, make_repo, manifest_cli
 
 pytest.importorskip("submitit", reason="the slurm extra is not installed")
@@ -106,3 +112,37 @@ def test_lab_on_slurm_runs_the_users_tree(tmp_path: Path) -> None:
     assert remote["identity"]["recipe_run_id"] == local["identity"]["recipe_run_id"]
     assert remote["catalogue"]["audit_error"] is None  # the audit files came back
     assert remote["catalogue"]["ops_total"] == local["catalogue"]["ops_total"] > 0
+
+
+@pytest.fixture(scope="module")
+def segmented(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return segments_run(tmp_path_factory.mktemp("slurm-seg"))
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["submitit-local", "real-slurm"])
+def test_segments_on_slurm_are_jobs_of_their_own(segmented: Path, tmp_path: Path,
+                                                 local: bool) -> None:
+    """verify --segments --on slurm (issue 29, item 5): one SLURM job per stretch, each
+    finding what a replay here finds (the fault at step 13, the changed checkpoint at the
+    end of its stretch, the untouched ones)."""
+    if not local and shutil.which("sbatch") is None:
+        pytest.skip("no SLURM here (sbatch not on PATH; apt-get install slurm-wlm munge "
+                    "as root to run this case)")
+    folder = tmp_path / "slurm"
+    (segmented / "pyproject.toml").write_text(
+        '[tool.manifest]\nresume = "--resume {checkpoint}"\n'
+        "[tool.manifest.executors.slurm]\n"
+        f"folder = {json.dumps(str(folder))}\nlocal = {'true' if local else 'false'}\n"
+        "time_min = 10\n")
+    code, doc, stderr = segments_verify(segmented, "--at", "5,13,35", "--on", "slurm")
+    assert code == 1, stderr
+    got = [(s["start"], s["end"], s["verdict"], s["first_divergent_step"], s["steps_compared"])
+           for s in doc["segments"]]
+    assert got == [(0, 10, "identical", None, 10), (10, 20, "differs", 13, 3),
+                   (30, 40, "identical", None, 10)], doc
+    assert doc["segments"][2]["end_checkpoints"] == {"ckpts/ckpt/step-40.pt": True,
+                                                     "ckpts/model.safetensors": True}
+    jobs = [s["job"] for s in doc["segments"]]
+    assert len({j["job_id"] for j in jobs}) == 3 and all(j["executor"] == "slurm" for j in jobs)
+    assert all(j["where"].startswith(str(folder / "logs")) for j in jobs)
+    assert stderr.count("slurm job") >= 3 and "submitted" in stderr

@@ -20,40 +20,19 @@ from typing import Any
 import pytest
 
 from manifest.verify.segments import seeded_choice
-from tests.runs import EXAMPLE, make_repo, manifest_cli
-
-NUDGE = """        if os.environ.get("NUDGE_AT") == str(step + 1):
-            with torch.no_grad():  # a silent fault: one weight moved by one ULP
-                model.fc.bias[0] = torch.nextafter(model.fc.bias[0], torch.tensor(1e9))
-        opt.step()
-"""
-
-
-def _nudged_example() -> str:
-    text = EXAMPLE.read_text()
-    assert text.count("        opt.step()\n") == 1
-    return text.replace("        opt.step()\n", NUDGE)
+from tests.cluster_runs import segments_run, segments_verify
+from tests.runs import make_repo, manifest_cli
 
 
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = make_repo(tmp_path_factory.mktemp("seg") / "repo", {
-        "train.py": _nudged_example(),
-        "pyproject.toml": '[tool.manifest]\nresume = "--resume {checkpoint}"\n'})
-    cap = manifest_cli("capture", "--seed", "0", "--artifact", "out/*.safetensors", "--",
-                       "python", "train.py", "--steps", "60", "--save-every", "15",
-                       cwd=repo, env={"NUDGE_AT": "23"})
-    assert cap.returncode == 0, cap.stderr.decode()
-    (repo / "run.json").write_bytes(cap.stdout)
-    return repo
+    return segments_run(tmp_path_factory.mktemp("seg"), steps=60, every=15, nudge_at=23,
+                        out="out")
 
 
 def _segments(repo: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if k != "NUDGE_AT"}
-    out = manifest_cli("verify", "--trust", "run.json", "--format", "json", *args, cwd=repo,
-                       env=env)
-    assert b"Traceback" not in out.stderr, out.stderr.decode()
-    return out.returncode, json.loads(out.stdout)
+    code, doc, _ = segments_verify(repo, *args)
+    return code, doc
 
 
 @pytest.mark.slow

@@ -82,6 +82,9 @@ def segments_text(report: SegmentsReport) -> str:
         lines.append(f"  time: {report.spent_wall_s:.1f} s replaying against "
                      f"{report.recorded_wall_s:.1f} s recorded "
                      f"({100 * report.spent_wall_s / report.recorded_wall_s:.0f}%)")
+    if report.executor:
+        lines.append(f"  ran on: {printable(report.executor)}, each stretch a job of its own "
+                     f"({report.elapsed_s:.1f} s from the first submission to the last verdict)")
     for s in report.segments:
         head = f"  steps {s.start + 1}–{s.end}"
         head += f" from {printable(s.checkpoint)}" if s.checkpoint else " from the start"
@@ -94,6 +97,8 @@ def segments_text(report: SegmentsReport) -> str:
             text += f"; checkpoint {printable(path)} {'identical' if same else 'differs'}"
         if s.reason:
             text += f" ({printable(s.reason)})"
+        if s.job is not None:
+            text += f" [{printable(str(s.job['executor']))} job {printable(str(s.job['job_id']))}]"
         lines.append(text)
     for drift in report.drift:
         lines.append(f"  drift (bits): {printable(drift)}")

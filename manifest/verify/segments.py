@@ -41,6 +41,8 @@ naming it; it is never skipped in silence.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import random
@@ -81,12 +83,15 @@ class SegmentResult:
     """Checkpoints recorded at ``end``: path → identical tensor by tensor."""
     wall_s: float = 0.0
     reason: str | None = None
+    job: dict[str, Any] | None = None
+    """Where it ran when ``--on`` sent it to a cluster: executor, job id, where to follow it."""
 
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "checkpoint": self.checkpoint,
                 "verdict": self.verdict, "first_divergent_step": self.first_divergent_step,
                 "steps_compared": self.steps_compared, "end_checkpoints": self.end_checkpoints,
-                "wall_s": round(self.wall_s, 3), "reason": self.reason}
+                "wall_s": round(self.wall_s, 3), "reason": self.reason,
+                **({"job": self.job} if self.job is not None else {})}
 
 
 @dataclass
@@ -103,6 +108,11 @@ class SegmentsReport:
     """Environment drift that can change bits (bit-exactness is then not expected)."""
     changed_data: list[str] = field(default_factory=list)
     """Recorded datasets changed since capture: never ``identical``, as in a full verify."""
+    executor: str | None = None
+    """Where the stretches ran (``--on``: each a job of its own); None: here, one by one."""
+    elapsed_s: float = 0.0
+    """From the first replay's start to the last one's verdict (jobs on a cluster overlap:
+    less than ``spent_wall_s``)."""
 
     @property
     def steps_checked(self) -> int:
@@ -143,8 +153,10 @@ class SegmentsReport:
                 "p_catch_single_bad_step": round(self.p_catch_single_bad_step, 6),
                 "recorded_wall_s": self.recorded_wall_s,
                 "spent_wall_s": round(self.spent_wall_s, 3),
+                "elapsed_s": round(self.elapsed_s, 3),
                 "segments": [s.to_json() for s in self.segments], "drift": self.drift,
-                "changed_data": self.changed_data, "notes": self.notes}
+                "changed_data": self.changed_data, "notes": self.notes,
+                **({"executor": self.executor} if self.executor else {})}
 
 
 # ------------------------------------------------------------------ choosing
@@ -239,15 +251,39 @@ def resume_argv(argv: list[str], template: list[str] | None, checkpoint: str) ->
     return [*argv, *(a.replace(PLACEHOLDER, checkpoint) for a in template or [])]
 
 
-def _place(checkpoint: Checkpoint, original: Path, target: Path) -> str | None:
+def _exclude(tree: Path, path: Path) -> None:
+    """Leave ``path`` out of the scratch clone's untracked files (its own info/exclude)."""
+    exclude = tree / ".git" / "info" / "exclude"
+    if not exclude.parent.is_dir() or exclude.parent.is_symlink():
+        return
+    rel = path.relative_to(tree).as_posix()
+    if "\n" in rel or "\r" in rel:
+        return  # not a pattern git can hold; the patch check then names the tree as changed
+    pattern = "/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", rel)
+    with open(exclude, "a", encoding="utf-8") as f:
+        f.write(pattern + "\n")
+
+
+def _place(checkpoint: Checkpoint, original_cwd: Path, tree: Path, cwd: Path) -> str | None:
     """Copy a recorded checkpoint into the scratch tree after checking it is the one the
-    run saved; the reason when it cannot be (missing, changed, never kept)."""
+    run saved; the reason when it cannot be (missing, changed, never kept).
+
+    Its path is a manifest's, so data: relative, no ``..``, and no link on the way out of
+    the scratch tree (``manifest.rerun.paths``, raising ``UnsafePathError``). It is left
+    out of the scratch clone's status (``.git/info/exclude``), so the code probe a cluster
+    run makes over the tree still gives the recorded patch."""
     from manifest.errors import MalformedArtifactError
+    from manifest.rerun.paths import make_parents, tree_relative
     from manifest.weights.tables import digest_artifact
 
     where = f"checkpoint {checkpoint.path} (step {checkpoint.step})"
     if checkpoint.artifact is None:
         return f"{where} was not kept: {checkpoint.lost}"
+    rel = tree_relative(checkpoint.path, "the recorded checkpoint")
+    original, target = original_cwd / rel, cwd / rel
+    hf = HF_CHECKPOINT.fullmatch(rel.parent.name) is not None
+    make_parents(tree, rel.parent, f"the recorded checkpoint {checkpoint.path}", start=cwd)
+    _exclude(tree, target.parent if hf else target)
     if not os.path.lexists(original):
         return f"{where} is missing: {original} does not exist"
     try:
@@ -259,29 +295,43 @@ def _place(checkpoint: Checkpoint, original: Path, target: Path) -> str | None:
     same_dcp = found.format == "dcp" and found.tensors == checkpoint.artifact.tensors
     if found.digest != checkpoint.artifact.digest and not same_dcp:
         return f"{where} changed since capture (its digest is not the recorded one)"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if HF_CHECKPOINT.fullmatch(original.parent.name):
+    if hf:
         # A Hugging Face Trainer checkpoint is its whole directory (trainer_state.json,
         # rng_state.pth …): copied beside the file whose digest was checked.
         from manifest.weights.dcp import member_files
 
         for member in member_files(original.parent):
-            shutil.copyfile(member, target.parent / member.name)
+            _copy(member, target.parent / member.name)
         return None
     if original.is_dir():
         from manifest.weights.dcp import member_files
 
-        target.mkdir(exist_ok=True)
+        _clear(target)
+        target.mkdir()
         for member in member_files(original):
-            shutil.copyfile(member, target / member.name)
+            _copy(member, target / member.name)
     else:
         if found.format == "safetensors-index":
             from manifest.weights.sharded import shard_paths
 
             for name, shard in shard_paths(original).items():
-                shutil.copyfile(shard, target.parent / name)
-        shutil.copyfile(original, target)
+                _copy(shard, target.parent / name)
+        _copy(original, target)
     return None
+
+
+def _clear(path: Path) -> None:
+    """Remove what the scratch clone has at ``path`` (a committed file, or a link, never
+    followed), so a copy lands in the tree and not where a link points."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _copy(source: Path, target: Path) -> None:
+    _clear(target)
+    shutil.copyfile(source, target)
 
 
 # ----------------------------------------------------------------- comparing
@@ -324,9 +374,9 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
     recorded = load_manifest(packed.manifest if packed else data)
     if recorded.command is None or recorded.outputs is None:
         raise UsageError("the manifest records no command to re-run.")
-    if options.cluster is not None or options.layout is not None:
-        raise UsageError("verify --segments runs here, on the recorded layout, for now.",
-                         hint="Leave out --on and --layout.")
+    if options.layout is not None:
+        raise UsageError("verify --segments replays on the recorded layout.",
+                         hint="Leave out --layout.")
     root = repo_root_of(cwd) or cwd
     template = resume_template(root, resume)
     chosen, how, count = choose(recorded, segments=segments, at=at)
@@ -358,7 +408,7 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
     rerun_options = RerunOptions(
         trust=options.trust, signer=options.signer, sandbox=options.sandbox,
         require_sandbox=options.require_sandbox, network=options.network,
-        in_place=False, threads=options.threads)
+        in_place=False, threads=options.threads, cluster=options.cluster)
     plan = plan_from_manifest(
         recorded, verb="verify", root=root, options=rerun_options,
         runs=tuple(f"segment steps {s.start + 1}–{s.end}"
@@ -369,74 +419,181 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
         show_plan(shown)
     plan.require()
     original_cwd = root / recorded.command.cwd
-    for stretch in chosen:
-        report.segments.append(_replay(recorded, plan, stretch, template, original_cwd,
-                                       root, blobs, options, announce))
+    context = _Context(recorded, plan, template, original_cwd, root, blobs, options, announce)
+    began = time.monotonic()
+    if plan.cluster is not None:
+        report.segments.extend(_replay_on_cluster(context, chosen))
+        report.executor = plan.cluster.describe()
+    else:
+        for stretch in chosen:
+            with contextlib.ExitStack() as stack:
+                result, ready = _prepare(context, stretch, stack)
+                if ready is not None:
+                    from manifest.rerun.executor import executor_for
+
+                    ran = executor_for(ready.plan).run(ready.plan, ready.workspace,
+                                                       ready.settings, ready.env)
+                    _judge(context, ready, ran)
+            report.segments.append(result)
+    report.elapsed_s = time.monotonic() - began
     return report
 
 
-def _replay(recorded: Manifest, plan: Any, stretch: Stretch, template: list[str] | None,
-            original_cwd: Path, root: Path, blobs: Any, options: Any,
-            announce: Any) -> SegmentResult:
-    from manifest.capture.run import merge_records
+@dataclass(frozen=True)
+class _Context:
+    """What every stretch's replay shares."""
+
+    recorded: Manifest
+    plan: Any
+    template: list[str] | None
+    original_cwd: Path
+    root: Path
+    blobs: Any
+    options: Any
+    announce: Any
+
+
+@dataclass
+class _Ready:
+    """A stretch whose workspace holds its checkpoint: what its run needs."""
+
+    stretch: Stretch
+    result: SegmentResult
+    plan: Any
+    workspace: Any
+    settings: Any
+    env: dict[str, str]
+    began: float
+
+
+def _prepare(ctx: _Context, stretch: Stretch, stack: contextlib.ExitStack[Any]
+             ) -> tuple[SegmentResult, _Ready | None]:
+    """Open the stretch's scratch workspace (closed with ``stack``) and place its
+    checkpoint; None (the result says why) when it cannot be replayed."""
     from manifest.rerun.environment import rerun_env
-    from manifest.rerun.executor import confined_hint, executor_for
     from manifest.rerun.workspace import open_workspace
 
+    recorded = ctx.recorded
     assert recorded.command is not None and recorded.outputs is not None
     ck = stretch.checkpoint
     result = SegmentResult(stretch.start, stretch.end, ck.path if ck else None)
-    argv = list(plan.argv) if ck is None else resume_argv(list(plan.argv), template, ck.path)
-    seg_plan = replace(plan, argv=tuple(argv))
+    argv = (list(ctx.plan.argv) if ck is None
+            else resume_argv(list(ctx.plan.argv), ctx.template, ck.path))
+    # The checkpoints recorded at the stretch's end are outputs of the replay: where it runs
+    # elsewhere, their tensor tables come back with its records.
+    ends = tuple(glob.escape(c.path) for c in recorded.outputs.checkpoints or []
+                 if c.step == stretch.end and c.artifact is not None)
+    seg_plan = replace(ctx.plan, argv=tuple(argv),
+                       outputs=tuple(dict.fromkeys([*ctx.plan.outputs, *ends])))
     began = time.monotonic()
-    with open_workspace(seg_plan, root, recorded=recorded, store=blobs,
-                        keep=options.keep) as workspace:
-        if ck is not None:
-            problem = _place(ck, original_cwd / ck.path, workspace.cwd / ck.path)
-            if problem is not None:
-                result.reason = problem
-                return result
-        if announce is not None:
-            announce(argv)
-        env, _ = rerun_env(recorded, workspace.mount_at)
-        env[SEGMENT_VAR] = json.dumps({"step_offset": stretch.start, "stop_after": stretch.end})
-        if ck is not None and template is None:
-            env[RESUME_VAR] = ck.path
-        settings = replace(seg_plan.settings, root=str(workspace.mount_at))
-        ran = executor_for(seg_plan).run(seg_plan, workspace, settings, env)
-        result.wall_s = time.monotonic() - began
-        if ran.exit_code != 0:
-            error = next((str(r["exception"]) for r in ran.records if r.get("exception")),
-                         f"exit status {ran.exit_code}")
-            result.reason = f"the replay failed: {error[:500]}{confined_hint(seg_plan)}"
-            return result
-        if ck is not None and template is None and not any(
-                r.get("resumed_from") for r in ran.records):
-            result.reason = f"{NO_TEMPLATE[0]} ({NO_TEMPLATE[1]})"
-            return result
-        outcomes = merge_records(ran.records)[2]
-        result.steps_compared, result.first_divergent_step = compare_trails(
-            recorded, outcomes, stretch.start, stretch.end)
-        result.end_checkpoints = _end_checkpoints(recorded, stretch.end, original_cwd,
-                                                  workspace.cwd)
-        if result.first_divergent_step is not None or not all(result.end_checkpoints.values()):
-            result.verdict = "differs"
-        elif result.steps_compared == 0 and not result.end_checkpoints:
-            result.reason = "nothing compared: no trail point or checkpoint in the stretch"
-        else:
-            result.verdict = "identical"
-    return result
+    workspace = stack.enter_context(open_workspace(seg_plan, ctx.root, recorded=recorded,
+                                                   store=ctx.blobs, keep=ctx.options.keep))
+    if ck is not None:
+        problem = _place(ck, ctx.original_cwd, workspace.tree, workspace.cwd)
+        if problem is not None:
+            result.reason = problem
+            return result, None
+    if ctx.announce is not None:
+        ctx.announce(argv)
+    env, _ = rerun_env(recorded, workspace.mount_at)
+    env[SEGMENT_VAR] = json.dumps({"step_offset": stretch.start, "stop_after": stretch.end})
+    if ck is not None and ctx.template is None:
+        env[RESUME_VAR] = ck.path
+    settings = replace(seg_plan.settings, root=str(workspace.mount_at))
+    return result, _Ready(stretch, result, seg_plan, workspace, settings, env, began)
 
 
-def _end_checkpoints(recorded: Manifest, end: int, original_cwd: Path,
-                     new_cwd: Path) -> dict[str, bool]:
+def _replay_on_cluster(ctx: _Context, chosen: list[Stretch]) -> list[SegmentResult]:
+    """Every stretch as a job of its own, all submitted before any is waited for: they run
+    side by side where the cluster has room. Ctrl-C, SIGTERM or an error while waiting
+    cancels every job not yet finished (each cancel confirmed by the engine)."""
+    from manifest.errors import NoVerdictError
+    from manifest.rerun.cluster import executor_for_cluster
+    from manifest.rerun.cluster.remote_run import ClusterExecutor, Started
+
+    results: list[SegmentResult] = []
+    with contextlib.ExitStack() as stack:
+        executor = executor_for_cluster(ctx.plan)
+        assert isinstance(executor, ClusterExecutor)
+        started: list[tuple[_Ready, Started]] = []
+        try:
+            for stretch in chosen:
+                result, ready = _prepare(ctx, stretch, stack)
+                results.append(result)
+                if ready is None:
+                    continue
+                try:
+                    started.append((ready, executor.start(ready.plan, ready.workspace,
+                                                          ready.settings, ready.env)))
+                except NoVerdictError as exc:
+                    result.reason = str(exc)
+            while started:
+                ready, job = started[0]
+                try:
+                    ran = executor.finish(job)
+                except NoVerdictError as exc:
+                    ready.result.reason = str(exc)
+                else:
+                    ready.result.job = ran.job
+                    _judge(ctx, ready, ran)
+                started.pop(0)
+        except BaseException:
+            for _, job in started[1:]:
+                executor.abandon(job)
+            raise
+    return results
+
+
+def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
+    """The stretch's verdict from its replay's records (and end checkpoints)."""
+    from manifest.capture.run import merge_records
+    from manifest.rerun.executor import confined_hint
+
+    result, stretch = ready.result, ready.stretch
+    ck = stretch.checkpoint
+    result.wall_s = time.monotonic() - ready.began
+    if ran.exit_code != 0:
+        error = next((str(r["exception"]) for r in ran.records if r.get("exception")),
+                     f"exit status {ran.exit_code}")
+        result.reason = f"the replay failed: {error[:500]}{confined_hint(ready.plan)}"
+        if ran.job is not None and ran.job.get("log_tail"):
+            result.reason += (f"; the {ran.job['executor']} job {ran.job['job_id']} log ends "
+                              f"with:\n{ran.job['log_tail']}")
+        return
+    if ck is not None and ctx.template is None and not any(
+            r.get("resumed_from") for r in ran.records):
+        result.reason = f"{NO_TEMPLATE[0]} ({NO_TEMPLATE[1]})"
+        return
+    outcomes = merge_records(ran.records)[2]
+    result.steps_compared, result.first_divergent_step = compare_trails(
+        ctx.recorded, outcomes, stretch.start, stretch.end)
+    result.end_checkpoints = _end_checkpoints(ctx.recorded, stretch.end, ctx.original_cwd,
+                                              ready.workspace.cwd, ran.tables)
+    if result.first_divergent_step is not None or not all(result.end_checkpoints.values()):
+        result.verdict = "differs"
+    elif result.steps_compared == 0 and not result.end_checkpoints:
+        result.reason = "nothing compared: no trail point or checkpoint in the stretch"
+    else:
+        result.verdict = "identical"
+
+
+def _end_checkpoints(recorded: Manifest, end: int, original_cwd: Path, new_cwd: Path,
+                     tables: tuple[list[Any], list[str]] | None = None) -> dict[str, bool]:
+    """Each checkpoint recorded at ``end`` against the replay's: read from the scratch tree,
+    or, for a replay that ran elsewhere, its tensor table as the job sent it back."""
     from manifest.weights.compare import compare_artifacts
     from manifest.weights.tables import digest_artifact
 
     assert recorded.outputs is not None
     out: dict[str, bool] = {}
+    returned = {a.path: a for a in tables[0]} if tables is not None else None
     for c in recorded.outputs.checkpoints or []:
         if c.step != end or c.artifact is None:
+            continue
+        if returned is not None:
+            table = returned.get(c.path)
+            out[c.path] = table is not None and compare_artifacts(
+                c.artifact, table, recorded_file=None, new_file=new_cwd / c.path).identical
             continue
         path = new_cwd / c.path
         if not os.path.lexists(path):

@@ -103,6 +103,21 @@ class RunFigures:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Started:
+    """A submitted job and what :meth:`ClusterExecutor.finish` needs to make its result."""
+
+    job: Submission
+    plan: RerunPlan
+    workspace: Workspace
+    writable: tuple[Path, ...]
+    figures: RunFigures
+    bundle: str
+    staged: Path
+    """The staging directory, removed once the job is finished or abandoned."""
+    submitted: float
+
+
 def redacted_tail(text: str, argv: Sequence[str] = ()) -> str:
     from manifest.redact import redact_text
 
@@ -143,6 +158,12 @@ class ClusterExecutor:
     # -- the shared flow
     def run(self, plan: RerunPlan, workspace: Workspace, settings: LaunchSettings,
             env: dict[str, str], *, writable: Sequence[Path] = ()) -> LaunchResult:
+        return self.finish(self.start(plan, workspace, settings, env, writable=writable))
+
+    def start(self, plan: RerunPlan, workspace: Workspace, settings: LaunchSettings,
+              env: dict[str, str], *, writable: Sequence[Path] = ()) -> Started:
+        """Bundle the workspace and submit it; the job runs while the caller goes on (verify
+        --segments submits every stretch, then waits for each: :meth:`finish`)."""
         import dataclasses
         import shutil
 
@@ -178,17 +199,41 @@ class ClusterExecutor:
             figures.shipped_bytes, figures.files = bundle.bytes, bundle.files
             submitted = time.perf_counter()
             job = self.submit(plan, bundle)
-            self.note(f"{self.name} job {job.job_id} submitted"
-                      + (f" ({plan.layout})" if plan.layout else "") + f"; follow it at "
-                      f"{job.where}")
-            doc = self._wait(job, plan)
-            figures.submit_to_result_s = time.perf_counter() - submitted
-        finally:
+        except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
-        figures.returned_bytes = len(json.dumps(doc))
+            raise
+        self.note(f"{self.name} job {job.job_id} submitted"
+                  + (f" ({plan.layout})" if plan.layout else "") + f"; follow it at "
+                  f"{job.where}")
         figures.extra["data"] = data
+        return Started(job=job, plan=plan, workspace=workspace, writable=tuple(writable),
+                       figures=figures, bundle=bundle.name, staged=staged, submitted=submitted)
+
+    def finish(self, started: Started) -> LaunchResult:
+        """Wait for a started job (Ctrl-C, SIGTERM and the time limit cancel it) and turn
+        its result into the launcher's records."""
+        import shutil
+
+        try:
+            doc = self._wait(started.job, started.plan)
+        finally:
+            shutil.rmtree(started.staged, ignore_errors=True)
+        figures = started.figures
+        figures.submit_to_result_s = time.perf_counter() - started.submitted
+        figures.returned_bytes = len(json.dumps(doc))
         self.last = figures
-        return self._result(doc, job, bundle.name, workspace, writable, figures)
+        return self._result(doc, started.job, started.bundle, started.workspace,
+                            started.writable, figures)
+
+    def abandon(self, started: Started) -> str:
+        """Cancel a started job nobody will wait for (another one failed or was
+        interrupted); what the engine said."""
+        import shutil
+
+        try:
+            return self._cancelled(started.job)
+        finally:
+            shutil.rmtree(started.staged, ignore_errors=True)
 
     def _outside_data(self, plan: RerunPlan, root: Path
                       ) -> tuple[list[tuple[Path, str, str | None]], list[dict[str, Any]]]:
