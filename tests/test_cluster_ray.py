@@ -137,6 +137,24 @@ def test_timeout_cancels_the_job(ray_address: str, recorded: tuple[Path, Path]) 
     assert "did not finish within 1 s" in stderr and "cancelled" in stderr
 
 
+def test_segments_over_their_time_are_each_cancelled(ray_address: str, tmp_path: Path) -> None:
+    """Every stretch's job is waited for with the limit and cancelled past it, confirmed by
+    Ray (STOPPED); none is left running and none gives a verdict."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    repo = segments_run(tmp_path, steps=20, every=10)
+    code, doc, stderr = segments_verify(repo, "--at", "5,15", "--on", "ray", "--address",
+                                        ray_address, "--timeout", "1")
+    assert code == 3, stderr
+    reasons = [s["reason"] for s in doc["segments"]]
+    assert len(reasons) == 2 and all("did not finish within 1 s" in r and "cancelled" in r
+                                     for r in reasons), reasons
+    client = JobSubmissionClient(ray_address)
+    ids = [line.split("ray job ", 1)[1].split()[0] for line in stderr.splitlines()
+           if "submitted" in line]
+    assert len(ids) == 2
+    assert {client.get_job_status(i) for i in ids} == {JobStatus.STOPPED}
+
 
 def test_explain_on_ray_names_what_a_local_explain_names(
         ray_address: str, recorded: tuple[Path, Path]) -> None:

@@ -528,7 +528,9 @@ def _replay_on_cluster(ctx: _Context, chosen: list[Stretch]) -> list[SegmentResu
                 except NoVerdictError as exc:
                     result.reason = str(exc)
             while started:
-                ready, job = started[0]
+                # Out of the list before the wait: finish cancels its own job when the wait
+                # is interrupted, and the handler below cancels the ones left.
+                ready, job = started.pop(0)
                 try:
                     ran = executor.finish(job)
                 except NoVerdictError as exc:
@@ -536,9 +538,8 @@ def _replay_on_cluster(ctx: _Context, chosen: list[Stretch]) -> list[SegmentResu
                 else:
                     ready.result.job = ran.job
                     _judge(ctx, ready, ran)
-                started.pop(0)
         except BaseException:
-            for _, job in started[1:]:
+            for _, job in started:
                 executor.abandon(job)
             raise
     return results

@@ -116,6 +116,9 @@ class Started:
     staged: Path
     """The staging directory, removed once the job is finished or abandoned."""
     submitted: float
+    since: float = 0.0
+    """``time.monotonic()`` at submission: the wait's limit counts from here, so jobs waited
+    for one after another each get the same time from their own submission."""
 
 
 def redacted_tail(text: str, argv: Sequence[str] = ()) -> str:
@@ -207,7 +210,8 @@ class ClusterExecutor:
                   f"{job.where}")
         figures.extra["data"] = data
         return Started(job=job, plan=plan, workspace=workspace, writable=tuple(writable),
-                       figures=figures, bundle=bundle.name, staged=staged, submitted=submitted)
+                       figures=figures, bundle=bundle.name, staged=staged, submitted=submitted,
+                       since=time.monotonic())
 
     def finish(self, started: Started) -> LaunchResult:
         """Wait for a started job (Ctrl-C, SIGTERM and the time limit cancel it) and turn
@@ -215,7 +219,7 @@ class ClusterExecutor:
         import shutil
 
         try:
-            doc = self._wait(started.job, started.plan)
+            doc = self._wait(started.job, started.plan, since=started.since)
         finally:
             shutil.rmtree(started.staged, ignore_errors=True)
         figures = started.figures
@@ -280,10 +284,11 @@ class ClusterExecutor:
                       + (f", {line['bytes']} bytes" if "bytes" in line else ""))
         return shipped, said
 
-    def _wait(self, job: Submission, plan: RerunPlan) -> dict[str, Any]:
+    def _wait(self, job: Submission, plan: RerunPlan, *, since: float | None = None
+              ) -> dict[str, Any]:
         limit = self.options.timeout_s or DEFAULT_TIMEOUT_S
         flag = "--timeout" if self.options.timeout_s else "the default wait; --timeout sets another"
-        started = time.monotonic()
+        started = since or time.monotonic()
         deadline = started + limit
         next_note = started + QUEUED_NOTE_S
         delay = 0.2
