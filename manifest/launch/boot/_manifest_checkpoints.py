@@ -272,7 +272,66 @@ def on_dcp_state_dict(module: Any) -> None:
 RESUME_VAR = "MANIFEST_RESUME_FROM"
 """A checkpoint for a script that resumes by a known convention, no template needed:
 Lightning's ``Trainer.fit(ckpt_path=…)``, the Hugging Face ``Trainer.train(
-resume_from_checkpoint=…)``. Given only where the script passed none."""
+resume_from_checkpoint=…)``. Given only where the script passed none. A convention the
+script's argv selects (nanoGPT's ``--init_from=resume``, ``manifest.verify.conventions``)
+is proven by the load itself: ``torch.load`` or a safetensors load of this file."""
+
+
+def _loaded_path(value: Any) -> str | None:
+    """The file a load reads: a path, or an open file's ``name``."""
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        return path if isinstance(path, str) else None
+    name = getattr(value, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def _watch_load(original: Callable[..., Any],
+                target: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> Callable[..., Any]:
+    """``original`` noting ``resumed_from`` when it returns having read ``RESUME_VAR``'s
+    file (both resolved against the cwd: the given one when the module is wrapped). Not
+    wrapped without the variable: nothing is added to a run's loads."""
+    given = os.environ.get(RESUME_VAR)
+    if not given or getattr(original, "_manifest_resume_load", False):
+        return original
+    want = os.path.realpath(given)
+
+    @functools.wraps(original)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        try:
+            record = _state["record"]
+            path = _loaded_path(target(args, kwargs))
+            if record is not None and path is not None and os.path.realpath(path) == want:
+                record.setdefault("resumed_from", given)  # a convention's own note stands
+        except Exception as exc:  # recorded, never breaks the user's load
+            with contextlib.suppress(Exception):
+                _state["record"]["errors"].append(
+                    f"resume record failed: {type(exc).__name__}: {exc}")
+        return result
+
+    load._manifest_resume_load = True  # type: ignore[attr-defined]
+    return load
+
+
+def on_torch_serialization(module: Any) -> None:
+    """``torch.load``: ``torch/__init__`` binds it from ``torch.serialization`` after
+    importing that module, so wrapping it here wraps ``torch.load`` too."""
+    if not hasattr(module, "load"):
+        return
+    original = module.load
+    module.load = _watch_load(original, _arg(0, "f"))
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "load", None) is original:
+        setattr(torch, "load", module.load)  # noqa: B010
+
+
+def on_safetensors_torch(module: Any) -> None:
+    """Saves recorded (``on_safetensors``); ``load_file``/``load_model`` watched."""
+    on_safetensors(module)
+    for name, target in (("load_file", _arg(0, "filename")), ("load_model", _arg(1, "filename"))):
+        if hasattr(module, name):
+            setattr(module, name, _watch_load(getattr(module, name), target))
 
 
 def on_lightning_io(module: Any) -> None:
@@ -327,7 +386,8 @@ def on_hf_trainer(module: Any) -> None:
 
 IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
     "transformers.trainer": on_hf_trainer,
-    "safetensors.torch": on_safetensors,
+    "safetensors.torch": on_safetensors_torch,
+    "torch.serialization": on_torch_serialization,
     "torch.distributed.checkpoint": on_dcp,
     "torch.distributed.checkpoint.state_dict": on_dcp_state_dict,
     "lightning.fabric.utilities.cloud_io": on_lightning_io,
