@@ -4,9 +4,15 @@ no module outgrows what a reader holds in mind (500 lines) without saying why.""
 from __future__ import annotations
 
 import ast
+import logging
+import os
 import re
 from pathlib import Path
 
+import pytest
+
+from manifest.nodes.layout import Layout, cluster_launch, local_launches, node_env
+from manifest.nodes.torchrun import option
 from tests.runs import REPO
 
 
@@ -94,3 +100,55 @@ def test_no_module_over_500_lines_unless_its_docstring_says_why(tmp_path: Path) 
     assert oversized(tmp_path) == ["long.py (601 lines)"]
     (tmp_path / "long.py").write_text(f'"""A module. {LONG_MARK} ..."""\n' + "x = 1\n" * 600)
     assert oversized(tmp_path) == []
+
+
+# ------------------------------------------- manifest.nodes.layout: the node launches
+
+RECORDED = ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--node-rank=1",
+            "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "--rdzv-id=job",
+            "--rdzv-conf=join_timeout=600,read_timeout=90", "train.py", "--node-rank", "7"]
+
+
+def test_local_launches_give_each_node_its_rank_under_the_static_rendezvous() -> None:
+    launches = local_launches(RECORDED, Layout(3, 2), 41977)
+    assert [option(a, "node_rank") for a in launches] == ["0", "1", "2"]
+    for argv in launches:
+        assert option(argv, "rdzv_backend") == "static"  # the one honouring --node-rank
+        assert option(argv, "rdzv_endpoint") == "127.0.0.1:41977"
+        assert option(argv, "rdzv_id") == "job"
+        assert option(argv, "nnodes") == "3" and option(argv, "nproc_per_node") == "2"
+        # static reads `timeout` only; the recorded c10d keys are not carried
+        assert option(argv, "rdzv_conf") == "timeout=120"
+        assert option(argv, "master_addr") is None and option(argv, "standalone") is None
+        assert argv[-3:] == ["train.py", "--node-rank", "7"]  # the script's own words
+    kept = local_launches([*RECORDED[:7], "--rdzv-conf", " timeout = 30 ,x=1", "train.py"],
+                          Layout(2, 1), 1)
+    assert option(kept[0], "rdzv_conf") == "timeout=30"
+
+
+@pytest.mark.parametrize("node", [0, 1, 2])
+def test_torchrun_honours_each_local_launch_s_node_rank_without_a_warning(
+        node: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """torchrun's own parsing of each launch: ``rank`` = the node's index goes to the
+    rendezvous, and torchrun does not say it ignores ``--node-rank`` (under c10d it does,
+    for every node but 0)."""
+    run = pytest.importorskip("torch.distributed.run")
+    for name in [k for k in os.environ if k.startswith("PET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    argv = local_launches(RECORDED, Layout(3, 2), 41977)[node]
+    with caplog.at_level(logging.WARNING):
+        config, _, _ = run.config_from_args(run.parse_args(argv[1:]))
+    assert config.rdzv_backend == "static" and config.rdzv_endpoint == "127.0.0.1:41977"
+    assert config.rdzv_configs["rank"] == node
+    assert str(config.rdzv_configs["timeout"]) == "120"
+    assert [r.getMessage() for r in caplog.records if "node_rank" in r.getMessage()] == []
+
+
+def test_cluster_launch_leaves_rdzv_conf_to_each_node() -> None:
+    """A recorded --rdzv-conf on the one command would hide each node's PET_RDZV_CONF
+    (is_host): torchrun reads the variable only as the option's default."""
+    argv = cluster_launch(RECORDED, Layout(2, 1))
+    assert option(argv, "rdzv_conf") is None and option(argv, "node_rank") is None
+    assert option(argv, "rdzv_backend") == "c10d" and option(argv, "rdzv_endpoint") is None
+    assert node_env(0, "10.0.0.5", 29500)["PET_RDZV_CONF"] == "join_timeout=120,is_host=true"

@@ -18,9 +18,11 @@ So verify says which case a re-run is in (:func:`relation`):
 
 :func:`local_launches` turns a recorded torchrun command into one command
 per node on ``127.0.0.1`` (a free port chosen when the plan is made, shown in
-it): ``--nnodes``/``--nproc-per-node`` from the layout, ``--node-rank=i``,
-c10d rendezvous at the local endpoint, a join timeout so a node that fails
-to start does not hold the others for torchrun's default 15 minutes.
+it): ``--nnodes``/``--nproc-per-node`` from the layout, ``--node-rank=i``
+under torchrun's static rendezvous at the local endpoint (so node ``i`` holds
+global ranks ``i × P …``, whichever launch starts first), a rendezvous timeout
+so a node that fails to start does not hold the others for torchrun's default
+15 minutes.
 
 :func:`cluster_launch` is the same command for a cluster (``--on ray|slurm``):
 one command for every node, without a node rank or an endpoint, because
@@ -30,7 +32,7 @@ torchrun's own environment variables (:func:`node_env`: ``PET_NODE_RANK``,
 on its command line), so the bundle, which names the command, is one for
 every node. The rendezvous settings (``--rdzv-conf``) go the same way, because
 node 0 must be told it serves the rendezvous; a recorded ``--rdzv-conf`` (its
-timeouts) is not carried to a cluster re-run.
+timeouts) is not carried to a cluster re-run (:func:`cluster_launch` says why).
 """
 
 from __future__ import annotations
@@ -126,25 +128,53 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+JOIN_TIMEOUT = 120
+"""Seconds the nodes of a re-run wait for each other before giving up."""
+
+
 def local_launches(argv: list[str], layout: Layout, port: int) -> list[list[str]]:
-    """One torchrun command per node of ``layout``, all meeting on ``127.0.0.1:port``."""
+    """One torchrun command per node of ``layout``, all meeting on ``127.0.0.1:port``.
+
+    Node ``i`` is ``--node-rank=i`` under ``--rdzv-backend=static``: the verdict compares
+    each rank's trail with the recorded rank's, so node ``i`` must hold global ranks
+    ``i × per_node …`` whatever order the launches start in. torchrun honours
+    ``--node-rank`` only under the static rendezvous: under c10d (or PET_NODE_RANK, which
+    only sets the same option's default) it says
+    ``node_rank is only used for static rdzv_backend. It will be ignored for
+    rdzv_backend=c10d.`` and the dynamic rendezvous numbers the nodes by sorting its
+    participants' ``<addr>_<pid>_<n>`` names, on one host by process id, an order of
+    start-up and of pid wrap-around. The static rendezvous takes node 0 as the store's
+    host (no ``is_host`` guess, so no two launches on loopback both try to serve), and
+    gives each node ``rank = --node-rank``. It reads one setting from ``--rdzv-conf``,
+    ``timeout`` (the store's wait for every node, also its default for each operation):
+    the recorded one, else :data:`JOIN_TIMEOUT`. A recorded run's c10d settings
+    (``join_timeout``, ``last_call_timeout``, ``read_timeout`` …) mean nothing to it and
+    are left out; they tune how nodes meet, never what the ranks compute."""
     if find_torchrun(argv) is None:
         raise UsageError("the recorded command does not start torchrun, so its nodes cannot "
                          "be re-run on this machine.",
                          hint="Re-run it where it ran (--on slurm|k8s|ray).")
-    values = {**_launch_options(argv, layout), "rdzv_endpoint": f"127.0.0.1:{port}"}
+    timeout = _conf_items(option(argv, "rdzv_conf")).get("timeout", str(JOIN_TIMEOUT))
+    values = {**_launch_options(argv, layout), "rdzv_backend": "static",
+              "rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_conf": f"timeout={timeout}"}
     return [with_options(argv, {**values, "node_rank": str(i)}) for i in range(layout.nodes)]
 
 
+def _conf_items(conf: str | None) -> dict[str, str]:
+    """``--rdzv-conf``'s ``key=value,…`` as torchrun reads it (keys and values stripped)."""
+    items: dict[str, str] = {}
+    for part in (conf or "").split(","):
+        key, sep, value = part.partition("=")
+        if sep and key.strip():
+            items[key.strip()] = value.strip()
+    return items
+
+
 def _launch_options(argv: list[str], layout: Layout) -> dict[str, str | None]:
-    conf = option(argv, "rdzv_conf")
-    timeout = "join_timeout=120"
     return {
         "nnodes": str(layout.nodes), "nproc_per_node": str(layout.per_node),
         "rdzv_backend": "c10d",
         "rdzv_id": option(argv, "rdzv_id") or "manifest-verify",
-        "rdzv_conf": conf if conf and "join_timeout" in conf else (
-            f"{conf},{timeout}" if conf else timeout),
         "master_addr": None, "master_port": None, "standalone": None,
     }
 
@@ -156,6 +186,13 @@ def cluster_launch(argv: list[str], layout: Layout) -> list[str]:
     if find_torchrun(argv) is None:
         raise UsageError("the recorded command does not start torchrun, so its nodes cannot "
                          "be placed one torchrun per node.")
+    # No --rdzv-conf here, not even the recorded one: torchrun reads PET_RDZV_CONF only as
+    # the option's default, so any --rdzv-conf on this command, the same on every node,
+    # would hide node_env's per-node is_host (node 0 serves the rendezvous) and leave
+    # node 0 to torchrun's host-name guess, which misses on Ray (node_env). A recorded
+    # is_host could not be carried either: every node would claim the same role. Carrying
+    # the other recorded keys means passing them into node_env's PET_RDZV_CONF, which its
+    # callers (ray_nodes, slurm, k8s) do not do; they tune how the nodes meet, not the bits.
     values = {**_launch_options(argv, layout), "rdzv_endpoint": None, "node_rank": None,
               "rdzv_conf": None}
     return with_options(argv, values)
@@ -169,8 +206,9 @@ def node_env(node: int, host: str, port: int, local_addr: str | None = None
     the host's name, and an address the engine reports (Ray's node IP) need not be the one
     the host name resolves to. ``local_addr`` is how the others reach this node
     (:func:`node_addresses`)."""
+    host_flag = "true" if node == 0 else "false"
     out = {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}",
-           "PET_RDZV_CONF": f"join_timeout=120,is_host={'true' if node == 0 else 'false'}"}
+           "PET_RDZV_CONF": f"join_timeout={JOIN_TIMEOUT},is_host={host_flag}"}
     if local_addr:
         out["PET_LOCAL_ADDR"] = local_addr
     return out
