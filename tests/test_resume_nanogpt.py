@@ -10,7 +10,6 @@ it starts is the one replayed.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -390,14 +389,6 @@ def test_under_the_launcher_a_load_of_the_checkpoint_records_the_resume(tmp_path
 # ---------------------------------------------------------------------- end to end
 
 
-def _integrated() -> bool:
-    """Whether ``verify --segments`` asks this module (until then the replay runs the
-    recorded argv, which does not resume: the test is expected to fail)."""
-    from manifest.verify import segments
-
-    return "resume_convention_argv" in inspect.getsource(segments)
-
-
 def _captured(tmp_path: Path, script: str) -> Path:
     repo = make_repo(tmp_path / "repo", {"train.py": script, "configurator.py": CONFIGURATOR,
                                          "config/tiny.py": CONFIG}, example=False)
@@ -421,8 +412,6 @@ def _verify_at(repo: Path, step: int) -> tuple[int, dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(not _integrated(), strict=True,
-                   reason="segments._replay does not call resume_convention_argv yet")
 def test_nanogpt_run_replays_its_kept_stretch_bit_identically(tmp_path: Path) -> None:
     repo = _captured(tmp_path, TRAIN)
     code, doc = _verify_at(repo, 27)
@@ -446,3 +435,19 @@ def test_script_that_ignores_init_from_is_named_as_not_resumed(tmp_path: Path) -
     assert seg["verdict"] == "no-verdict"
     assert seg["reason"].startswith("the script did not resume"), seg
     assert code == 3
+
+
+@pytest.mark.slow
+def test_resume_audit_of_a_nanogpt_script(tmp_path: Path) -> None:
+    """``lab --resume-at 8``: stopped after step 8, resumed through init_from=resume (no
+    template), then compared with the uninterrupted run: the script carries its RNG, so the
+    two agree step by step."""
+    repo = _captured(tmp_path, TRAIN)
+    out = manifest_cli("lab", "-q", "--resume-at", "8", "--format", "json", "--", "python",
+                       "train.py", "config/tiny.py", "--init_from=scratch", "--max_iters=30",
+                       cwd=repo)
+    assert b"Traceback" not in out.stderr, out.stderr.decode()
+    doc = json.loads(out.stdout)
+    assert doc["resumed_command"][-1] == "--init_from=resume", doc
+    assert doc["first_divergent_step"] is None and doc["steps_compared"] == 22, doc
+    assert out.returncode == 0, out.stderr.decode()

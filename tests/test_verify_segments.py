@@ -97,7 +97,7 @@ def test_missing_checkpoint_is_named(faulty_run: Path) -> None:
 def test_resume_template_needs_its_placeholder(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", {})
     from manifest.errors import UsageError
-    from manifest.verify.segments import resume_template
+    from manifest.verify.conventions import resume_template
 
     assert resume_template(repo, None) is None  # a known convention, or named as not resumed
     with pytest.raises(UsageError):

@@ -135,7 +135,7 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
     from manifest.rerun.plan import plan_command
     from manifest.rerun.trust import TrustDecision
     from manifest.rerun.workspace import open_workspace, repo_root_of
-    from manifest.verify.segments import NO_TEMPLATE, RESUME_VAR, resume_argv, resume_template
+    from manifest.verify.conventions import NO_TEMPLATE, RESUME_VAR, resume_argv, resume_template
 
     say = progress or (lambda _: None)
     root = repo_root_of(cwd) or cwd
@@ -172,6 +172,11 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
                       f"run 1: stopped after step {at}")
         checkpoint = _checkpoint_at(stopped, at, workspace.cwd)
         resumed_argv = resume_argv(command, resume, checkpoint)
+        if resume is None:  # nanoGPT's init_from=resume: an argument, and no template
+            from manifest.verify.conventions import resume_convention_argv
+
+            resumed_argv = resume_convention_argv(workspace.cwd, command,
+                                                  checkpoint) or resumed_argv
         probe = {PROBE_VAR: json.dumps({"from": at})}
         convention = {} if resume is not None else {RESUME_VAR: checkpoint}
         resumed = run(resumed_argv, {**probe, **convention,

@@ -1,4 +1,8 @@
-"""Resume conventions a script follows without a resume template: karpathy/nanoGPT's.
+"""How a script resumes: the resume template, and conventions needing none (nanoGPT's).
+
+The template is ``--resume-args`` or ``[tool.manifest] resume`` (``--resume
+{checkpoint}``), read by :func:`resume_template`; the checkpoint's path goes
+where ``{checkpoint}`` stands (:func:`resume_argv`).
 
 ``verify --segments`` replays a stretch of a run from a recorded checkpoint
 through the script's own resume path (``manifest.verify.segments``). Without a
@@ -51,9 +55,12 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shlex
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+
+from manifest.errors import UsageError
 
 MAX_SOURCE = 1 << 20
 """The most bytes of a script or config file read (nanoGPT's train.py is ~15 KB)."""
@@ -357,3 +364,37 @@ def _config_out_dir(path: Path, current: str) -> str | None:
     if found is None:
         return None
     return found[-1][1] if found else current
+
+
+# ------------------------------------------------------------ templates
+
+
+PLACEHOLDER = "{checkpoint}"
+NO_TEMPLATE = (
+    "the script did not resume: it takes no resume argument the manifest knows of",
+    "Set [tool.manifest] resume = \"--resume {checkpoint}\" in pyproject.toml, or pass "
+    "--resume-args '--resume {checkpoint}'.")
+RESUME_VAR = "MANIFEST_RESUME_FROM"
+
+
+def resume_template(root: Path, given: str | None) -> list[str] | None:
+    """The resume arguments: ``--resume-args``, else ``[tool.manifest] resume``; None
+    when neither is set: then the checkpoint goes to a known convention (Lightning's
+    ``Trainer.fit(ckpt_path=…)``) through ``MANIFEST_RESUME_FROM``, and a replay that
+    did not take it is named as not resumed."""
+    if given is None:
+        from manifest.config import load_config
+
+        table, _ = load_config(root)
+        given = table.get("resume")
+    if given is None:
+        return None
+    args = shlex.split(given) if isinstance(given, str) else [str(a) for a in given]
+    if not any(PLACEHOLDER in a for a in args):
+        raise UsageError(f"the resume template {shlex.join(args)!r} has no {PLACEHOLDER}.",
+                         hint="Write where the checkpoint goes, e.g. --resume {checkpoint}.")
+    return args
+
+
+def resume_argv(argv: list[str], template: list[str] | None, checkpoint: str) -> list[str]:
+    return [*argv, *(a.replace(PLACEHOLDER, checkpoint) for a in template or [])]

@@ -36,7 +36,15 @@ against the recorded run's wall time.
 
 A checkpoint that is missing, changed since capture, or was never kept (saved
 again at a later step) makes its stretch ``no-verdict`` with the reason
-naming it; it is never skipped in silence.
+naming it; it is never skipped in silence. Placing it and comparing the ones
+at a stretch's end is ``manifest.verify.placing``; the resume template and the
+conventions that need none are ``manifest.verify.conventions``.
+
+Here, stretches replay one after another. With ``--on ray|slurm|k8s`` each is a
+job of its own: every stretch's clone is prepared and submitted before any job
+is waited for (``ClusterExecutor.start``/``finish``), so they run side by side
+where the cluster has room; an interrupt or an error cancels every job not yet
+finished, and the checkpoints at a stretch's end come back as tensor tables.
 """
 
 from __future__ import annotations
@@ -44,11 +52,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
-import os
 import random
-import re
-import shlex
-import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -56,10 +60,15 @@ from typing import Any
 
 from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UsageError
 from manifest.models import Checkpoint, Manifest
+from manifest.verify.conventions import (
+    NO_TEMPLATE,
+    PLACEHOLDER,
+    RESUME_VAR,
+    resume_argv,
+    resume_template,
+)
 
 SEGMENT_VAR = "MANIFEST_SEGMENT"
-HF_CHECKPOINT = re.compile(r"checkpoint-[0-9]+")
-PLACEHOLDER = "{checkpoint}"
 
 
 @dataclass(frozen=True)
@@ -218,122 +227,6 @@ def choose(recorded: Manifest, *, segments: int | None,
     return [all_stretches[i] for i in picks], "seeded from the run_id", len(all_stretches)
 
 
-# ------------------------------------------------------------------ resuming
-
-
-NO_TEMPLATE = (
-    "the script did not resume: it takes no resume argument the manifest knows of",
-    "Set [tool.manifest] resume = \"--resume {checkpoint}\" in pyproject.toml, or pass "
-    "--resume-args '--resume {checkpoint}'.")
-RESUME_VAR = "MANIFEST_RESUME_FROM"
-
-
-def resume_template(root: Path, given: str | None) -> list[str] | None:
-    """The resume arguments: ``--resume-args``, else ``[tool.manifest] resume``; None
-    when neither is set: then the checkpoint goes to a known convention (Lightning's
-    ``Trainer.fit(ckpt_path=…)``) through ``MANIFEST_RESUME_FROM``, and a replay that
-    did not take it is named as not resumed."""
-    if given is None:
-        from manifest.config import load_config
-
-        table, _ = load_config(root)
-        given = table.get("resume")
-    if given is None:
-        return None
-    args = shlex.split(given) if isinstance(given, str) else [str(a) for a in given]
-    if not any(PLACEHOLDER in a for a in args):
-        raise UsageError(f"the resume template {shlex.join(args)!r} has no {PLACEHOLDER}.",
-                         hint="Write where the checkpoint goes, e.g. --resume {checkpoint}.")
-    return args
-
-
-def resume_argv(argv: list[str], template: list[str] | None, checkpoint: str) -> list[str]:
-    return [*argv, *(a.replace(PLACEHOLDER, checkpoint) for a in template or [])]
-
-
-def _exclude(tree: Path, path: Path) -> None:
-    """Leave ``path`` out of the scratch clone's untracked files (its own info/exclude)."""
-    exclude = tree / ".git" / "info" / "exclude"
-    if not exclude.parent.is_dir() or exclude.parent.is_symlink():
-        return
-    rel = path.relative_to(tree).as_posix()
-    if "\n" in rel or "\r" in rel:
-        return  # not a pattern git can hold; the patch check then names the tree as changed
-    pattern = "/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", rel)
-    with open(exclude, "a", encoding="utf-8") as f:
-        f.write(pattern + "\n")
-
-
-def _place(checkpoint: Checkpoint, original_cwd: Path, tree: Path, cwd: Path) -> str | None:
-    """Copy a recorded checkpoint into the scratch tree after checking it is the one the
-    run saved; the reason when it cannot be (missing, changed, never kept).
-
-    Its path is a manifest's, so data: relative, no ``..``, and no link on the way out of
-    the scratch tree (``manifest.rerun.paths``, raising ``UnsafePathError``). It is left
-    out of the scratch clone's status (``.git/info/exclude``), so the code probe a cluster
-    run makes over the tree still gives the recorded patch."""
-    from manifest.errors import MalformedArtifactError
-    from manifest.rerun.paths import make_parents, tree_relative
-    from manifest.weights.tables import digest_artifact
-
-    where = f"checkpoint {checkpoint.path} (step {checkpoint.step})"
-    if checkpoint.artifact is None:
-        return f"{where} was not kept: {checkpoint.lost}"
-    rel = tree_relative(checkpoint.path, "the recorded checkpoint")
-    original, target = original_cwd / rel, cwd / rel
-    hf = HF_CHECKPOINT.fullmatch(rel.parent.name) is not None
-    make_parents(tree, rel.parent, f"the recorded checkpoint {checkpoint.path}", start=cwd)
-    _exclude(tree, target.parent if hf else target)
-    if not os.path.lexists(original):
-        return f"{where} is missing: {original} does not exist"
-    try:
-        found = digest_artifact(original, checkpoint.path)
-    except (MalformedArtifactError, OSError) as exc:
-        return f"{where} is unreadable: {exc}"
-    # A DCP directory's .metadata carries a fresh save_id, so a rewrite of the same state
-    # has another digest: its table (every tensor and every pickled item) decides.
-    same_dcp = found.format == "dcp" and found.tensors == checkpoint.artifact.tensors
-    if found.digest != checkpoint.artifact.digest and not same_dcp:
-        return f"{where} changed since capture (its digest is not the recorded one)"
-    if hf:
-        # A Hugging Face Trainer checkpoint is its whole directory (trainer_state.json,
-        # rng_state.pth …): copied beside the file whose digest was checked.
-        from manifest.weights.dcp import member_files
-
-        for member in member_files(original.parent):
-            _copy(member, target.parent / member.name)
-        return None
-    if original.is_dir():
-        from manifest.weights.dcp import member_files
-
-        _clear(target)
-        target.mkdir()
-        for member in member_files(original):
-            _copy(member, target / member.name)
-    else:
-        if found.format == "safetensors-index":
-            from manifest.weights.sharded import shard_paths
-
-            for name, shard in shard_paths(original).items():
-                _copy(shard, target.parent / name)
-        _copy(original, target)
-    return None
-
-
-def _clear(path: Path) -> None:
-    """Remove what the scratch clone has at ``path`` (a committed file, or a link, never
-    followed), so a copy lands in the tree and not where a link points."""
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
-
-
-def _copy(source: Path, target: Path) -> None:
-    _clear(target)
-    shutil.copyfile(source, target)
-
-
 # ----------------------------------------------------------------- comparing
 
 
@@ -488,8 +381,19 @@ def _prepare(ctx: _Context, stretch: Stretch, stack: contextlib.ExitStack[Any]
     began = time.monotonic()
     workspace = stack.enter_context(open_workspace(seg_plan, ctx.root, recorded=recorded,
                                                    store=ctx.blobs, keep=ctx.options.keep))
+    if ck is not None and ctx.template is None:
+        # A convention that needs no template but an argument: nanoGPT's init_from=resume
+        # (its checkpoint at the fixed path the run saved it to, where it is placed).
+        from manifest.verify.conventions import resume_convention_argv
+
+        found = resume_convention_argv(workspace.cwd, argv, ck.path)
+        if found is not None:
+            argv = found
+            seg_plan = replace(seg_plan, argv=tuple(argv))
     if ck is not None:
-        problem = _place(ck, ctx.original_cwd, workspace.tree, workspace.cwd)
+        from manifest.verify.placing import place
+
+        problem = place(ck, ctx.original_cwd, workspace.tree, workspace.cwd)
         if problem is not None:
             result.reason = problem
             return result, None
@@ -549,6 +453,7 @@ def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
     """The stretch's verdict from its replay's records (and end checkpoints)."""
     from manifest.capture.run import merge_records
     from manifest.rerun.executor import confined_hint
+    from manifest.verify.placing import end_checkpoints
 
     result, stretch = ready.result, ready.stretch
     ck = stretch.checkpoint
@@ -568,7 +473,7 @@ def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
     outcomes = merge_records(ran.records)[2]
     result.steps_compared, result.first_divergent_step = compare_trails(
         ctx.recorded, outcomes, stretch.start, stretch.end)
-    result.end_checkpoints = _end_checkpoints(ctx.recorded, stretch.end, ctx.original_cwd,
+    result.end_checkpoints = end_checkpoints(ctx.recorded, stretch.end, ctx.original_cwd,
                                               ready.workspace.cwd, ran.tables)
     if result.first_divergent_step is not None or not all(result.end_checkpoints.values()):
         result.verdict = "differs"
@@ -576,31 +481,3 @@ def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
         result.reason = "nothing compared: no trail point or checkpoint in the stretch"
     else:
         result.verdict = "identical"
-
-
-def _end_checkpoints(recorded: Manifest, end: int, original_cwd: Path, new_cwd: Path,
-                     tables: tuple[list[Any], list[str]] | None = None) -> dict[str, bool]:
-    """Each checkpoint recorded at ``end`` against the replay's: read from the scratch tree,
-    or, for a replay that ran elsewhere, its tensor table as the job sent it back."""
-    from manifest.weights.compare import compare_artifacts
-    from manifest.weights.tables import digest_artifact
-
-    assert recorded.outputs is not None
-    out: dict[str, bool] = {}
-    returned = {a.path: a for a in tables[0]} if tables is not None else None
-    for c in recorded.outputs.checkpoints or []:
-        if c.step != end or c.artifact is None:
-            continue
-        if returned is not None:
-            table = returned.get(c.path)
-            out[c.path] = table is not None and compare_artifacts(
-                c.artifact, table, recorded_file=None, new_file=new_cwd / c.path).identical
-            continue
-        path = new_cwd / c.path
-        if not os.path.lexists(path):
-            out[c.path] = False
-            continue
-        again = digest_artifact(path, c.path, malformed_ok=True)
-        out[c.path] = compare_artifacts(c.artifact, again, recorded_file=original_cwd / c.path,
-                                        new_file=path).identical
-    return out

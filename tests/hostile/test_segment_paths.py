@@ -19,7 +19,7 @@ import torch
 
 from manifest.models import Checkpoint
 from manifest.rerun.paths import UnsafePathError
-from manifest.verify.segments import _place
+from manifest.verify.placing import place
 from manifest.weights.tables import digest_artifact
 
 
@@ -43,7 +43,7 @@ def test_a_path_out_of_the_tree_is_refused(tmp_path: Path, rel: str) -> None:
     joined = os.path.normpath(clone / rel)
     assert not joined.startswith(str(clone) + "/")  # the control: a plain join leaves
     with pytest.raises(UnsafePathError):
-        _place(ck, user, clone, clone)
+        place(ck, user, clone, clone)
     assert not (tmp_path / "victim.pt").exists()
 
 
@@ -60,7 +60,7 @@ def test_a_committed_link_at_the_place_is_not_written_through(tmp_path: Path) ->
     probe.symlink_to(tmp_path / "probe-target")
     shutil.copyfile(user / "out" / "step-5.pt", probe)
     assert (tmp_path / "probe-target").exists()
-    assert _place(ck, user, clone, clone) is None
+    assert place(ck, user, clone, clone) is None
     assert victim.read_bytes() == b"the user's file"
     placed = clone / "out" / "step-5.pt"
     assert not placed.is_symlink()
@@ -73,7 +73,7 @@ def test_a_committed_link_on_the_way_is_refused(tmp_path: Path) -> None:
     outside.mkdir()
     (clone / "out").symlink_to(outside)
     with pytest.raises(UnsafePathError):
-        _place(ck, user, clone, clone)
+        place(ck, user, clone, clone)
     assert list(outside.iterdir()) == []
 
 
@@ -81,7 +81,7 @@ def test_the_placed_checkpoint_is_not_a_change_to_the_code(tmp_path: Path) -> No
     """Placed in a directory git does not ignore, it stays out of the clone's status (the
     bundle of a cluster replay must carry the recorded patch)."""
     ck, user, clone = _setup(tmp_path, "out/step-5.pt")
-    assert _place(ck, user, clone, clone) is None
+    assert place(ck, user, clone, clone) is None
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
                             cwd=clone, capture_output=True, text=True, check=True).stdout
     assert status == ""
