@@ -1,6 +1,7 @@
 """What ``verify --segments`` costs against a full re-run, and what it catches.
 
     python benchmarks/segments.py cost [--steps 300] [--every 30] [--segments 3] [--rounds 1]
+                                      [--on slurm|ray [--address URL]]
     python benchmarks/segments.py detect [--steps 100] [--every 10] [--trials 20]
 
 Both use the bundled example (``examples/train.py``: ``--save-every``,
@@ -10,6 +11,10 @@ Both use the bundled example (``examples/train.py``: ``--save-every``,
 same manifest, interleaved round by round (paired: the same machine load hits
 both). Reported: each wall time, their ratio, and the share of steps the
 segments replayed; the claim is ratio <= share + fixed start-up per segment.
+With ``--on``, the same ``--segments N`` also runs as one cluster job per stretch
+(SLURM through ``sbatch`` when it is on PATH, else submitit's local executor;
+Ray at ``--address``), in the same rounds: its wall time against the local,
+one-after-another replay is the gain of running stretches side by side.
 
 ``detect``: each trial captures the run with one silent fault, a weight moved by
 one ULP before the optimizer step drawn uniformly from 1..steps (``NUDGE_AT``,
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,7 +85,16 @@ def cost(args: argparse.Namespace) -> None:
         began = time.monotonic()
         _capture(repo, args.steps, args.every)
         capture_s = time.monotonic() - began
-        full_s, seg_s, share = [], [], None
+        full_s: list[float] = []
+        seg_s: list[float] = []
+        on_s: list[float] = []
+        share = None
+        if args.on == "slurm":
+            folder = Path(tmp) / "slurm"
+            local = "false" if shutil.which("sbatch") else "true"
+            with open(repo / "pyproject.toml", "a") as f:
+                f.write(f"[tool.manifest.executors.slurm]\nfolder = {json.dumps(str(folder))}\n"
+                        f"local = {local}\ntime_min = 60\n")
         for _ in range(args.rounds):
             began = time.monotonic()
             out = _manifest("verify", "--trust", "run.json", cwd=repo)
@@ -92,12 +107,25 @@ def cost(args: argparse.Namespace) -> None:
             doc = json.loads(out.stdout)
             assert doc["verdict"] == "identical", doc
             share = doc["share_checked"]
+            if args.on:
+                where = ["--address", args.address] if args.address else []
+                began = time.monotonic()
+                out = _manifest("verify", "--trust", "run.json", "--segments",
+                                str(args.segments), "--format", "json", "--on", args.on,
+                                *where, cwd=repo)
+                on_s.append(time.monotonic() - began)
+                there = json.loads(out.stdout)
+                assert there["verdict"] == "identical", there
         print(json.dumps({"steps": args.steps, "every": args.every, "segments": args.segments,
                           "capture_s": round(capture_s, 1),
                           "full_verify_s": [round(x, 1) for x in full_s],
                           "segments_verify_s": [round(x, 1) for x in seg_s],
                           "ratio": [round(s / f, 3) for s, f in zip(seg_s, full_s, strict=True)],
-                          "share_checked": share}, indent=2))
+                          "share_checked": share,
+                          **({f"segments_on_{args.on}_s": [round(x, 1) for x in on_s],
+                              f"on_{args.on}_vs_local_segments": [
+                                  round(o / s, 3) for o, s in zip(on_s, seg_s, strict=True)]}
+                             if args.on else {})}, indent=2))
 
 
 def detect(args: argparse.Namespace) -> None:
@@ -137,6 +165,8 @@ def main() -> None:
         p.add_argument("--rounds", type=int, default=1)
         p.add_argument("--trials", type=int, default=20)
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--on", choices=("slurm", "ray"), default=None)
+        p.add_argument("--address", default=None, help="Ray: the Jobs API address")
     args = parser.parse_args()
     cost(args) if args.what == "cost" else detect(args)
 
