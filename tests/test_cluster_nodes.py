@@ -16,7 +16,7 @@ import pytest
 from manifest.canonical import load_manifest
 from manifest.errors import UsageError
 from manifest.nodes.gather import MERGED, NodesMissing, check_directory, gather
-from manifest.nodes.layout import Layout, cluster_launch, node_addresses, node_env
+from manifest.nodes.layout import Layout, cluster_launch, node_env, ranks_held, rendezvous_host
 from manifest.nodes.merge import merge_nodes
 from manifest.nodes.torchrun import as_every_node_runs, option
 from manifest.rerun.cluster.placement import NodeNeed, combine_results, need_of, shortfall
@@ -63,23 +63,22 @@ def test_merged_run_id_does_not_depend_on_the_head_or_port() -> None:
 def test_cluster_launch_leaves_node_rank_and_endpoint_to_each_node() -> None:
     argv = cluster_launch(as_every_node_runs(ARGV), Layout(2, 1))
     assert option(argv, "node_rank") is None and option(argv, "rdzv_endpoint") is None
-    assert option(argv, "rdzv_backend") == "c10d" and option(argv, "nnodes") == "2"
-    assert option(argv, "rdzv_conf") is None  # per node: node 0 serves the rendezvous
+    # static: the one rendezvous that honours a node rank (tests/test_layout.py parses it)
+    assert option(argv, "rdzv_backend") == "static" and option(argv, "nnodes") == "2"
+    assert option(argv, "rdzv_conf") == "timeout=120"  # the same on every node
     assert argv[-3:] == ["train.py", "--lr", "1"]
     assert node_env(1, "10.0.0.5", 29500) == {
-        "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "10.0.0.5:29500",
-        "PET_RDZV_CONF": "join_timeout=120,is_host=false"}
-    assert "is_host=true" in node_env(0, "10.0.0.5", 29500)["PET_RDZV_CONF"]
-    assert node_env(1, "h", 1, "10.0.0.6")["PET_LOCAL_ADDR"] == "10.0.0.6"
+        "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "10.0.0.5:29500"}
+    assert node_env(0, "10.0.0.5", 29500)["PET_NODE_RANK"] == "0"  # rank 0 serves the store
 
 
-def test_nodes_on_one_host_get_loopback_addresses_of_their_own() -> None:
-    """c10d names a participant <local addr>_<pid>_<n>; in PID namespaces of their own two
-    nodes on one host would both be <addr>_2_0."""
-    assert node_addresses(["10.0.0.5", "10.0.0.6"]) == ("10.0.0.5", ["10.0.0.5", "10.0.0.6"])
-    assert node_addresses(["192.0.2.2", "192.0.2.2"]) == ("127.0.0.1",
-                                                          ["127.0.0.1", "127.0.0.2"])
-    assert node_addresses(["h"]) == ("h", ["h"])
+def test_the_rendezvous_host_is_node_0_s_address_or_loopback_on_one_host() -> None:
+    assert rendezvous_host(["10.0.0.5", "10.0.0.6"]) == "10.0.0.5"
+    assert rendezvous_host(["192.0.2.2", "192.0.2.2"]) == "127.0.0.1"
+    assert rendezvous_host(["h"]) == "h"
+    # which ranks a node's launch held, as its log says it: workers only, in order
+    assert ranks_held([{"rank": 3}, {"rank": 2}, {"rank": None}, {"pid": 1},
+                       {"rank": 2, "mp_child": True}, {"rank": 2}]) == [2, 3]
     with pytest.raises(UsageError, match="does not start torchrun"):
         cluster_launch(["python", "train.py"], Layout(2, 1))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -109,6 +110,17 @@ def _verify(run: dict[str, Any], *args: str, timeout: float = 600
     return proc.returncode, json.loads(proc.stdout or b"{}"), proc.stderr.decode(), took
 
 
+NODE_RANK_IGNORED = "node_rank is only used for static rdzv_backend"
+"""What torchrun says when it ignores a node's rank (any rendezvous but static)."""
+
+
+def _held(log: str) -> dict[int, list[int]]:
+    """Which global ranks each node of the re-run held, as its launch says in the job's log
+    (``manifest: node I held global ranks A, B``)."""
+    return {int(m.group(1)): [int(r) for r in m.group(2).split(", ")]
+            for m in re.finditer(r"manifest: node (\d+) held global ranks (\d+(?:, \d+)*)", log)}
+
+
 def _leftovers(marker: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -140,6 +152,13 @@ def test_ray_places_one_node_per_raylet_identical(ray: str, run: dict[str, Any])
     assert "nodes meet over TCP" in job["network"] or "cluster's own policy" in job["network"]
     assert report["plan"]["layout"] == "2 nodes × 1 process"
     assert not any("node_rank" in w or "rdzv-endpoint" in w for w in report["plan"]["argv"])
+    # Each node's torchrun honoured its node rank (static rendezvous): no warning that it was
+    # ignored, and node i (bundle i, on job["placed_on"][i]) held global rank i.
+    from ray.job_submission import JobSubmissionClient
+
+    log = JobSubmissionClient(ray).get_job_logs(job["job_id"])
+    assert NODE_RANK_IGNORED not in log, log[-3000:]
+    assert _held(log) == {0: [0], 1: [1]}, log[-3000:]
     # Paired against the local 2-node verify of the same manifest, run right after.
     code, local, stderr, took_local = _verify(run)
     assert code == 0 and local["verdict"] == "identical", stderr
@@ -219,6 +238,12 @@ def test_slurm_runs_one_task_per_node_identical(run: dict[str, Any], tmp_path: P
     assert report["job"]["nodes"] == (2 if nodes >= 2 else 1)
     assert report["job"]["job_id"].isdigit()  # a real SLURM job id, not submitit-local
     assert report["topology"]["relation"] == ("same" if nodes >= 2 else "equivalent")
+    if nodes >= 2:  # each task's own log: torchrun's stderr, and the ranks its node held
+        job = report["job"]
+        logs = "\n".join(p.read_text(errors="replace") for p in
+                         sorted(Path(job["where"]).parent.glob(f"{job['job_id']}_*_log.*")))
+        assert NODE_RANK_IGNORED not in logs, logs[-3000:]
+        assert _held(logs) == {0: [0], 1: [1]}, logs[-3000:]
 
 
 @slurm

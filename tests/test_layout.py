@@ -145,10 +145,62 @@ def test_torchrun_honours_each_local_launch_s_node_rank_without_a_warning(
     assert [r.getMessage() for r in caplog.records if "node_rank" in r.getMessage()] == []
 
 
-def test_cluster_launch_leaves_rdzv_conf_to_each_node() -> None:
-    """A recorded --rdzv-conf on the one command would hide each node's PET_RDZV_CONF
-    (is_host): torchrun reads the variable only as the option's default."""
+def test_cluster_launch_is_the_static_rendezvous_with_a_timeout_on_every_node() -> None:
+    """One command for every node: static rendezvous, the recorded `timeout` carried (the
+    same on every node, so on the command), no node rank and no endpoint (node_env)."""
     argv = cluster_launch(RECORDED, Layout(2, 1))
-    assert option(argv, "rdzv_conf") is None and option(argv, "node_rank") is None
-    assert option(argv, "rdzv_backend") == "c10d" and option(argv, "rdzv_endpoint") is None
-    assert node_env(0, "10.0.0.5", 29500)["PET_RDZV_CONF"] == "join_timeout=120,is_host=true"
+    assert option(argv, "rdzv_backend") == "static" and option(argv, "rdzv_conf") == "timeout=120"
+    assert option(argv, "node_rank") is None and option(argv, "rdzv_endpoint") is None
+    assert option(argv, "rdzv_id") == "job" and argv[-3:] == ["train.py", "--node-rank", "7"]
+    timed = [*RECORDED[:7], "--rdzv-conf=join_timeout=9,timeout=45", "train.py"]
+    assert option(cluster_launch(timed, Layout(2, 1)), "rdzv_conf") == "timeout=45"
+    for odd in ("timeout=1.5", "timeout=0", "timeout=", "timeout=-3"):  # torchrun's int()
+        assert option(cluster_launch([*RECORDED[:7], f"--rdzv-conf={odd}", "t.py"],
+                                     Layout(2, 1)), "rdzv_conf") == "timeout=120", odd
+    assert node_env(1, "10.0.0.5", 29500) == {"PET_NODE_RANK": "1",
+                                              "PET_RDZV_ENDPOINT": "10.0.0.5:29500"}
+
+
+@pytest.mark.parametrize("node", [0, 1, 2])
+def test_torchrun_honours_each_cluster_node_s_rank_without_a_warning(
+        node: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """torchrun's own parsing of what a cluster node runs, cluster_launch's command with
+    node_env's variables: ``rank`` = the node's index goes to the rendezvous, node 0's
+    endpoint is the store's, and torchrun does not say it ignores the node rank (under c10d,
+    PET_NODE_RANK as much as --node-rank, it does for every node but 0)."""
+    run = pytest.importorskip("torch.distributed.run")
+    for name in [k for k in os.environ if k.startswith("PET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for name, value in node_env(node, "10.0.0.5", 29500).items():
+        monkeypatch.setenv(name, value)
+    timed = [*RECORDED[:7], "--rdzv-conf=join_timeout=9,timeout=45", "train.py"]
+    argv = cluster_launch(timed, Layout(3, 2))
+    with caplog.at_level(logging.WARNING):
+        config, _, _ = run.config_from_args(run.parse_args(argv[1:]))
+    assert config.rdzv_backend == "static" and config.rdzv_endpoint == "10.0.0.5:29500"
+    assert config.rdzv_configs["rank"] == node
+    assert str(config.rdzv_configs["timeout"]) == "45"
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 2)
+    assert [r.getMessage() for r in caplog.records if "node_rank" in r.getMessage()] == []
+
+
+def test_the_static_rendezvous_makes_node_0_the_store_s_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Who serves the rendezvous is rank 0's launch (``is_master = rank == 0``), so node_env
+    need not say it (c10d needed ``is_host``); the store is at node 0's endpoint with the
+    command's timeout. The handler is built as torchrun builds it, without connecting."""
+    pytest.importorskip("torch.distributed.run")
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
+
+    argv = cluster_launch(RECORDED, Layout(2, 1))
+    for node in (0, 1):
+        env = node_env(node, "10.0.0.5", 29500)
+        assert not any("is_host" in v for v in env.values())
+        handler = create_rdzv_handler(RendezvousParameters(
+            backend="static", endpoint=env["PET_RDZV_ENDPOINT"], run_id="job", min_nodes=2,
+            max_nodes=2, rank=int(env["PET_NODE_RANK"]),
+            timeout=option(argv, "rdzv_conf").partition("=")[2]))  # type: ignore[union-attr]
+        assert (handler.master_addr, handler.master_port) == ("10.0.0.5", 29500)  # type: ignore[attr-defined]
+        assert handler.rank == node and handler.timeout.total_seconds() == 120  # type: ignore[attr-defined]

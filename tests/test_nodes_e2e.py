@@ -3,8 +3,12 @@
 Each "node" is its own clone of the repository (its own disk, as on a
 cluster), launched with ``manifest capture -- torchrun --nnodes=2
 --node-rank=i --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT …``; gloo on
-CPU. The heaviest tests of the multi-node work live in this one module so CI
-can run them in one process.
+CPU (c10d ignores the node rank, from ``--node-rank`` or ``PET_NODE_RANK``
+alike, and numbers the nodes itself; each record keeps the node rank c10d
+gave its process). verify re-runs node ``i`` with ``--node-rank=i`` under the
+static rendezvous, the one that honours it, so node ``i`` holds ranks ``i × P …``
+and torchrun does not warn that it ignores the node rank. The heaviest tests of
+the multi-node work live in this one module so CI can run them in one process.
 """
 
 from __future__ import annotations

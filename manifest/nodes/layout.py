@@ -21,18 +21,17 @@ per node on ``127.0.0.1`` (a free port chosen when the plan is made, shown in
 it): ``--nnodes``/``--nproc-per-node`` from the layout, ``--node-rank=i``
 under torchrun's static rendezvous at the local endpoint (so node ``i`` holds
 global ranks ``i × P …``, whichever launch starts first), a rendezvous timeout
-so a node that fails to start does not hold the others for torchrun's default
-15 minutes.
+so a node that fails to start does not hold the others for the static
+rendezvous' default 10 minutes.
 
-:func:`cluster_launch` is the same command for a cluster (``--on ray|slurm``):
-one command for every node, without a node rank or an endpoint, because
-those are only known where the job runs. Each node's launch gets them as
-torchrun's own environment variables (:func:`node_env`: ``PET_NODE_RANK``,
-``PET_RDZV_ENDPOINT``; torchrun reads ``PET_<OPTION>`` for any option not
-on its command line), so the bundle, which names the command, is one for
-every node. The rendezvous settings (``--rdzv-conf``) go the same way, because
-node 0 must be told it serves the rendezvous; a recorded ``--rdzv-conf`` (its
-timeouts) is not carried to a cluster re-run (:func:`cluster_launch` says why).
+:func:`cluster_launch` is the same command for a cluster (``--on ray|slurm|k8s``),
+under the same static rendezvous and timeout: one command for every node, without a
+node rank or an endpoint, because those are only known where the job runs. Each
+node's launch gets them as torchrun's own environment variables (:func:`node_env`:
+``PET_NODE_RANK``, ``PET_RDZV_ENDPOINT``; torchrun reads ``PET_<OPTION>`` for any
+option not on its command line, and under the static rendezvous the node rank so
+read is node ``i``'s rank), so the bundle, which names the command, is one for
+every node.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from __future__ import annotations
 import re
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from manifest.errors import UsageError
 from manifest.models import Topology
@@ -138,25 +138,20 @@ def local_launches(argv: list[str], layout: Layout, port: int) -> list[list[str]
     Node ``i`` is ``--node-rank=i`` under ``--rdzv-backend=static``: the verdict compares
     each rank's trail with the recorded rank's, so node ``i`` must hold global ranks
     ``i × per_node …`` whatever order the launches start in. torchrun honours
-    ``--node-rank`` only under the static rendezvous: under c10d (or PET_NODE_RANK, which
-    only sets the same option's default) it says
-    ``node_rank is only used for static rdzv_backend. It will be ignored for
-    rdzv_backend=c10d.`` and the dynamic rendezvous numbers the nodes by sorting its
-    participants' ``<addr>_<pid>_<n>`` names, on one host by process id, an order of
-    start-up and of pid wrap-around. The static rendezvous takes node 0 as the store's
-    host (no ``is_host`` guess, so no two launches on loopback both try to serve), and
-    gives each node ``rank = --node-rank``. It reads one setting from ``--rdzv-conf``,
-    ``timeout`` (the store's wait for every node, also its default for each operation):
-    the recorded one, else :data:`JOIN_TIMEOUT`. A recorded run's c10d settings
-    (``join_timeout``, ``last_call_timeout``, ``read_timeout`` …) mean nothing to it and
-    are left out; they tune how nodes meet, never what the ranks compute."""
+    ``--node-rank`` only under the static rendezvous: under c10d (``--node-rank`` or
+    PET_NODE_RANK alike) it says ``node_rank is only used for static rdzv_backend. It will
+    be ignored for rdzv_backend=c10d.`` and the dynamic rendezvous numbers the nodes by
+    sorting its participants' ``<addr>_<pid>_<n>`` names: on one host by process id, an
+    order of start-up and of pid wrap-around; across hosts by address as text
+    (``127.0.0.10`` before ``127.0.0.2``). The static rendezvous takes node 0 as the
+    store's host (``rank == 0``: no ``is_host`` guess, so no two launches on one host both
+    try to serve), and gives each node ``rank = --node-rank``. Its settings are
+    :func:`_launch_options`'."""
     if find_torchrun(argv) is None:
         raise UsageError("the recorded command does not start torchrun, so its nodes cannot "
                          "be re-run on this machine.",
                          hint="Re-run it where it ran (--on slurm|k8s|ray).")
-    timeout = _conf_items(option(argv, "rdzv_conf")).get("timeout", str(JOIN_TIMEOUT))
-    values = {**_launch_options(argv, layout), "rdzv_backend": "static",
-              "rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_conf": f"timeout={timeout}"}
+    values = {**_launch_options(argv, layout), "rdzv_endpoint": f"127.0.0.1:{port}"}
     return [with_options(argv, {**values, "node_rank": str(i)}) for i in range(layout.nodes)]
 
 
@@ -170,57 +165,65 @@ def _conf_items(conf: str | None) -> dict[str, str]:
     return items
 
 
+def rdzv_timeout(argv: list[str]) -> int:
+    """The static rendezvous' ``timeout`` for a re-run of ``argv``: the recorded
+    ``--rdzv-conf`` one when it is a whole number of seconds (torchrun's ``int()``), else
+    :data:`JOIN_TIMEOUT`, so a node that fails to start does not hold the others for
+    torchrun's default of 10 minutes."""
+    value = _conf_items(option(argv, "rdzv_conf")).get("timeout", "")
+    return int(value) if value.isdigit() and int(value) > 0 else JOIN_TIMEOUT
+
+
 def _launch_options(argv: list[str], layout: Layout) -> dict[str, str | None]:
+    """What every node's launch shares, here or on a cluster: the layout, the static
+    rendezvous, and its one setting, ``timeout`` (:func:`rdzv_timeout`: the store's wait
+    for every node, also its default for each operation). A recorded run's c10d settings
+    (``join_timeout``, ``last_call_timeout``, ``read_timeout`` …) mean nothing to it and
+    are left out; they tune how nodes meet, never what the ranks compute."""
     return {
         "nnodes": str(layout.nodes), "nproc_per_node": str(layout.per_node),
-        "rdzv_backend": "c10d",
+        "rdzv_backend": "static",
         "rdzv_id": option(argv, "rdzv_id") or "manifest-verify",
+        "rdzv_conf": f"timeout={rdzv_timeout(argv)}",
         "master_addr": None, "master_port": None, "standalone": None,
     }
 
 
 def cluster_launch(argv: list[str], layout: Layout) -> list[str]:
     """The torchrun command every node of a cluster re-run runs: ``layout``'s node and
-    process counts, c10d rendezvous, no node rank and no endpoint (:func:`node_env` gives
-    them to each node where it runs)."""
+    process counts, the static rendezvous and its timeout (:func:`_launch_options`, as a
+    local re-run has them), no node rank and no endpoint (:func:`node_env` gives them to
+    each node where it runs). The timeout is the same on every node, so it stays on the
+    command (a recorded ``timeout`` is carried)."""
     if find_torchrun(argv) is None:
         raise UsageError("the recorded command does not start torchrun, so its nodes cannot "
                          "be placed one torchrun per node.")
-    # No --rdzv-conf here, not even the recorded one: torchrun reads PET_RDZV_CONF only as
-    # the option's default, so any --rdzv-conf on this command, the same on every node,
-    # would hide node_env's per-node is_host (node 0 serves the rendezvous) and leave
-    # node 0 to torchrun's host-name guess, which misses on Ray (node_env). A recorded
-    # is_host could not be carried either: every node would claim the same role. Carrying
-    # the other recorded keys means passing them into node_env's PET_RDZV_CONF, which its
-    # callers (ray_nodes, slurm, k8s) do not do; they tune how the nodes meet, not the bits.
-    values = {**_launch_options(argv, layout), "rdzv_endpoint": None, "node_rank": None,
-              "rdzv_conf": None}
+    values = {**_launch_options(argv, layout), "rdzv_endpoint": None, "node_rank": None}
     return with_options(argv, values)
 
 
-def node_env(node: int, host: str, port: int, local_addr: str | None = None
-             ) -> dict[str, str]:
-    """What one node's launch of :func:`cluster_launch` needs: its node rank, node 0's
-    endpoint and the rendezvous settings, as torchrun's own variables. Node 0 is told it
-    serves the rendezvous (``is_host``): torchrun's own guess compares the endpoint with
-    the host's name, and an address the engine reports (Ray's node IP) need not be the one
-    the host name resolves to. ``local_addr`` is how the others reach this node
-    (:func:`node_addresses`)."""
-    host_flag = "true" if node == 0 else "false"
-    out = {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}",
-           "PET_RDZV_CONF": f"join_timeout={JOIN_TIMEOUT},is_host={host_flag}"}
-    if local_addr:
-        out["PET_LOCAL_ADDR"] = local_addr
-    return out
+def node_env(node: int, host: str, port: int) -> dict[str, str]:
+    """What one node's launch of :func:`cluster_launch` needs: its node rank and node 0's
+    endpoint, as torchrun's own variables, read where the command names neither. Under the
+    static rendezvous ``PET_NODE_RANK`` is the node's rank (torchrun passes it as
+    ``rank``, no warning), and node 0, rank 0, serves the store at the endpoint (it
+    listens on every address of its host, so the endpoint is only how the others reach
+    it: nothing to tell node 0, and no host-name guess to miss on Ray)."""
+    return {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}"}
 
 
-def node_addresses(addresses: list[str]) -> tuple[str, list[str]]:
-    """(the rendezvous host, each node's ``--local-addr``) from the address the engine gives
-    each node. c10d names a participant ``<local addr>_<pid>_<n>``: two nodes on one host,
-    each confined in a PID namespace of its own (bubblewrap), are both ``<addr>_2_0`` and
-    the rendezvous never fills (seen: RendezvousTimeoutError). When every node is on one
-    host, each gets its own loopback address (127.0.0.1, 127.0.0.2 …; all of 127/8 is
-    local on Linux) and they meet on 127.0.0.1."""
+def ranks_held(records: list[dict[str, Any]]) -> list[int]:
+    """The global ranks whose records one node's launch returned (its workers' ``rank``),
+    in order: node ``i`` of a re-run holds ``i × P …``."""
+    return sorted({int(r["rank"]) for r in records
+                   if isinstance(r, dict) and isinstance(r.get("rank"), int)
+                   and not r.get("mp_child")})
+
+
+def rendezvous_host(addresses: list[str]) -> str:
+    """How the nodes reach node 0, from the address the engine gives each node (node 0's
+    first): its address, or ``127.0.0.1`` when every node is on one host (a host reaches
+    itself on loopback whatever the engine calls it)."""
     if len(addresses) > 1 and len(set(addresses)) == 1:
-        return "127.0.0.1", [f"127.0.0.{i + 1}" for i in range(len(addresses))]
-    return addresses[0], list(addresses)
+        return "127.0.0.1"
+    return addresses[0]

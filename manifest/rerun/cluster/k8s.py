@@ -146,14 +146,14 @@ def rank_env(index: int, nodes: int, service: str) -> dict[str, str]:
     """The rank variables for the pod with ``JOB_COMPLETION_INDEX`` = ``index``: rank 0's stable
     hostname (``<job>-0.<service>``; the Job and the Service share the name) is the
     rendezvous address. A torchrun per node reads its node rank and that endpoint from
-    the ``PET_*`` variables (``manifest.nodes.layout.node_env``)."""
+    the ``PET_*`` variables (``manifest.nodes.layout.node_env``; static rendezvous: pod
+    ``index`` is node ``index``, and pod 0 serves it)."""
     from manifest.nodes.layout import node_env
 
     master = f"{service}-0.{service}"
     return {"NODE_RANK": str(index), "RANK": str(index), "WORLD_SIZE": str(nodes),
             "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT),
-            **(node_env(index, master, MASTER_PORT, f"{service}-{index}.{service}")
-               if nodes > 1 else {})}
+            **(node_env(index, master, MASTER_PORT) if nodes > 1 else {})}
 
 
 def image_for(options: ClusterOptions, recorded_image: str | None) -> str:

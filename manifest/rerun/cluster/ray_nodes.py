@@ -13,9 +13,11 @@ it:
 3. starts one task per bundle; each runs the remote entrypoint
    (``python -I -m manifest.rerun.remote``) on the job's ``working_dir`` (the
    bundle, unpacked by Ray on that node and checked on arrival there), with
-   ``PET_NODE_RANK`` and ``PET_RDZV_ENDPOINT`` set for the bundle's torchrun;
-4. prints the nodes' results as one (``combine_results``) between the marker
-   lines the submitter reads from the job's log.
+   ``PET_NODE_RANK`` and ``PET_RDZV_ENDPOINT`` set for the bundle's torchrun
+   (static rendezvous: bundle ``i``'s torchrun is node ``i``, and node 0 serves it);
+4. says in the job's log which global ranks each node held (``manifest: node I held
+   global ranks …``), then prints the nodes' results as one (``combine_results``)
+   between the marker lines the submitter reads from the job's log.
 
 Each node's entrypoint is a child of its Ray worker that dies with it
 (``PR_SET_PDEATHSIG``), so ``ray job stop`` (the verb's cancel) ends the
@@ -57,15 +59,14 @@ def rendezvous_point() -> tuple[str, int]:
     return host, port
 
 
-def run_node(node: int, host: str, port: int, expect: str, python: str,
-             local_addr: str | None = None) -> dict[str, Any]:
+def run_node(node: int, host: str, port: int, expect: str, python: str) -> dict[str, Any]:
     """One node's launch: the remote entrypoint on this node's copy of the bundle."""
     from manifest.nodes.layout import node_env
     from manifest.rerun.remote import RESULT, RESULT_FORMAT
 
     bundle = Path.cwd()
     with tempfile.TemporaryDirectory(prefix=f"manifest-node{node}-") as out:
-        env = {**os.environ, **node_env(node, host, port, local_addr)}
+        env = {**os.environ, **node_env(node, host, port)}
         proc = subprocess.run(
             [python, "-I", "-m", "manifest.rerun.remote", str(bundle), out, "--expect", expect],
             env=env, preexec_fn=_die_with_parent, check=False)
@@ -95,7 +96,7 @@ def _nodes_seen() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from manifest.errors import EXIT_NO_VERDICT
-    from manifest.nodes.layout import node_addresses
+    from manifest.nodes.layout import ranks_held, rendezvous_host
     from manifest.rerun.cluster.placement import NodeNeed, combine_results
     from manifest.rerun.remote import RESULT_FORMAT, encode_result
 
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     where = ray.remote(num_cpus=0)(rendezvous_point)
     points = ray.get([where.options(scheduling_strategy=on(i)).remote()
                       for i in range(args.nodes)])
-    host, local_addrs = node_addresses([address for address, _ in points])
+    host = rendezvous_host([address for address, _ in points])
     port = points[0][1]
     sys.stdout.write(f"manifest: {args.nodes} nodes placed (STRICT_SPREAD); rendezvous at "
                      f"{host}:{port}\n")
@@ -142,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     task = ray.remote(run_node)
     pending = [task.options(num_cpus=args.cpus, num_gpus=args.gpus,
                             scheduling_strategy=on(i)).remote(
-        i, host, port, args.expect, args.python, local_addrs[i]) for i in range(args.nodes)]
+        i, host, port, args.expect, args.python) for i in range(args.nodes)]
     docs = ray.get(pending)
+    for i, doc in enumerate(docs):
+        held = ranks_held(doc.get("records") or [])
+        sys.stdout.write(f"manifest: node {i} held global ranks "
+                         f"{', '.join(map(str, held)) or 'none'} (Ray node "
+                         f"{str(doc.get('placed_on') or '?')[:12]})\n")
     combined = combine_results(docs)
     combined["placed_on"] = [d.get("placed_on") for d in docs]
     sys.stdout.write("\n".join(encode_result(combined)) + "\n")

@@ -81,29 +81,38 @@ def node_address(name: str) -> str:
 
 def run_job(bundle: str, outdir: str, expect: str, nodes: int = 1) -> dict[str, Any]:
     """What each task of the SLURM job runs: the remote entrypoint, refusals as a result. In a
-    multi-node job each task is one node: its node rank and node 0's endpoint are set as
-    torchrun's variables first."""
+    multi-node job each task is one node: its node rank (the task's) and node 0's endpoint
+    are set as torchrun's variables first, and the task's log says which global ranks its
+    node held (``manifest: node I held global ranks …``)."""
     from manifest.errors import ManifestError
     from manifest.rerun.remote import RESULT_FORMAT, run_bundle
 
     out = Path(outdir)
+    node: int | None = None
     if nodes > 1:
         import submitit
 
-        from manifest.nodes.layout import node_addresses, node_env
+        from manifest.nodes.layout import node_env, rendezvous_host
 
         job = submitit.JobEnvironment()
         local = "SUBMITIT_LOCAL_JOB_ID" in os.environ
         addresses = (["127.0.0.1"] * nodes if local
                      else [node_address(name) for name in job.hostnames])
-        host, local_addrs = node_addresses(addresses)
-        os.environ.update(node_env(job.global_rank, host, rendezvous_port(str(job.job_id)),
-                                   local_addrs[job.global_rank]))
-        out = out / f"node-{job.global_rank}"
+        node = int(job.global_rank)
+        os.environ.update(node_env(node, rendezvous_host(addresses),
+                                   rendezvous_port(str(job.job_id))))
+        out = out / f"node-{node}"
     try:
-        return run_bundle(Path(bundle), out, expect)
+        doc = run_bundle(Path(bundle), out, expect)
     except ManifestError as exc:
         return {"format": RESULT_FORMAT, "bundle": expect, "refused": exc.message}
+    if node is not None:
+        from manifest.nodes.layout import ranks_held
+
+        held = ranks_held(doc.get("records") or [])
+        print(f"manifest: node {node} held global ranks "
+              f"{', '.join(map(str, held)) or 'none'}", flush=True)
+    return doc
 
 
 def _slurm_state(job_id: str) -> str | None:
