@@ -52,6 +52,9 @@ def _runner() -> Any:
 def _key(runner: Any, name: str) -> str:
     h = hashlib.sha256()
     for block in runner._sessions()[name]:
+        # The name (page:line) too: outputs are stored under it, so a block that moved
+        # on its page (text added above it) must not find the old run's outputs.
+        h.update(block.name.encode())
         h.update(block.body.encode())
     h.update((REPO / "examples" / "train.py").read_bytes())
     h.update(sys.version.encode())
