@@ -220,6 +220,12 @@ def ranks_held(records: list[dict[str, Any]]) -> list[int]:
                    and not r.get("mp_child")})
 
 
+def held_line(node: int, records: list[dict[str, Any]], where: str = "") -> str:
+    """The line a node's job log gets: ``manifest: node I held global ranks …``."""
+    held = ", ".join(map(str, ranks_held(records))) or "none"
+    return f"manifest: node {node} held global ranks {held}{where}\n"
+
+
 def rendezvous_host(addresses: list[str]) -> str:
     """How the nodes reach node 0, from the address the engine gives each node (node 0's
     first): its address, or ``127.0.0.1`` when every node is on one host (a host reaches

@@ -96,7 +96,7 @@ def _nodes_seen() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from manifest.errors import EXIT_NO_VERDICT
-    from manifest.nodes.layout import ranks_held, rendezvous_host
+    from manifest.nodes.layout import held_line, rendezvous_host
     from manifest.rerun.cluster.placement import NodeNeed, combine_results
     from manifest.rerun.remote import RESULT_FORMAT, encode_result
 
@@ -146,10 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         i, host, port, args.expect, args.python) for i in range(args.nodes)]
     docs = ray.get(pending)
     for i, doc in enumerate(docs):
-        held = ranks_held(doc.get("records") or [])
-        sys.stdout.write(f"manifest: node {i} held global ranks "
-                         f"{', '.join(map(str, held)) or 'none'} (Ray node "
-                         f"{str(doc.get('placed_on') or '?')[:12]})\n")
+        sys.stdout.write(held_line(i, doc.get("records") or [],
+                                   f" (Ray node {str(doc.get('placed_on') or '?')[:12]})"))
     combined = combine_results(docs)
     combined["placed_on"] = [d.get("placed_on") for d in docs]
     sys.stdout.write("\n".join(encode_result(combined)) + "\n")

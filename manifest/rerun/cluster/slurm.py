@@ -107,11 +107,10 @@ def run_job(bundle: str, outdir: str, expect: str, nodes: int = 1) -> dict[str, 
     except ManifestError as exc:
         return {"format": RESULT_FORMAT, "bundle": expect, "refused": exc.message}
     if node is not None:
-        from manifest.nodes.layout import ranks_held
+        from manifest.nodes.layout import held_line
 
-        held = ranks_held(doc.get("records") or [])
-        print(f"manifest: node {node} held global ranks "
-              f"{', '.join(map(str, held)) or 'none'}", flush=True)
+        sys.stdout.write(held_line(node, doc.get("records") or []))  # the task's log
+        sys.stdout.flush()
     return doc
 
 
