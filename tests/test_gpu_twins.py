@@ -71,6 +71,90 @@ def test_resolving_inside_the_window_records_nothing_and_agrees() -> None:
            [[ops.fingerprint_text(f) for f in e.outputs] for e in once]
 
 
+# ------------------------------------------- memory no op wrote (torch.empty)
+# Found on the H100: with the deterministic switch off, explain named
+# aten::empty.memory_format as the first op that computed differently. An empty-like
+# op returns whatever its block held (CUDA's caching allocator hands back an earlier
+# tensor's bytes), so its output is no value of the run. Here each run's leftovers are
+# put into the fresh buffer from outside torch's ops (numpy), as the allocator would.
+
+
+def _empty_then_written(leftover: float, device_sums: bool) -> list[Any]:
+    import torch
+
+    from manifest.explain.stream import Op
+    from manifest.launch.boot import _manifest_ops as ops
+
+    events: list[Any] = []
+    recorder = ops.make_recorder_class()(events.append)
+    recorder.fp.device_sums = device_sums
+    with recorder:
+        buf = torch.empty(4096)
+        buf.numpy()[:] = leftover  # this run's leftovers (a detach: a view, no value read)
+        rows = buf.view(64, 64)  # a view reads no value
+        rows.fill_(3.0)  # the first write
+        torch.mul(buf, 2, out=torch.empty(4096))  # written through out=
+        (buf * 2).sum()
+    recorder.fp.resolve()
+    return [Op(e.seq, e.step, e.op, e.module, e.module_type, e.where,
+               tuple(map(ops.fingerprint_text, e.inputs)),
+               tuple(map(ops.fingerprint_text, e.outputs)), e.meta, e.device)
+            for e in events]
+
+
+@pytest.mark.parametrize("device_sums", [False, True], ids=["bytes", "device sums"])
+def test_memory_no_op_wrote_is_not_a_value_of_the_run(device_sums: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from manifest.explain.align import first_divergence
+    from manifest.launch.boot import _manifest_ops as ops
+
+    one, two = _empty_then_written(1.0, device_sums), _empty_then_written(2.0, device_sums)
+    by_name = {o.name: o for o in one}
+    assert [o.name for o in one][:4] == ["aten::empty.memory_format", "aten::detach",
+                                         "aten::view", "aten::fill_.Scalar"]
+    assert one[0].outputs == (ops.UNINITIALIZED,)
+    view, fill = by_name["aten::view"], by_name["aten::fill_.Scalar"]
+    assert view.inputs == view.outputs == (ops.UNINITIALIZED,)
+    assert fill.inputs == (ops.UNINITIALIZED,) and fill.outputs[0] != ops.UNINITIALIZED
+    mul_out = by_name["aten::mul.out"]
+    assert mul_out.inputs[-1] == ops.UNINITIALIZED != mul_out.outputs[0]
+    assert first_divergence(one, two) is None
+    assert one == two  # same fingerprints op for op: nothing of the leftovers is recorded
+    # Control: a recorder that takes empty's bytes for a value parts the two runs at the
+    # buffer before its first write (at the empty op itself when the allocator's block
+    # held other bytes in the second run, as on the H100; else where the leftovers show).
+    monkeypatch.setattr(ops, "_UNINIT_OPS", frozenset())
+    found = first_divergence(_empty_then_written(1.0, device_sums),
+                             _empty_then_written(2.0, device_sums))
+    assert found is not None and found.a is not None
+    assert found.a.name in ("aten::empty.memory_format", "aten::view", "aten::fill_.Scalar")
+
+
+def _empty_then_read(value: float) -> list[Any]:
+    import torch
+
+    from manifest.explain.stream import Op
+    from manifest.launch.boot import _manifest_ops as ops
+
+    events: list[Any] = []
+    with ops.make_recorder_class()(events.append):
+        buf = torch.empty(16)
+        buf.numpy()[:] = value  # data written from outside torch's ops
+        (buf * 2).sum()
+    return [Op(e.seq, e.step, e.op, e.module, e.module_type, e.where,
+               tuple(map(ops.fingerprint_text, e.inputs)),
+               tuple(map(ops.fingerprint_text, e.outputs)), e.meta, e.device) for e in events]
+
+
+def test_data_written_into_an_empty_buffer_from_outside_is_still_named() -> None:
+    from manifest.explain.align import first_divergence
+
+    a, b = _empty_then_read(1.0), _empty_then_read(2.0)
+    found = first_divergence(a, b)
+    assert found is not None and found.kind == "input-from-outside"
+    assert found.a is not None and found.a.name == "aten::mul.Tensor"
+
+
 @pytest.mark.slow
 def test_explain_names_the_first_op_down_the_device_sum_path(tmp_path: Path) -> None:
     """The H100 failure: runs part, explain's op window must resolve its device sums."""

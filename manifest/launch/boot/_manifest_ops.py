@@ -158,6 +158,39 @@ def _blake3_16(buffer: Any) -> str:
         return hashlib.blake2b(buffer, digest_size=8).hexdigest()
 
 
+UNINITIALIZED = "uninit"
+"""The fingerprint of memory no op has written yet: ``torch.empty`` and its kin return
+whatever the allocator's block held (on CUDA, the caching allocator's leftovers from an
+earlier tensor), so its bytes are not a value of the run and are never read."""
+
+_UNINIT_OPS = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+    "aten::new_empty_strided", "aten::empty_permuted",
+})
+
+
+def _storage_key(t: Any) -> tuple[str, int] | None:
+    try:
+        ptr = int(t.untyped_storage().data_ptr())
+        return (str(t.device), ptr) if ptr else None
+    except Exception:  # a tensor without storage (a subclass, a functional wrapper)
+        return None
+
+
+def _written_args(func: Any, args: Any, kwargs: dict[str, Any]) -> Iterator[Any]:
+    """Tensors an op writes into (``Tensor(a!)`` in its schema: in-place and ``out=``)."""
+    try:
+        arguments = func._schema.arguments
+    except Exception:
+        return
+    for i, arg in enumerate(arguments):
+        alias = arg.alias_info
+        if alias is None or not alias.is_write:
+            continue
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        yield from _leaves(value)
+
+
 def fingerprint_text(fp: Any) -> str:
     """An op's fingerprint as text (a device sum's slot once :meth:`resolve` has run)."""
     return fp[0] if isinstance(fp, list) else str(fp)
@@ -336,6 +369,40 @@ def make_recorder_class() -> Any:
             self.paused = False
             self.backward: dict[str, Any] = {}
             self.labeller: Any = None
+            # Storages an empty-like op made and no op has written since (see UNINITIALIZED).
+            self.uninit: set[tuple[str, int] | None] = set()
+
+        def _unwritten(self, func: Any, args: Any, kwargs: dict[str, Any]) -> set[Any]:
+            """Storages among this op's inputs whose bytes it neither reads nor depends on.
+
+            Those of a view op (it reads no value) and those the op writes (in-place,
+            ``out=``), while no op has written them since an empty-like op made them.
+            Any other op that reads such a storage reads the allocator's leftovers, and
+            is fingerprinted by them: a value from outside the run's ops.
+            """
+            if not self.uninit:
+                return set()
+            if getattr(func, "is_view", False):
+                return self.uninit
+            return {_storage_key(t) for t in _written_args(func, args, kwargs)
+                    if isinstance(t, torch.Tensor)} & self.uninit
+
+        def _after(self, func: Any, written: set[Any], ins: list[Any], outs: list[Any]) -> None:
+            """Which storages hold bytes no op wrote, once this op ran.
+
+            An empty-like op's outputs join; the storages an op wrote leave, and so
+            does a fresh output's (its storage is none of its inputs': the allocator
+            reuses addresses); a view of an unwritten storage stays unwritten.
+            """
+            if func.name().split(".")[0] in _UNINIT_OPS:
+                self.uninit.update(k for k in map(_storage_key, outs) if k is not None)
+                return
+            if not self.uninit:
+                return
+            if not getattr(func, "is_view", False):
+                self.uninit -= written
+            inputs = {_storage_key(t) for t in ins}
+            self.uninit -= {k for k in map(_storage_key, outs) if k not in inputs}
 
         def __enter__(self) -> Any:
             self.modules = _ModuleStack(torch)
@@ -364,10 +431,18 @@ def make_recorder_class() -> Any:
             if self.paused or self.fp.busy or os.getpid() != self.pid:
                 return func(*args, **kwargs)
             ins = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            in_fps = tuple(self.fp(t) for t in ins) if self.fingerprint else ()
+            in_fps: tuple[Any, ...] = ()
+            if self.fingerprint:
+                unwritten = self._unwritten(func, args, kwargs)
+                in_fps = tuple(UNINITIALIZED if unwritten and _storage_key(t) in unwritten
+                               else self.fp(t) for t in ins)
             out = func(*args, **kwargs)
             outs = [t for t in _leaves(out) if isinstance(t, torch.Tensor)]
-            out_fps = tuple(self.fp(t) for t in outs) if self.fingerprint else ()
+            out_fps: tuple[Any, ...] = ()
+            if self.fingerprint:
+                self._after(func, unwritten, ins, outs)
+                out_fps = tuple(UNINITIALIZED if self.uninit and _storage_key(t) in self.uninit
+                                else self.fp(t) for t in outs)
             path, kind = self.modules.current() if self.modules is not None else ("", "")
             if not path and _in_backward():
                 path, kind = self.backward.get("module") or ("", "")
