@@ -233,3 +233,30 @@ def test_torchrun_ranks_get_their_own_streams(tmp_path: Path) -> None:
     code, report, stderr = explain(repo, manifest)
     assert code == 0, stderr
     assert report["verdict"] == "agree"
+
+
+# A Python that cannot import blake3 (a command whose `python` is not the one manifest is
+# installed in): its launcher applies seeds and switches but fingerprints nothing. The
+# blocker is a module named blake3 first on that process's path that refuses to import.
+def test_a_python_without_blake3_is_named_by_capture_and_explain(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"noisy.py": NOISY,
+                                         "nob3/blake3.py": "raise ImportError('no blake3')\n"},
+                     example=False)
+    blind = ["env", "PYTHONPATH=nob3", "python", "noisy.py"]
+    proc = manifest_cli("capture", "--artifact", "noisy.py", "--", *blind, cwd=repo)
+    assert proc.returncode == 0, proc.stderr.decode()
+    (repo / "blind.json").write_bytes(proc.stdout)
+    stderr = proc.stderr.decode()
+    assert "rank(s) 0 could not import blake3" in stderr, stderr
+    assert "verify can compare only the declared outputs" in stderr
+    code, report, _ = explain(repo, repo / "blind.json")
+    assert code == 3 and report["verdict"] == "no-verdict"
+    assert report["reason"].startswith("the command ran 7 optimizer step(s) but fingerprinted "
+                                       "none: its Python could not import blake3")
+    # Control: the same script under a Python that has blake3 is noted by neither.
+    proc = manifest_cli("capture", "--artifact", "noisy.py", "--", "python", "noisy.py",
+                        cwd=repo)
+    assert proc.returncode == 0 and "blake3" not in proc.stderr.decode()
+    (repo / "seen.json").write_bytes(proc.stdout)
+    code, report, _ = explain(repo, repo / "seen.json")
+    assert code == 0 and report["steps_run"] == 7

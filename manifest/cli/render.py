@@ -337,6 +337,15 @@ def run_notes(manifest: Manifest) -> list[str]:
                 notes.append(f"{call.site} reseeds {', '.join(call.generators)} after "
                              f"{', '.join(call.drawn)} had been drawn from under the "
                              "launcher's seed.")
+    blind = [str(r.rank) for r in manifest.randomness.processes
+             if r.at_start is not None and r.at_start.python is None]
+    if blind:
+        # Python's own generator always has a state: only a process that could not hash
+        # it (no blake3 in that interpreter) records none.
+        notes.append(f"rank(s) {', '.join(blind[:8])} could not import blake3, so no step "
+                     "trail and no random state were fingerprinted: verify can compare only the "
+                     "declared outputs. The command's Python is probably not the one manifest "
+                     "is installed in; install torch-manifest into it.")
     found = [ds.path for ds in manifest.data if ds.source == "discovered"]
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")

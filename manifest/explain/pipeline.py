@@ -253,8 +253,13 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
         trail_a, trail_b = _trails(a.records, auto=True), _trails(b.records, auto=True)
         report.steps_run = max((len(t) for t in trail_a.values()), default=0)
         if not report.steps_run:
-            report.reason = ("the command ran no optimizer step (torch.optim) and no "
-                             "backward(), so there is no step to explain")
+            ran = max((int(r.get("steps") or 0) for r in a.records), default=0)
+            report.reason = (
+                f"the command ran {ran} optimizer step(s) but fingerprinted none: its Python "
+                "could not import blake3 (it is probably not the Python manifest is installed "
+                "in; install torch-manifest into it)" if ran else
+                "the command ran no optimizer step (torch.optim) and no backward(), so there is "
+                "no step to explain")
             return
         parted = _first_parting(trail_a, trail_b)
         _judge_parting(recorded, report, a.records, b.records, parted)
