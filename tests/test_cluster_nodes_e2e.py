@@ -9,7 +9,8 @@ One module, so CI pays for the capture and the Ray cluster once:
   two Ray nodes) and is ``identical``; ``--layout 1x2`` is ``equivalent``; a layout of three
   nodes is refused before anything is submitted; ``--timeout`` and SIGTERM cancel the job and
   the report quotes Ray's own ``STOPPED``, and no process of the job is left;
-* real SLURM (``.ci/slurm-up`` as root: two slurmd on this host) when ``sbatch`` is on PATH:
+* real SLURM (``.ci/slurm-up`` as root: two slurmd on this host, started by ``.ci/run`` or by
+  ``tests/slurm_host.py``) when ``sbatch`` is on PATH:
   ``verify --on slurm`` runs one task per node and is ``identical``; three nodes are refused
   before submission; ``--timeout`` is confirmed by SLURM's ``CANCELLED``.
 
@@ -34,6 +35,7 @@ from typing import Any
 import pytest
 
 from tests.runs import free_port, git, make_repo, manifest_cli
+from tests.slurm_host import require_slurm
 
 pytest.importorskip("ray.job_submission", reason="the ray extra is not installed")
 pytest.importorskip("submitit", reason="the slurm extra is not installed")
@@ -217,9 +219,12 @@ def test_sigterm_cancels_the_ray_job(ray: str, run: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------------- SLURM
 
-slurm = pytest.mark.skipif(shutil.which("sbatch") is None,
-                           reason="no SLURM here (sbatch not on PATH; .ci/slurm-up as root "
-                                  "starts one)")
+@pytest.fixture
+def slurm_host() -> None:
+    require_slurm()
+
+
+slurm = pytest.mark.usefixtures("slurm_host")
 
 
 def _sinfo_nodes() -> int:

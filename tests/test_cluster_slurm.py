@@ -1,14 +1,14 @@
 """``verify`` and ``explain --on slurm`` through submitit's local executor, end to end (issue 23).
 
 A real single-host SLURM (slurmctld, slurmd, munge) is used when ``sbatch`` is on PATH:
-``.ci/run`` as root starts one (``.ci/slurm-up``); without root that case skips with the
+``.ci/run`` as root starts one (``.ci/slurm-up``), and so do the tests when SLURM is
+installed but not running (``tests/slurm_host.py``); without root that case skips with the
 reason. The multi-node SLURM cases are in ``tests/test_cluster_nodes_e2e.py``.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ from tests.cluster_runs import (
     threads_manifest,
 )
 from tests.runs import capture, make_repo, manifest_cli
+from tests.slurm_host import require_slurm
 
 pytest.importorskip("submitit", reason="the slurm extra is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -52,9 +53,7 @@ def test_verify_on_slurm_local_executor_is_identical(tmp_path: Path) -> None:
 
 
 def test_verify_on_real_slurm(tmp_path: Path) -> None:
-    if shutil.which("sbatch") is None:
-        pytest.skip("no SLURM here (sbatch not on PATH; apt-get install slurm-wlm munge "
-                    "as root to run this case)")
+    require_slurm()
     repo, manifest = _repo(tmp_path, local=False)
     proc = manifest_cli("verify", str(manifest), "--json", "--on", "slurm", cwd=repo,
                         timeout=600)
@@ -125,9 +124,8 @@ def test_segments_on_slurm_are_jobs_of_their_own(segmented: Path, tmp_path: Path
     """verify --segments --on slurm (issue 29, item 5): one SLURM job per stretch, each
     finding what a replay here finds (the fault at step 13, the changed checkpoint at the
     end of its stretch, the untouched ones)."""
-    if not local and shutil.which("sbatch") is None:
-        pytest.skip("no SLURM here (sbatch not on PATH; apt-get install slurm-wlm munge "
-                    "as root to run this case)")
+    if not local:
+        require_slurm()
     folder = tmp_path / "slurm"
     (segmented / "pyproject.toml").write_text(
         '[tool.manifest]\nresume = "--resume {checkpoint}"\n'
