@@ -81,6 +81,9 @@ class InputKind(Enum):
     ``.manifest/blobs/…`` as a FIFO or a device must not hang verify."""
     ARTIFACT = _Rule("output file", 1 << 50, DataError)
     """A recorded output hashed by ``attest`` (streamed: regular file only, no practical cap)."""
+    SCRIPT = _Rule("Python script", 1 << 20, UsageError)
+    """A script or config file a recorded command runs, parsed (never run) to learn how it
+    resumes (``manifest.verify.conventions``: nanoGPT's train.py is ~15 KB)."""
     BUNDLE_INDEX = _Rule("bundle index", None, NoVerdictError)
     """A cluster bundle's ``bundle.json``, read on arrival (:func:`read_regular_at`)."""
 

@@ -79,10 +79,19 @@ def test_resolving_inside_the_window_records_nothing_and_agrees() -> None:
 # put into the fresh buffer from outside torch's ops (numpy), as the allocator would.
 
 
+def _stream(events: list[Any]) -> list[Any]:
+    """The recorder's events as explain reads them (fingerprints as text)."""
+    from manifest.explain.stream import Op
+    from manifest.launch.boot._manifest_ops import fingerprint_text
+
+    return [Op(e.seq, e.step, e.op, e.module, e.module_type, e.where,
+               tuple(map(fingerprint_text, e.inputs)), tuple(map(fingerprint_text, e.outputs)),
+               e.meta, e.device) for e in events]
+
+
 def _empty_then_written(leftover: float, device_sums: bool) -> list[Any]:
     import torch
 
-    from manifest.explain.stream import Op
     from manifest.launch.boot import _manifest_ops as ops
 
     events: list[Any] = []
@@ -96,10 +105,7 @@ def _empty_then_written(leftover: float, device_sums: bool) -> list[Any]:
         torch.mul(buf, 2, out=torch.empty(4096))  # written through out=
         (buf * 2).sum()
     recorder.fp.resolve()
-    return [Op(e.seq, e.step, e.op, e.module, e.module_type, e.where,
-               tuple(map(ops.fingerprint_text, e.inputs)),
-               tuple(map(ops.fingerprint_text, e.outputs)), e.meta, e.device)
-            for e in events]
+    return _stream(events)
 
 
 @pytest.mark.parametrize("device_sums", [False, True], ids=["bytes", "device sums"])
@@ -133,7 +139,6 @@ def test_memory_no_op_wrote_is_not_a_value_of_the_run(device_sums: bool,
 def _empty_then_read(value: float) -> list[Any]:
     import torch
 
-    from manifest.explain.stream import Op
     from manifest.launch.boot import _manifest_ops as ops
 
     events: list[Any] = []
@@ -141,9 +146,7 @@ def _empty_then_read(value: float) -> list[Any]:
         buf = torch.empty(16)
         buf.numpy()[:] = value  # data written from outside torch's ops
         (buf * 2).sum()
-    return [Op(e.seq, e.step, e.op, e.module, e.module_type, e.where,
-               tuple(map(ops.fingerprint_text, e.inputs)),
-               tuple(map(ops.fingerprint_text, e.outputs)), e.meta, e.device) for e in events]
+    return _stream(events)
 
 
 def test_data_written_into_an_empty_buffer_from_outside_is_still_named() -> None:

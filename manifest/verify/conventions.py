@@ -22,7 +22,7 @@ overwritten at every save.
 The rule (:func:`resume_convention_argv`). The script is never imported or
 executed: the python file the argv runs (the word after ``python`` and its own
 options, or after torchrun's options) is read as a regular file of at most
-:data:`MAX_SOURCE` bytes and parsed with :mod:`ast`; so is each file below.
+:data:`MAX_SOURCE` bytes (``manifest.bounded``) and parsed with :mod:`ast`; so is each file below.
 It is nanoGPT-style when all of these hold:
 
 1. its module scope binds ``init_from`` and ``out_dir`` only by plain
@@ -56,14 +56,14 @@ import ast
 import os
 import re
 import shlex
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from manifest.errors import UsageError
+from manifest.bounded import InputKind, cap_of, read_user_file
+from manifest.errors import ManifestError, UsageError
 
-MAX_SOURCE = 1 << 20
-"""The most bytes of a script or config file read (nanoGPT's train.py is ~15 KB)."""
+MAX_SOURCE = cap_of(InputKind.SCRIPT)
+"""The most bytes of a script or config file read (the bounded reader's cap for a script)."""
 CHECKPOINT_NAME = "ckpt.pt"
 RESUME_WORD = "--init_from=resume"
 _NAMES = ("init_from", "out_dir")
@@ -130,22 +130,11 @@ def _script_index(argv: list[str]) -> int | None:
 
 
 def _parse(path: Path) -> ast.Module | None:
-    """``path`` parsed, or None: not a regular file, over :data:`MAX_SOURCE`, unreadable,
-    not Python (a FIFO or a device is opened without blocking and never read)."""
+    """``path`` parsed, or None: missing, not a regular file, over :data:`MAX_SOURCE`,
+    unreadable (the bounded reader: a FIFO or a device is never read), not Python."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            source = f.read(MAX_SOURCE + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(source) > MAX_SOURCE:
+        source = read_user_file(path, InputKind.SCRIPT)
+    except ManifestError:
         return None
     try:
         return ast.parse(source, filename=str(path))

@@ -116,7 +116,7 @@ class Started:
     staged: Path
     """The staging directory, removed once the job is finished or abandoned."""
     submitted: float
-    since: float = 0.0
+    since: float
     """``time.monotonic()`` at submission: the wait's limit counts from here, so jobs waited
     for one after another each get the same time from their own submission."""
 
