@@ -217,8 +217,8 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
 
 def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
                 workspace: Workspace, options: ExplainOptions, store: Any) -> None:
+    from manifest.rerun.dispatch import executor_for
     from manifest.rerun.environment import rerun_env
-    from manifest.rerun.executor import executor_for
 
     base = replace(plan.settings, trail="all", root=str(workspace.mount_at))
     other = base if options.threads is None else replace(base, threads=options.threads)

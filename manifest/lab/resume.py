@@ -131,7 +131,8 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
                  progress: Callable[[str], None] | None = None,
                  show_plan: Callable[[RerunPlan], None] | None = None) -> ResumeAudit:
     from manifest.capture.launcher import LaunchSettings
-    from manifest.rerun.executor import confined_hint, executor_for
+    from manifest.rerun.dispatch import executor_for
+    from manifest.rerun.executor import confined_hint
     from manifest.rerun.plan import plan_command
     from manifest.rerun.trust import TrustDecision
     from manifest.rerun.workspace import open_workspace, repo_root_of

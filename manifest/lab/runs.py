@@ -132,7 +132,8 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
     read-only, private ``/tmp``, no network unless ``--network``).
     """
     from manifest.capture.snapshot import take_snapshot
-    from manifest.rerun.executor import confined_hint, executor_for
+    from manifest.rerun.dispatch import executor_for
+    from manifest.rerun.executor import confined_hint
     from manifest.rerun.plan import plan_command
     from manifest.rerun.trust import TrustDecision
     from manifest.rerun.workspace import open_workspace

@@ -99,16 +99,3 @@ def confined_hint(plan: RerunPlan) -> str:
             + ("your tree" if plan.in_place else "the scratch tree")
             + ("" if plan.network else ", no network")
             + "; --no-sandbox runs it unconfined)")
-
-
-def executor_for(plan: RerunPlan) -> Executor:
-    """The executor the plan names: this machine, or a cluster (``--on``, imported lazily)."""
-    if plan.cluster is not None:
-        from manifest.rerun.cluster import executor_for_cluster
-
-        return executor_for_cluster(plan)
-    if plan.nodes:  # a multi-node run, every node here at once (manifest.rerun.nodes)
-        from manifest.rerun.nodes import LocalNodesExecutor
-
-        return LocalNodesExecutor(confined=plan.confined, network=plan.network)
-    return LocalExecutor(confined=plan.confined, network=plan.network)

@@ -48,7 +48,8 @@ def pin_dataset(name: str, url_text: str, *, store: BlobStore, mode: str = "list
     """
     import sys
 
-    from manifest.data.remote.source import Progress, open_source
+    from manifest.data.remote.registry import open_source
+    from manifest.data.remote.source import Progress
     from manifest.models import Dataset, RemotePin
 
     if mode not in MODES:
@@ -141,7 +142,7 @@ def recheck_pins(dataset: Dataset, store: BlobStore) -> Recheck:
 
 
 def _compare(dataset: Dataset, recorded: dict[str, ObjectPin], store: BlobStore) -> Recheck:
-    from manifest.data.remote.source import open_source
+    from manifest.data.remote.registry import open_source
 
     pin = dataset.remote
     assert pin is not None

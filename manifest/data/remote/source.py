@@ -2,7 +2,11 @@
 
 One class per provider (``s3``, ``gcs``, ``hf``, ``delta``), each importing its
 client library only when constructed, so ``manifest --help`` and ``diff`` never
-load boto3, google-cloud-storage, huggingface_hub or deltalake.
+load boto3, google-cloud-storage, huggingface_hub or deltalake. This module is the
+floor the providers stand on (the protocol, the read size, the progress line); which
+class serves which scheme is a table of import paths in
+:mod:`manifest.data.remote.registry`, which imports a provider on first use. The
+providers import from here and never from the registry, so no import runs back up.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from typing import Protocol
 
 from manifest.data.remote.pins import ObjectPin
 from manifest.data.remote.url import RemoteURL
-from manifest.errors import DataError
 
 CHUNK = 1 << 20
 """Bytes per read of an object body under ``--deep``: memory is workers × CHUNK."""
@@ -36,31 +39,6 @@ class Source(Protocol):
     def drift(self) -> list[str]:
         """After a re-check's listing: what moved besides the objects, one line each
         (a Hub branch that points elsewhere now, a Delta table's vacuumed files)."""
-
-
-def open_source(url: RemoteURL, endpoint: str | None, revision: str | None = None) -> Source:
-    """The provider's source; :class:`DataError` naming the extra if its library is missing."""
-    extra = {"s3": "s3", "gcs": "gcs", "hf": "hf", "delta": "delta"}[url.provider]
-    try:
-        if url.provider == "s3":
-            from manifest.data.remote.s3 import S3Source
-
-            return S3Source(url, endpoint)
-        if url.provider == "gcs":
-            from manifest.data.remote.gcs import GCSSource
-
-            return GCSSource(url, endpoint)
-        if url.provider == "delta":
-            from manifest.data.remote.delta import DeltaSource
-
-            return DeltaSource(url, endpoint, revision)
-        from manifest.data.remote.hf import HubSource
-
-        return HubSource(url, endpoint, revision)
-    except ImportError as exc:
-        raise DataError(f"pinning {url.text()} needs the '{extra}' extra ({exc.name} is not "
-                        "installed).",
-                        hint=f"pip install 'torch-manifest[{extra}]'") from None
 
 
 class Progress:

@@ -24,8 +24,13 @@ shortened.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from manifest.errors import UsageError
+
+if TYPE_CHECKING:
+    from manifest.rerun.cluster.options import ClusterOptions
 
 MAX_NAME = 255
 """The longest repository name (domain and path) the grammar allows."""
@@ -79,3 +84,27 @@ def check_reference(ref: str, where: str = "--image") -> str:
         raise UsageError(f"the container image {_shown(ref)} ({where}) {problem}; refusing "
                          "to render it into a pod spec.")
     return ref
+
+
+def image_for(options: ClusterOptions, recorded_image: str | None) -> str:
+    """The pods' image: ``--image`` (or ``[tool.manifest.executors.k8s] image``), else the
+    container image the manifest recorded (``env.container.image_digest``) when it names a
+    repository (``registry/train@sha256:…``). A bare ``sha256:…`` (podman's image id) is
+    not something a node can pull: it, or no recorded image, is one sentence (exit 2)."""
+    if options.image:
+        return check_reference(options.image)
+    if recorded_image and not recorded_image.startswith("sha256:"):
+        return check_reference(recorded_image, "recorded in env.container.image_digest")
+    if recorded_image:
+        raise UsageError(f"--on k8s needs an image a node can pull: the manifest recorded "
+                         f"only the image id {recorded_image}; pass --image "
+                         f"REPOSITORY@{recorded_image}.")
+    raise UsageError("--on k8s needs an image: --image, [tool.manifest.executors.k8s] image, "
+                     "or a manifest that recorded its container image "
+                     "(MANIFEST_CONTAINER_IMAGE_DIGEST=registry/train@sha256:… at capture).")
+
+
+def with_recorded_image(options: ClusterOptions, recorded_image: str | None) -> ClusterOptions:
+    """``options`` with the image decided (:func:`image_for`) before anything runs, so the plan
+    shows it and a missing one stops the verb before a workspace is built."""
+    return replace(options, image=image_for(options, recorded_image))

@@ -51,8 +51,8 @@ from manifest.errors import NoVerdictError
 
 if TYPE_CHECKING:
     from manifest.capture.launcher import LaunchResult, LaunchSettings
-    from manifest.rerun.cluster import ClusterOptions
     from manifest.rerun.cluster.bundle import Bundle
+    from manifest.rerun.cluster.options import ClusterOptions
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
 

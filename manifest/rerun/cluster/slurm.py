@@ -194,7 +194,7 @@ class SlurmExecutor(ClusterExecutor):
     """Submits each run of a plan as one SLURM job through submitit."""
 
     def folder(self) -> Path:
-        from manifest.rerun.cluster import default_folder
+        from manifest.rerun.cluster.options import default_folder
 
         return Path(self.options.folder) if self.options.folder else default_folder("slurm")
 
