@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from manifest.nodes.plan import NodeRun
 from manifest.rerun.trust import TrustDecision, escape_text, quote_arg
 
 if TYPE_CHECKING:
     from manifest.capture.launcher import LaunchSettings
     from manifest.models import Manifest
-    from manifest.rerun.cluster import ClusterOptions
+    from manifest.rerun.cluster.options import ClusterOptions
 
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -78,14 +79,6 @@ class RerunOptions:
     layout: str | None = None
     """``--layout NxP``: re-run a torchrun run on N nodes × P processes on this machine
     (``manifest.nodes.layout``); None: the recorded layout."""
-
-
-@dataclass(frozen=True)
-class NodeRun:
-    """One node's launch of a multi-node re-run on this machine (``manifest.rerun.nodes``)."""
-
-    node: int
-    argv: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -332,23 +325,28 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
         data=[(ds.path, ds.from_repo) for ds in recorded.data], settings=settings,
         variables=variables, options=options, trust=decision, runs=runs,
         unconfined_because=unconfined_because)
-    if options.cluster is None:
-        from manifest.nodes.plan import node_runs
-
-        return node_runs(plan, recorded, options.layout)
     from dataclasses import replace
 
+    from manifest.nodes.plan import cluster_node_runs, node_runs
+
+    if options.cluster is None:
+        local = node_runs(list(plan.argv), recorded, options.layout)
+        return plan if local is None else replace(plan, nodes=local.nodes, layout=local.layout)
     cluster = options.cluster
     if cluster.on == "k8s":  # the recorded container image is the default --image
-        from manifest.rerun.cluster.k8s import with_recorded_image
+        from manifest.rerun.cluster.image import with_recorded_image
 
         cluster = with_recorded_image(cluster, recorded.env.container.image_digest)
-    from manifest.nodes.plan import cluster_node_runs
-
-    return cluster_node_runs(
-        replace(plan, cluster=cluster, commit=recorded.code.commit,
-                diff_digest=recorded.code.diff_digest, topology=recorded_topology(recorded)),
-        recorded, options.layout)
+    plan = replace(plan, cluster=cluster, commit=recorded.code.commit,
+                   diff_digest=recorded.code.diff_digest, topology=recorded_topology(recorded))
+    launches = cluster_node_runs(list(plan.argv), recorded, options.layout)
+    if launches is None or launches.placed is None:
+        return plan
+    nodes, per_node = launches.placed
+    # The nodes meet over TCP: where the host confines the run, it keeps the network.
+    return replace(plan, argv=launches.argv, layout=launches.layout,
+                   topology={**(plan.topology or {}), "nodes": nodes, "per_node": per_node},
+                   network=plan.network or nodes > 1)
 
 
 def recorded_topology(recorded: Manifest) -> dict[str, int]:
