@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from manifest.explain.align import first_divergence
-from manifest.explain.stream import Op, parse_stream
 from manifest.launch.boot import _manifest_trail
+from manifest.ops.align import first_divergence
+from manifest.ops.stream import Op, parse_stream
 
 
 def op(row: int, name: str, ins: tuple[str, ...], outs: tuple[str, ...],

@@ -81,8 +81,8 @@ def test_resolving_inside_the_window_records_nothing_and_agrees() -> None:
 
 def _stream(events: list[Any]) -> list[Any]:
     """The recorder's events as explain reads them (fingerprints as text)."""
-    from manifest.explain.stream import Op
     from manifest.launch.boot._manifest_ops import fingerprint_text
+    from manifest.ops.stream import Op
 
     return [Op(e.seq, e.step, e.op, e.module, e.module_type, e.where,
                tuple(map(fingerprint_text, e.inputs)), tuple(map(fingerprint_text, e.outputs)),
@@ -111,8 +111,8 @@ def _empty_then_written(leftover: float, device_sums: bool) -> list[Any]:
 @pytest.mark.parametrize("device_sums", [False, True], ids=["bytes", "device sums"])
 def test_memory_no_op_wrote_is_not_a_value_of_the_run(device_sums: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from manifest.explain.align import first_divergence
     from manifest.launch.boot import _manifest_ops as ops
+    from manifest.ops.align import first_divergence
 
     one, two = _empty_then_written(1.0, device_sums), _empty_then_written(2.0, device_sums)
     by_name = {o.name: o for o in one}
@@ -150,7 +150,7 @@ def _empty_then_read(value: float) -> list[Any]:
 
 
 def test_data_written_into_an_empty_buffer_from_outside_is_still_named() -> None:
-    from manifest.explain.align import first_divergence
+    from manifest.ops.align import first_divergence
 
     a, b = _empty_then_read(1.0), _empty_then_read(2.0)
     found = first_divergence(a, b)

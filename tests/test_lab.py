@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from manifest.cli.render_lab import render_lab, render_lab_markdown
-from manifest.lab.catalogue import load_table, parse_docstring
 from manifest.lab.report import LabReport, lab_schema_text
+from manifest.ops.catalogue import load_table, parse_docstring
 from tests.runs import make_repo, manifest_cli
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,9 +9,9 @@ from manifest.cli.text import plain_confinement
 
 if TYPE_CHECKING:
     from manifest.cli.render_markdown import StepTrail
-    from manifest.explain.findings import Finding
     from manifest.explain.pipeline import ExplainReport
     from manifest.models import Manifest
+    from manifest.ops.findings import Finding
 
 _CAUSES = {
     "nondeterminism": "the two fresh runs part under the same settings: a nondeterministic "

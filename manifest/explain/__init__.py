@@ -1,8 +1,6 @@
 """``manifest explain``: where two runs part — step, op, module path, file:line.
 
-``stream`` reads the op streams the launcher's recorder writes, ``align``
-lines two of them up and finds the first op that computes differently,
-``findings`` turns that into a report entry (with the lab's table of ops
-torch documents as nondeterministic), and ``pipeline`` runs the recorded
-command to get the streams.
+``pipeline`` runs the recorded command twice with the op recorder on and reports
+where the streams part; reading and aligning the streams is :mod:`manifest.ops`,
+which verify and lab share.
 """

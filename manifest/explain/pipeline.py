@@ -14,7 +14,7 @@ Steps, in order:
 3. Pinpoint: run both again up to and including that step only, recording
    its op stream (``_manifest_ops``) and keeping its tensors' values, then
    stop the processes there.
-4. Align the two streams (``manifest.explain.align``) per rank and report
+4. Align the two streams (``manifest.ops.align``) per rank and report
    the first op whose inputs matched and outputs differ, or the value that
    entered from outside torch. When A and B agree with each other but not
    with the record, the cause is the environment or the inputs: the drift
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from manifest.canonical import load_manifest
 from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
-from manifest.explain.findings import Finding, compare_streams
-from manifest.explain.stream import OpStream, parse_stream, streams_in
 from manifest.models import Manifest
+from manifest.ops.findings import Finding, compare_streams
+from manifest.ops.stream import OpStream, parse_stream, streams_in
 from manifest.rerun.plan import RerunOptions
 from manifest.rerun.workspace import repo_root_of, store_for
 from manifest.verify.pipeline import environment_drift, threads_drift

@@ -19,7 +19,7 @@ Steps, in order (2N + 1 runs of the command, all in the current tree):
    mode's spread (max − min) is wider than the difference.
 4. One more run under the defaults with the op audit
    (``launch/boot/_manifest_audit.py``), not timed: every aten op with its
-   module path and line, kept if ``manifest.lab.catalogue`` lists it.
+   module path and line, kept if ``manifest.ops.catalogue`` lists it.
 5. When the recipe runs differ at a step: ``manifest explain``'s machinery
    re-runs run 1 up to that step twice, in place, and names the first op
    whose inputs matched and outputs differ (2 short runs more).
@@ -48,7 +48,6 @@ from manifest.capture.launcher import LaunchSettings, default_threads
 from manifest.capture.run import _config_int, build_run_manifest
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, NoVerdictError, UsageError
-from manifest.lab.catalogue import base_name, load_table
 from manifest.lab.checklist import checklist
 from manifest.lab.report import (
     Catalogue,
@@ -65,6 +64,7 @@ from manifest.lab.report import (
     WallStats,
 )
 from manifest.models import Manifest
+from manifest.ops.catalogue import base_name, load_table
 from manifest.redact import redact_argv
 from manifest.rerun.plan import RerunOptions
 from manifest.verify.report import BASES

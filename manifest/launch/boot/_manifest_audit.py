@@ -10,7 +10,7 @@ Why an audit and not the flag: on CPU, torch 2.13 raises under
 ``use_deterministic_algorithms(True)`` for none of the ops it documents as
 nondeterministic on CUDA, so a CPU-only machine learns which of them a model
 hits only by watching the ops go by. Every op is counted here; the lab
-decides which of them matter (``manifest.lab.catalogue``).
+decides which of them matter (``manifest.ops.catalogue``).
 
 File (JSON, ``<dir>/audit-<pid>.json``, written at exit)::
 

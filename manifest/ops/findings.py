@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from manifest.explain.align import Divergence, first_divergence
-from manifest.explain.stream import Op, OpStream
+from manifest.ops.align import Divergence, first_divergence
+from manifest.ops.stream import Op, OpStream
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ _TABLE: Any = None
 def listed_nondeterministic(op: str, device: str) -> bool:
     """Whether torch documents ``op`` as nondeterministic on ``device`` with the switch off.
 
-    The table is the lab's (``manifest.lab.catalogue``: the installed torch's
+    The table is the lab's (``manifest.ops.catalogue``: the installed torch's
     own list in ``use_deterministic_algorithms``' docstring, a maintained
     fallback otherwise); every entry there is a CUDA condition, so on CPU
     nothing is listed (torch 2.13 raises for none of them on CPU).
@@ -103,7 +103,7 @@ def listed_nondeterministic(op: str, device: str) -> bool:
     global _TABLE
     if not device.startswith("cuda"):
         return False
-    from manifest.lab.catalogue import base_name, load_table
+    from manifest.ops.catalogue import base_name, load_table
 
     if _TABLE is None:
         _TABLE = load_table()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from manifest.explain.stream import Op
+from manifest.ops.stream import Op
 
 
 @dataclass(frozen=True)
