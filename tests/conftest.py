@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_data_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Captures record the digests they seal in the user's data directory
-    (``manifest.rerun.trust``): point it into the session's tmp dir, for this
+    (``manifest.trust``): point it into the session's tmp dir, for this
     process and every CLI subprocess, so tests never touch the real one."""
     os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg-data"))
 

@@ -30,7 +30,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from manifest.cli.files import read_manifest_file, write_output
     from manifest.nodes.intake import NodeIntake
     from manifest.nodes.merge import merge_nodes
-    from manifest.rerun.trust import record_sealed, was_sealed_here
+    from manifest.trust import record_sealed, was_sealed_here
 
     # Each record is checked as it is read (manifest.nodes.intake): a duplicate or a
     # topology that cannot be is named at once, not after every record is loaded.

@@ -134,8 +134,8 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
     from manifest.rerun.dispatch import executor_for
     from manifest.rerun.executor import confined_hint
     from manifest.rerun.plan import plan_command
-    from manifest.rerun.trust import TrustDecision
     from manifest.rerun.workspace import open_workspace, repo_root_of
+    from manifest.trust import TrustDecision
     from manifest.verify.conventions import NO_TEMPLATE, RESUME_VAR, resume_argv, resume_template
 
     say = progress or (lambda _: None)

@@ -135,8 +135,8 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
     from manifest.rerun.dispatch import executor_for
     from manifest.rerun.executor import confined_hint
     from manifest.rerun.plan import plan_command
-    from manifest.rerun.trust import TrustDecision
     from manifest.rerun.workspace import open_workspace
+    from manifest.trust import TrustDecision
 
     say = progress or (lambda _: None)
     table, origin = load_config(cwd)

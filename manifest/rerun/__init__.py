@@ -7,7 +7,8 @@ are the same for every verb:
 1. **plan** (``plan``): an immutable ``RerunPlan`` built from the manifest,
    its signature, the trust policy and the verb's overrides: argv, cwd,
    variables, inputs, outputs, runs, confinement, executor, trust. Every path
-   is validated once (``paths``); the trust decision is ``trust``'s; it is
+   is validated once (``paths``); the trust decision is :mod:`manifest.trust`'s
+   (below every verb, as capture and merge ask it too); it is
    printed (escaped) before an untrusted manifest runs and is part of every
    verb's ``--format json`` report.
 2. **workspace** (``workspace``): the scratch clone at the recorded commit
@@ -19,5 +20,7 @@ are the same for every verb:
    command never outlives the verb. Cluster executors plug in here.
 
 ``environment`` fills the argv's withheld values and the environment the
-recorded run had.
+recorded run had; ``dispatch`` chooses the executor, above the local, node and
+cluster executors, so the direction is one way: plan → workspace → executor →
+cluster → dispatch.
 """

@@ -39,7 +39,7 @@ class UnsafePathError(NoVerdictError):
 
 
 def _show(value: str) -> str:
-    from manifest.rerun.trust import escape_text
+    from manifest.trust import escape_text
 
     return escape_text(value)
 

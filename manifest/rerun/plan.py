@@ -12,7 +12,7 @@ workspace and an executor (``manifest.rerun.workspace``,
   (``manifest.rerun.paths``): ``cwd`` and output globs stay in the tree,
   datasets are never system trees, and a dataset outside the repository is
   an input the plan lists (it needs the same trust as the command);
-* the trust decision (``manifest.rerun.trust``) is part of the plan: sealed
+* the trust decision (``manifest.trust``) is part of the plan: sealed
   here, signed by a trusted identity, ``--trust`` after reading the plan, or
   (lab) the command the user typed;
 * confinement is decided here: bubblewrap when it works, unless the verb was
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.nodes.plan import NodeRun
-from manifest.rerun.trust import TrustDecision, escape_text, quote_arg
+from manifest.trust import TrustDecision, escape_text, quote_arg
 
 if TYPE_CHECKING:
     from manifest.capture.launcher import LaunchSettings
@@ -305,7 +305,7 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
                        runs: tuple[str, ...] = (),
                        unconfined_because: str | None = None) -> RerunPlan:
     """The plan to re-run ``recorded``'s command, with the trust decision for it."""
-    from manifest.rerun.trust import check_trust
+    from manifest.trust import check_trust
 
     assert recorded.command is not None
     settings = recorded_settings(recorded, options.threads)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from manifest.canonical import dumps, load_manifest, seal, to_document
-from manifest.rerun.trust import (
+from manifest.trust import (
     check_trust,
     escape_text,
     record_sealed,

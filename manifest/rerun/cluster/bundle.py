@@ -215,7 +215,7 @@ def _kind(mode: int) -> str:
 
 
 def _shown(rel: str) -> str:
-    from manifest.rerun.trust import escape_text
+    from manifest.trust import escape_text
 
     return escape_text(rel)
 

@@ -56,7 +56,7 @@ def _is_domain(name: str) -> bool:
 
 
 def _shown(ref: str) -> str:
-    from manifest.rerun.trust import escape_text
+    from manifest.trust import escape_text
 
     if len(ref) <= 80:
         return escape_text(ref)
