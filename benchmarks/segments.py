@@ -18,8 +18,8 @@ one-after-another replay is the gain of running stretches side by side.
 
 ``detect``: each trial captures the run with one silent fault, a weight moved by
 one ULP before the optimizer step drawn uniformly from 1..steps (``NUDGE_AT``,
-outside the recorded identity, so every trial has the same run_id and therefore
-the same seeded stretches), then runs ``verify --segments N``. Reported: how many
+outside the recorded identity), then runs ``verify --segments N``, whose stretches
+are drawn from a fresh nonce each time (``manifest.verify.stretches``). Reported: how many
 trials said ``differs``, against the report's own ``p_catch_single_bad_step``, and
 whether every fault inside a replayed stretch was caught at its own step.
 """

@@ -15,7 +15,14 @@ import pytest
 
 from manifest.canonical import load_manifest
 from manifest.errors import UsageError
-from manifest.nodes.gather import MERGED, NodesMissing, check_directory, gather
+from manifest.nodes.gather import (
+    MERGED,
+    ForeignMerge,
+    NodesMissing,
+    check_directory,
+    gather,
+    record_name,
+)
 from manifest.nodes.layout import Layout, cluster_launch, node_env, ranks_held, rendezvous_host
 from manifest.nodes.merge import merge_nodes
 from manifest.nodes.torchrun import as_every_node_runs, option
@@ -145,3 +152,78 @@ def test_a_node_that_never_arrives_is_named(tmp_path: Path) -> None:
         gather(node_record(0), tmp_path, timeout_s=1)
     assert err.value.hint is not None and "manifest merge" in err.value.hint
     assert not (tmp_path / MERGED).exists()
+
+
+def _gather_in_thread(record: Any, directory: Path) -> tuple[threading.Thread, dict[str, Any]]:
+    """Node ``record``'s capture --nodes on a thread; its result or error lands in the dict."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = gather(record, directory, timeout_s=120)
+        except Exception as exc:  # handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def _wait_for(path: Path) -> None:
+    """Until node 0 has written its record (an event, not a fixed sleep)."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("foreign", ["another run", "not a manifest"])
+def test_a_foreign_run_json_dropped_while_node_0_waits_is_refused(tmp_path: Path,
+                                                                   foreign: str) -> None:
+    """Issue 38: another writer drops a run.json into the --nodes directory while node 0
+    waits for node 1. Positive control: that file is a valid, sealed merge of a 2-node run,
+    which is all the old check asked of it; ours asks for node 0's own record in it."""
+    from manifest.store import atomic_write
+
+    mine = node_record(0)
+    thread, out = _gather_in_thread(mine, tmp_path)
+    _wait_for(tmp_path / record_name(0))
+    if foreign == "another run":
+        other = [node_record(i, changes={"randomness.seed": 99}) for i in (0, 1)]
+        data = merged_of_records(other)
+        loaded = load_manifest(data)  # the positive control: a valid merge …
+        assert loaded.command is not None and loaded.command.topology is not None
+        assert loaded.command.topology.nodes == 2 and loaded.run_id != mine.run_id
+        assert mine.digest not in (loaded.observed.node_records or [])  # … of other records
+    else:
+        data = b"{not json"
+    atomic_write(tmp_path / MERGED, data)
+    thread.join()
+    error = out.get("error")
+    assert isinstance(error, ForeignMerge), out
+    assert error.exit_code == 2 and "\n" not in str(error)
+    assert f"does not hold node 0's record ({mine.digest})" in str(error) or (
+        "is not a manifest this launch's merge could write" in str(error))
+
+
+def test_node_0_takes_the_merge_that_holds_its_own_record(tmp_path: Path) -> None:
+    """The benign twin: node 1 completes the set and merges; waiting node 0 finds its own
+    record's digest in the merge and takes it."""
+    mine = node_record(0)
+    thread, out = _gather_in_thread(mine, tmp_path)
+    _wait_for(tmp_path / record_name(0))
+    done = gather(node_record(1), tmp_path, timeout_s=60)
+    thread.join()
+    assert "error" not in out, out
+    assert done.merged_here and not out["result"].merged_here
+    assert out["result"].run_id == done.run_id
+    merged = load_manifest((tmp_path / MERGED).read_bytes())
+    assert merged.observed.node_records == [mine.digest, node_record(1).digest]
+
+
+def merged_of_records(records: list[Any]) -> bytes:
+    from manifest.canonical import dumps
+
+    return dumps(merge_nodes([(f"node{i}.json", m) for i, m in enumerate(records)]))

@@ -19,9 +19,25 @@ from typing import Any
 
 import pytest
 
-from manifest.verify.segments import seeded_choice
+from manifest.canonical import seal
+from manifest.errors import UsageError
+from manifest.models import Checkpoint, Envelope, EnvelopeStep, Manifest, NumericPoint
+from manifest.numeric.envelope import bounds
+from manifest.verify.stretches import (
+    WELL_ABOVE,
+    Choice,
+    Stretch,
+    chances,
+    choose,
+    drawn,
+    resume_name,
+    stretches_of,
+    weigh,
+)
 from tests.cluster_runs import segments_run, segments_verify
-from tests.runs import make_repo, manifest_cli
+from tests.runs import EXAMPLE, make_repo, manifest_cli
+
+GOLDEN = Path(__file__).parent / "golden" / "manifest_v1.json"
 
 
 @pytest.fixture(scope="module")
@@ -58,22 +74,66 @@ def test_replays_elsewhere_agree_with_the_faulty_run(faulty_run: Path) -> None:
     assert last["end_checkpoints"] == {"out/ckpt/step-60.pt": True,
                                        "out/model.safetensors": True}
     assert doc["steps_checked"] == 30 and doc["total_steps"] == 60
-    assert doc["share_checked"] == 0.5 and doc["p_catch_single_bad_step"] == 0.5
+    assert doc["share_checked"] == 0.5
+    # Chosen by the user: no chance of catching anything is claimed for it.
+    assert doc["chosen_by"] == "--at" and doc["seed"] is None
+    assert doc["p_catch_single_bad_step"] is None and doc["p_catch_tampered_stretch"] is None
 
 
 @pytest.mark.slow
-def test_seeded_segments_text_report(faulty_run: Path) -> None:
+def test_drawn_segments_print_their_nonce_and_a_seed_repeats_them(faulty_run: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NUDGE_AT"}
     out = manifest_cli("verify", "--trust", "run.json", "--segments", "1", cwd=faulty_run,
                        env=env)
     text = out.stdout.decode()
-    run_id = json.loads((faulty_run / "run.json").read_text())["run_id"]
-    [pick] = seeded_choice(run_id, 4, 1)
+    nonce = int(text.split("--seed ")[1].split()[0])
+    assert f"drawn from a fresh nonce, {nonce}: --seed {nonce} repeats this choice" in text
+    [pick] = drawn(nonce, 4, 1)
     start = 15 * pick
     assert f"steps {start + 1}–{start + 15}" in text, text
     assert "steps checked: 15 of 60 (25.0%)" in text
-    assert "chance of catching a single bad step: 25.0%" in text
+    assert "chance of catching a single bad step: 25.0% (assuming one bad step anywhere" in text
+    assert "chance of catching a tampered stretch: 25.0%" in text
     assert out.returncode == (1 if pick == 1 else 0), text
+    # The printed nonce repeats the choice, as JSON too.
+    code, doc = _segments(faulty_run, "--segments", "1", "--seed", str(nonce))
+    assert [s["start"] for s in doc["segments"]] == [start]
+    assert (doc["chosen_by"], doc["seed"]) == ("--seed", nonce)
+    assert doc["p_catch_tampered_stretch"] == 0.25 and code == out.returncode
+
+
+@pytest.mark.slow
+def test_a_planted_fault_past_the_first_step_is_not_called_a_resume_bug(
+        faulty_run: Path) -> None:
+    """Positive control of the resume-point test below: the fault at step 23 of the stretch
+    from step 15 differs without the resume-point sentence."""
+    code, doc = _segments(faulty_run, "--at", "23")
+    [seg] = doc["segments"]
+    assert code == 1 and seg["first_divergent_step"] == 23
+    assert "resume point" not in (seg["reason"] or "")
+
+
+@pytest.mark.slow
+def test_a_script_that_forgets_its_momentum_parts_at_the_resume_point(tmp_path: Path) -> None:
+    """The bundled example without ``opt.load_state_dict``: every resumed stretch parts at its
+    first step. The report says so and names the resume audit (issue 39 item 6)."""
+    text = EXAMPLE.read_text()
+    forgot = '        opt.load_state_dict(state["optimizer"])\n'
+    assert text.count(forgot) == 1
+    repo = make_repo(tmp_path / "repo", {
+        "train.py": text.replace(forgot, ""),
+        "pyproject.toml": '[tool.manifest]\nresume = "--resume {checkpoint}"\n'},
+        example=False)
+    cap = manifest_cli("capture", "--seed", "0", "--artifact", "out/*.safetensors", "--",
+                       "python", "train.py", "--steps", "8", "--save-every", "4", "--out",
+                       "out", cwd=repo)
+    assert cap.returncode == 0, cap.stderr.decode()
+    (repo / "run.json").write_bytes(cap.stdout)
+    code, doc = _segments(repo, "--at", "6")
+    [seg] = doc["segments"]
+    assert code == 1 and seg["verdict"] == "differs" and seg["first_divergent_step"] == 5
+    assert seg["reason"].startswith("parts at the resume point"), seg
+    assert "manifest lab --resume-at 4 -- python train.py --steps 8" in seg["reason"]
 
 
 @pytest.mark.slow
@@ -106,13 +166,175 @@ def test_resume_template_needs_its_placeholder(tmp_path: Path) -> None:
                                                                     "--x"]
 
 
-def test_seeded_choice_is_the_same_for_everyone_and_depends_on_the_run() -> None:
-    a = "blake3:" + "ab" * 32
-    b = "blake3:" + "cd" * 32
-    assert seeded_choice(a, 10, 3) == seeded_choice(a, 10, 3)
-    assert len(set(seeded_choice(a, 10, 3))) == 3
-    assert seeded_choice(a, 10, 3) != seeded_choice(b, 10, 3)
-    assert seeded_choice(a, 2, 5) == [0, 1]
+# ---------------------------------------------------- choosing, chances, weighing (fast)
+
+
+def long_run(every: int = 10, total: int = 600, argv_word: str | None = None,
+             numeric: list[NumericPoint] | None = None,
+             envelope: Envelope | None = None) -> Manifest:
+    """The golden manifest as a run of ``total`` steps with a checkpoint every ``every``."""
+    doc: dict[str, Any] = json.loads(GOLDEN.read_bytes())
+    if argv_word is not None:
+        doc["command"]["argv"].append(argv_word)
+    proc = doc["outputs"]["processes"][0]
+    proc["trail"] = [{"step": s, "digest": "blake3:" + f"{s:064x}"}
+                     for s in range(1, total + 1)]
+    if numeric is not None:
+        proc["numeric"] = [p.model_dump(mode="json") for p in numeric]
+    doc["outputs"]["checkpoints"] = [
+        {"step": s, "path": f"out/ckpt/step-{s}.pt", "artifact": None, "lost": "not kept"}
+        for s in range(every, total, every)]
+    if envelope is not None:
+        doc["outputs"]["envelope"] = envelope.model_dump(mode="json")
+    return seal(doc)
+
+
+def run_id_choice(run: Manifest, count: int, n: int) -> list[int]:
+    """The draw before this turn: seeded from the run_id, which the author controls."""
+    return drawn(int(run.run_id.split(":", 1)[1][:16], 16), count, n)
+
+
+def test_two_draws_differ_and_a_seed_repeats_one() -> None:
+    run = long_run()
+    a, b = choose(run, segments=5, at=None), choose(run, segments=5, at=None)
+    assert a.of == 60 and a.chosen_by == b.chosen_by == "nonce"
+    assert a.seed is not None and b.seed is not None and a.seed != b.seed
+    # 1 chance in C(60, 5) = 5.5 million that two fresh draws pick the same five
+    assert a.stretches != b.stretches
+    again = choose(run, segments=5, at=None, seed=a.seed)
+    assert again.stretches == a.stretches and again.chosen_by == "--seed"
+    assert len({s.start for s in a.stretches}) == 5
+
+
+def test_nothing_the_author_controls_moves_the_draw() -> None:
+    """An ignored argv word re-seals the run under another run_id. The old draw (seeded from
+    the run_id) moves with it, which is how an author could steer the check off a bad
+    stretch; the verifier's draw from the same seed does not move."""
+    runs = [long_run(argv_word=None if i == 0 else f"--ignored={i}") for i in range(6)]
+    assert len({r.run_id for r in runs}) == 6
+    old = {tuple(run_id_choice(r, 60, 3)) for r in runs}
+    assert len(old) > 1  # positive control: the author could pick among these draws
+    new = {tuple(s.start for s in choose(r, segments=3, at=None, seed=12345).stretches)
+           for r in runs}
+    assert len(new) == 1
+
+
+def test_chances_are_claimed_for_random_draws_only() -> None:
+    run = long_run(every=10, total=30)
+    # Stretches of 10, 10 and 10 steps; --at names one: chosen by the user, no chance.
+    at = choose(run, segments=None, at=[15])
+    assert at.chosen_by == "--at" and at.seed is None
+    assert chances(at, at.stretches, 30) is None
+    # Unequal stretches: a draw that took the long one replays 90% of the steps, and still
+    # catches a tampered stretch only 1 time in 3 (each stretch is as likely to be drawn).
+    uneven = [Stretch(0, 10, None), Stretch(10, 20, None), Stretch(20, 200, None)]
+    odds = chances(Choice([uneven[2]], 3, "nonce", 7), [uneven[2]], 200)
+    assert odds is not None
+    assert odds.single_bad_step == pytest.approx(0.9)
+    assert odds.tampered_stretch == pytest.approx(1 / 3)
+    # Checked by simulation: a uniformly placed bad step, a uniformly tampered stretch.
+    import random
+
+    rng = random.Random(0)
+    trials = 20_000
+    bad_step = sum(rng.randrange(200) >= 20 for _ in range(trials)) / trials
+    tampered = sum(rng.randrange(3) in drawn(rng.randrange(2**53), 3, 1)
+                   for _ in range(trials)) / trials
+    assert abs(bad_step - 0.9) < 0.01 and abs(tampered - 1 / 3) < 0.015
+
+
+def test_a_run_with_no_checkpoint_has_no_stretches_to_draw() -> None:
+    none = long_run(every=1000, total=40)
+    assert len(stretches_of(none)) == 1
+    with pytest.raises(UsageError, match="recorded no checkpoint before its last step"):
+        choose(none, segments=3, at=None)
+    assert len(choose(long_run(every=20, total=40), segments=3, at=None).stretches) == 2
+
+
+def test_a_hugging_face_stretch_is_named_after_its_checkpoint_directory() -> None:
+    def ck(path: str) -> Checkpoint:
+        return Checkpoint(step=4, path=path, artifact=None, lost="x")
+
+    assert resume_name(ck("out/checkpoint-4/optimizer.pt")) == "out/checkpoint-4"
+    assert resume_name(ck("out/ckpt/step-4.pt")) == "out/ckpt/step-4.pt"
+    assert resume_name(ck("checkpoint-4.pt")) == "checkpoint-4.pt"
+
+
+def _point(step: int, moved: float) -> NumericPoint:
+    """A parameter group of norm 1 whose 4 projections have moved by ``moved`` since step 0."""
+    return NumericPoint(step=step, loss=1.0, loss_eps=None, groups=[[1.0, *[moved] * 4]])
+
+
+def _envelope(distance: float, last: int = 30) -> Envelope:
+    """Rounding that starts at a hundredth of ``distance`` and reaches it by step 10."""
+    return Envelope(runs=["threads 2 → 1", "threads 2 → 3"], steps=[
+        EnvelopeStep(step=s, loss=[0.0, 0.0],
+                     groups=[[distance * 10 ** (min(s, 10) / 5 - 2),
+                              distance * 10 ** (min(s, 10) / 5 - 2) / 2]])
+        for s in range(1, last + 1)])
+
+
+def test_a_stretch_that_moves_less_than_rounding_is_weak_evidence() -> None:
+    # Steps 10 → 20 move the parameters by 1e-3 (relative); steps 20 → 30 by 2e-6.
+    numeric = [_point(s, 1e-3 * min(s, 20) / 20 + (2e-6 * (s - 20) / 10 if s > 20 else 0.0))
+               for s in range(1, 31)]
+    envelope = _envelope(1e-6)
+    run = long_run(every=10, total=30, numeric=numeric, envelope=envelope)
+    bound = bounds(envelope)[-1].groups[0]
+    strong = weigh(run, Stretch(10, 20, None))
+    weak = weigh(run, Stretch(20, 30, None))
+    assert strong is not None and weak is not None
+    assert not strong.weak and strong.ratio == pytest.approx(5e-4 / bounds(envelope)[19]
+                                                              .groups[0])
+    assert weak.weak and weak.ratio == pytest.approx(2e-6 / bound)
+    assert weak.ratio is not None and weak.ratio < WELL_ABOVE
+    assert weak.reason.startswith("weak evidence: over steps 20–30")
+    # Positive control: the same stretch against rounding 1000x quieter is strong evidence,
+    # so the label follows the envelope's bound, not a constant on the change.
+    quiet = long_run(every=10, total=30, numeric=numeric, envelope=_envelope(1e-9))
+    found = weigh(quiet, Stretch(20, 30, None))
+    assert found is not None and not found.weak
+    # No envelope, or one that is not rounding (its first step beyond what one ULP can do):
+    # nothing to weigh with, said by the report (None), never guessed.
+    assert weigh(long_run(every=10, total=30, numeric=numeric), Stretch(20, 30, None)) is None
+    loud = Envelope(runs=envelope.runs, steps=[
+        EnvelopeStep(step=s.step, loss=s.loss, groups=[[1e-3, 1e-3]]) for s in envelope.steps])
+    assert weigh(long_run(every=10, total=30, numeric=numeric, envelope=loud),
+                 Stretch(20, 30, None)) is None
+
+
+def test_a_stretch_whose_trail_did_not_move_is_weak_evidence() -> None:
+    run = long_run(every=10, total=30)
+    doc: dict[str, Any] = json.loads(run.model_dump_json(by_alias=True))
+    trail = doc["outputs"]["processes"][0]["trail"]
+    for point in trail:
+        if 20 <= point["step"] <= 30:
+            point["digest"] = "blake3:" + "ee" * 32
+    frozen = seal(doc)
+    found = weigh(frozen, Stretch(20, 30, None))
+    assert found is not None and found.weak and found.ratio == 0.0
+    assert weigh(run, Stretch(20, 30, None)) is None  # positive control: it moved
+
+
+def test_contradicting_or_empty_spot_check_options_are_refused_before_anything_runs(
+        tmp_path: Path) -> None:
+    """Exit 2, one sentence, no traceback, before the manifest is read (it does not exist);
+    positive control: a well-formed --at gets as far as reading it."""
+    for args, says in (((("--at", "")), "argument --at: expected optimizer steps"),
+                       (("--at", ",,,"), "argument --at: expected optimizer steps"),
+                       (("--segments", "2", "--at", "3"), "not allowed with argument"),
+                       (("--at", "3", "--segments", "2"), "not allowed with argument")):
+        out = manifest_cli("verify", "missing.json", *args, cwd=tmp_path)
+        err = out.stderr.decode()
+        assert out.returncode == 2 and says in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    control = manifest_cli("verify", "missing.json", "--at", "3", cwd=tmp_path)
+    assert control.returncode == 2 and "does not exist" in control.stderr.decode()
+    (tmp_path / "run.json").write_bytes(seal(json.loads(GOLDEN.read_bytes())).model_dump_json(
+        by_alias=True).encode())
+    seed = manifest_cli("verify", "run.json", "--seed", "4", cwd=tmp_path)
+    assert seed.returncode == 2, seed.stderr.decode()
+    assert "--seed repeats the draw of --segments N" in seed.stderr.decode()
 
 
 DCP_TRAIN = """# Two gloo ranks average their gradients and save a DCP checkpoint every 4 steps.

@@ -15,16 +15,26 @@ and defaults by calling it, and a test can walk the parser once for all verbs:
   or a job summary) and ``--json`` as an alias of ``--format json``;
 * the report goes to stdout in every format; notes and progress go to
   stderr; ``-v`` shows notes that describe the normal case on a machine
-  (no NVML on a CPU box), ``-q`` silences progress and notes.
+  (no NVML on a CPU box), ``-q`` silences progress and notes;
+* every verb that re-runs a command reads ``--on`` and its options with
+  :func:`cluster_from_args` and prints what it will run with :func:`show_plan`
+  (here, below the verbs, so verify's segments and the lab borrow them without
+  importing another verb: issue 41's first import circle).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from enum import StrEnum
-from typing import NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from manifest.errors import UsageError
+
+if TYPE_CHECKING:
+    from manifest.rerun.cluster.options import ClusterOptions
+    from manifest.rerun.plan import RerunPlan
 
 
 class ReportFormat(StrEnum):
@@ -69,7 +79,26 @@ def add_verbosity_options(parser: argparse.ArgumentParser, *, quiet_help: str | 
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one sentence and exit 2."""
+    """argparse that reports a usage error as one sentence and exit 2.
+
+    ``describe``: a callable that builds the description when something reads it (help,
+    the docs' reference), for a text generated from a table that costs an import to read:
+    verify's exit statuses come from its ``VERDICTS`` (pydantic models, ~0.15 s), which
+    ``manifest --help`` (0.06 s) should not pay for.
+    """
+
+    def __init__(self, *args: Any, describe: Callable[[], str] | None = None,
+                 **kwargs: Any) -> None:
+        self._describe = describe
+        super().__init__(*args, **kwargs)
+
+    @property
+    def description(self) -> str | None:
+        return self._describe() if self._describe is not None else self._description
+
+    @description.setter
+    def description(self, text: str | None) -> None:
+        self._description = text
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help').")
@@ -156,3 +185,29 @@ def add_rerun_options(parser: argparse.ArgumentParser, *, received: bool = True)
                          help="data under PATH is seen at the same path by every node of the "
                          "cluster: mounted, not shipped (repeatable; data outside the "
                          "repository is otherwise bundled, up to max_data_bytes)")
+
+
+def cluster_from_args(args: argparse.Namespace) -> ClusterOptions | None:
+    """``--on`` and its options (flags over ``[tool.manifest.executors.NAME]``); None: here.
+    A missing client library is one sentence naming its extra (exit 2)."""
+    on = getattr(args, "on", "local")
+    if on == "local":
+        return None
+    from manifest.config import load_config
+    from manifest.rerun.cluster.options import cluster_options, missing_extra
+
+    problem = missing_extra(on)
+    if problem is not None:
+        raise UsageError(problem)
+    table = load_config(Path.cwd())[0].get("executors", {})
+    flags = {name: getattr(args, name, None) for name in (
+        "address", "partition", "account", "time_min", "image", "namespace", "timeout_s",
+        "fetch_outputs", "dry_run", "claim", "bundle_url", "shared_paths")}
+    return cluster_options(on, flags, table)
+
+
+def show_plan(plan: RerunPlan) -> None:
+    """What a verb would run, every string escaped, before it runs or refuses (stderr)."""
+    from manifest.cli.render import render_plan
+
+    render_plan(plan)

@@ -1,7 +1,10 @@
 """``manifest verify --segments N | --at STEP…``: the options, and the report's renderings.
 
-Parsing and rendering only; the replay is ``manifest.verify.segments``. Exit
-status as for verify: 0 every replayed stretch identical, 1 one differs, 3 no
+Parsing and rendering only; the replay is ``manifest.verify.segments``, the
+choice of stretches ``manifest.verify.stretches``. Exit status as for verify: 0
+every replayed stretch identical, 1 one differs, 2 bad input (``--at`` with no
+step in it, ``--segments`` with ``--at``, ``--seed`` without ``--segments``, a
+run with no checkpoint to cut it at: refused before anything runs), 3 no
 verdict (a checkpoint missing or changed, a replay that failed).
 """
 
@@ -12,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from manifest.cli.options import positive_int
+from manifest.cli.options import cluster_from_args, positive_int, seed_value, show_plan
 
 if TYPE_CHECKING:
     from manifest.verify.segments import SegmentsReport
@@ -20,27 +23,46 @@ if TYPE_CHECKING:
 
 def add_segment_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("long runs (replay stretches from recorded checkpoints)")
-    g.add_argument("--segments", type=positive_int, default=None, metavar="N",
-                   help="replay N stretches between recorded checkpoints, chosen with a seed "
-                   "from the run_id, and compare the step trail exactly")
-    g.add_argument("--at", type=_steps, action="append", default=None, metavar="STEP[,STEP…]",
-                   help="replay the stretches holding these optimizer steps (repeatable)")
+    # One or the other, refused as the arguments are read (exit 2), before the manifest is.
+    which = g.add_mutually_exclusive_group()
+    which.add_argument("--segments", type=positive_int, default=None, metavar="N",
+                   help="replay N stretches between recorded checkpoints, drawn from a fresh "
+                   "nonce this verifier makes and prints, and compare the step trail exactly")
+    g.add_argument("--seed", type=seed_value, default=None, metavar="S",
+                   help="with --segments: draw from S instead of a fresh nonce, to repeat a "
+                   "choice a report printed")
+    which.add_argument("--at", type=_steps, action="append", default=None, metavar="STEP[,STEP…]",
+                   help="replay the stretches holding these optimizer steps, chosen by you "
+                   "(repeatable; not with --segments)")
     g.add_argument("--resume-args", default=None, metavar="TEMPLATE",
                    help="how the script resumes, e.g. '--resume {checkpoint}' (default: "
                    "[tool.manifest] resume)")
 
 
 def _steps(text: str) -> list[int]:
-    return [positive_int(part) for part in text.split(",") if part.strip()]
+    steps = [positive_int(part) for part in text.split(",") if part.strip()]
+    if not steps:
+        raise argparse.ArgumentTypeError(f"expected optimizer steps such as 12 or 12,40, not "
+                                          f"{text!r}")
+    return steps
 
 
 def wants_segments(args: argparse.Namespace) -> bool:
-    return args.segments is not None or bool(args.at)
+    """Whether verify replays stretches; refuses (exit 2, before anything runs) options that
+    contradict each other."""
+    from manifest.errors import UsageError
+
+    if args.segments is not None and args.at is not None:
+        raise UsageError("--segments draws the stretches and --at names them: give one of "
+                         "the two.")
+    if args.seed is not None and args.segments is None:
+        raise UsageError("--seed repeats the draw of --segments N: give --segments too"
+                         + (" (--at names the stretches itself)." if args.at else "."))
+    return args.segments is not None or args.at is not None
 
 
 def run_segments(args: argparse.Namespace, data: bytes, signer: str | None) -> int:
     from manifest.cli.render import render_command
-    from manifest.cli.verbs_check import cluster_from_args, show_plan
     from manifest.errors import UsageError
     from manifest.verify.report import VerifyOptions
     from manifest.verify.segments import verify_segments
@@ -55,7 +77,7 @@ def run_segments(args: argparse.Namespace, data: bytes, signer: str | None) -> i
     report = verify_segments(data, file=args.file, cwd=Path.cwd(), options=options,
                              segments=args.segments,
                              at=[s for group in args.at or [] for s in group] or None,
-                             resume=args.resume_args,
+                             resume=args.resume_args, seed=args.seed,
                              announce=None if args.quiet else render_command,
                              show_plan=show_plan)
     from manifest.cli.options import ReportFormat
@@ -72,12 +94,24 @@ def run_segments(args: argparse.Namespace, data: bytes, signer: str | None) -> i
 def segments_text(report: SegmentsReport) -> str:
     from manifest.cli.text import printable
 
+    if report.seed is None:
+        how = "chosen by you (--at)"
+    elif report.chosen_by == "--seed":
+        how = f"drawn from --seed {report.seed}"
+    else:
+        how = (f"drawn from a fresh nonce, {report.seed}: --seed {report.seed} repeats this "
+               "choice")
     lines = [f"verify --segments: {report.verdict}",
              f"  run: {report.run_id}",
-             f"  stretches: {len(report.segments)} of {report.stretches} ({report.chosen_by})",
+             f"  stretches: {len(report.segments)} of {report.stretches}, {how}",
              f"  steps checked: {report.steps_checked} of {report.total_steps} "
-             f"({100 * report.share:.1f}%)",
-             f"  chance of catching a single bad step: {100 * report.p_catch_single_bad_step:.1f}%"]
+             f"({100 * report.share:.1f}%)"]
+    odds = report.chances
+    if odds is not None:
+        lines += [f"  chance of catching a single bad step: {100 * odds.single_bad_step:.1f}% "
+                  "(assuming one bad step anywhere in the run, equally likely at every step)",
+                  f"  chance of catching a tampered stretch: {100 * odds.tampered_stretch:.1f}% "
+                  "(one whole stretch tampered by someone who could not know this draw)"]
     if report.recorded_wall_s:
         lines.append(f"  time: {report.spent_wall_s:.1f} s replaying against "
                      f"{report.recorded_wall_s:.1f} s recorded "
@@ -87,7 +121,8 @@ def segments_text(report: SegmentsReport) -> str:
                      f"({report.elapsed_s:.1f} s from the first submission to the last verdict)")
     for s in report.segments:
         head = f"  steps {s.start + 1}–{s.end}"
-        head += f" from {printable(s.checkpoint)}" if s.checkpoint else " from the start"
+        head += (f" from {printable(s.resume_from or s.checkpoint)}" if s.checkpoint
+                 else " from the start")
         text = f"{head}: {s.verdict}"
         if s.first_divergent_step is not None:
             text += f", first divergent step {s.first_divergent_step}"
@@ -100,6 +135,8 @@ def segments_text(report: SegmentsReport) -> str:
         if s.job is not None:
             text += f" [{printable(str(s.job['executor']))} job {printable(str(s.job['job_id']))}]"
         lines.append(text)
+        if s.weight is not None and s.weight.weak:
+            lines.append(f"    {printable(s.weight.reason)}")
     for drift in report.drift:
         lines.append(f"  drift (bits): {printable(drift)}")
     for change in report.changed_data:
@@ -127,7 +164,6 @@ def run_resume_audit(args: argparse.Namespace, command: list[str], rerun: object
     from manifest.capture.launcher import default_threads
     from manifest.capture.run import _config_int
     from manifest.cli.options import ReportFormat
-    from manifest.cli.verbs_check import show_plan
     from manifest.config import load_config
     from manifest.errors import EXIT_FAILED, EXIT_OK
     from manifest.lab.resume import resume_audit

@@ -3,7 +3,9 @@
 At the start of training the callback takes the run's id. Under ``manifest
 capture`` or a re-run (``verify``, ``explain``, ``lab``) that is the launcher's
 ``MANIFEST_SEALED_RUN`` (``manifest.capture.launcher.launch_identity``: the recorded
-code, command and seed), so a tracker sees one run_id for the captured run and every
+code, the command as the manifest records it, secrets redacted, and the seed: the id
+``manifest show`` prints as ``callbacks' run_id``, never a secret's hash), so a tracker
+sees one run_id for the captured run and every
 re-run of it (an in-process snapshot saw another tree and another time and gave
 another id in each re-run). Run bare, it seals a snapshot of code, environment
 and hardware (what ``manifest capture`` with no command records) and keeps its

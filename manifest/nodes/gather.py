@@ -18,7 +18,14 @@ Polling, not inotify: shared filesystems (NFS, Lustre) do not deliver change
 events from another client. Every 0.5 s is one ``listdir`` per node.
 
 A ``DIR`` that already holds a merged ``run.json`` is refused before the
-command runs: records of two launches must never meet in one merge.
+command runs: records of two launches must never meet in one merge. A
+``run.json`` that appears while a node waits is taken only when it holds that
+node's own record: the merge names the digest of every record it was made
+from (``observed.node_records``), and the waiting node looks for its own
+there. Before this check, another writer's ``run.json`` (another run's, dropped
+into the directory while node 0 waited for node 1) was taken as this launch's
+merge, and the capture exited 0 (issue 38). Now it is refused with one
+sentence (:class:`ForeignMerge`, exit 2).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from manifest.errors import ManifestError, NoVerdictError, UsageError
+from manifest.errors import InvalidManifestError, ManifestError, NoVerdictError, UsageError
 from manifest.models import Manifest
 
 MERGED = "run.json"
@@ -40,6 +47,10 @@ DEFAULT_TIMEOUT_S = 600.0
 
 class NodesMissing(NoVerdictError):
     """Some node's record never arrived in the shared directory (no merged manifest)."""
+
+
+class ForeignMerge(InvalidManifestError):
+    """The ``run.json`` in the shared directory is not this launch's merge (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,30 @@ def _read(path: Path) -> Manifest:
     return load_manifest(read_manifest_file(str(path)))
 
 
+def _take_merge(merged: Path, record: Manifest, node: int) -> Manifest:
+    """The merge another node wrote, if it holds ``record`` (by digest); else a refusal."""
+    directory = merged.parent
+    try:
+        run = _read(merged)
+    except ManifestError as exc:
+        raise ForeignMerge(
+            f"--nodes {directory}: {MERGED} appeared while node {node} waited, and it is not "
+            f"a manifest this launch's merge could write ({exc.message.rstrip('.')}).",
+            hint=_BY_HAND.format(directory=directory)) from None
+    if record.digest not in (run.observed.node_records or []):
+        raise ForeignMerge(
+            f"--nodes {directory}: {MERGED} appeared while node {node} waited, but it does "
+            f"not hold node {node}'s record ({record.digest}): it is another merge's, "
+            "refusing to take it as this launch's.",
+            hint=_BY_HAND.format(directory=directory))
+    return run
+
+
+_BY_HAND = ("Use an empty directory for each launch that no other job writes to; this "
+            "launch's records can be merged by hand: manifest merge {directory}/node-*.json "
+            "-o merged.json")
+
+
 def _present(directory: Path, nodes: int) -> list[int]:
     return [i for i in range(nodes) if (directory / record_name(i)).is_file()]
 
@@ -83,8 +118,8 @@ def gather(record: Manifest, directory: Path, *, timeout_s: float = DEFAULT_TIME
     Raises :class:`NodesMissing` naming the nodes whose records did not arrive in time."""
     from manifest.canonical import dumps
     from manifest.nodes.merge import merge_nodes
-    from manifest.rerun.trust import record_sealed, was_sealed_here
     from manifest.store import atomic_write
+    from manifest.trust import record_sealed, was_sealed_here
 
     say = note or (lambda _text: None)
     topology = record.command.topology if record.command is not None else None
@@ -102,7 +137,7 @@ def gather(record: Manifest, directory: Path, *, timeout_s: float = DEFAULT_TIME
     deadline = time.monotonic() + timeout_s
     while True:
         if merged.is_file():
-            return Gathered(mine, merged, False, _read(merged).run_id)
+            return Gathered(mine, merged, False, _take_merge(merged, record, node).run_id)
         present = _present(directory, nodes)
         if len(present) == nodes:
             try:

@@ -24,7 +24,10 @@ Each node of a multi-node run captures its own processes (a node record:
   number; a restart on another world size is named (``resized``).
 
 The merged manifest is sealed like a capture; it is marked as sealed here
-(so verify runs it without ``--trust``) only when every node record was.
+(so verify runs it without ``--trust``) only when every node record was. It
+names the digest of every node record it holds (``observed.node_records``,
+outside the run's identity), so a node can tell its launch's merge from
+another's.
 """
 
 from __future__ import annotations
@@ -276,6 +279,9 @@ def merge_nodes(records: Sequence[tuple[str, Manifest]],
     observed["finished_at"] = max(m.observed.finished_at for _, m, _ in parts)
     observed["duration_s"] = max(m.observed.duration_s for _, m, _ in parts)
     observed["pids"] = []  # process ids of several hosts name nothing together
+    # Which captures this merge holds: a node's capture --nodes takes a run.json as its
+    # launch's merge only when its own record's digest is here (manifest.nodes.gather).
+    observed["node_records"] = [m.digest for _, m, _ in sorted(parts, key=lambda p: p[2].node or 0)]
     observed.pop("compute", None)
     compute = _compute(parts)
     if compute is not None:

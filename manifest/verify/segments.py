@@ -22,17 +22,19 @@ with the recorded checkpoint placed where the run wrote it:
    every rank: the first that does not is the stretch's first divergent step.
    Checkpoints recorded at the stretch's end are compared tensor by tensor.
 
-Which stretches: ``--at STEP…`` names them; ``--segments N`` draws N with
-``random.Random`` seeded from the run_id's first 64 bits, so every checker of
-the same manifest replays the same ones, and the run's author cannot know
-which in advance of sealing it without also changing the run.
-
-What a check proves: a single bad step (a flipped bit, a wrong batch) at step
-``b`` is caught when ``b`` lies in a replayed stretch, since the replay starts
-from the run's own state before ``b`` and recomputes ``b`` honestly. With the
-stretches drawn blind, the chance of catching one bad step is the share of
-the run's steps replayed; the report gives both, and what the replays cost
-against the recorded run's wall time.
+Which stretches, and what a check of them is worth, is
+``manifest.verify.stretches``: ``--at STEP…`` names them; ``--segments N``
+draws N from a fresh nonce the verifier makes and prints (``--seed`` repeats
+it), never from anything the run's author controls. A single bad step (a
+flipped bit, a wrong batch) at step ``b`` is caught when ``b`` lies in a
+replayed stretch, since the replay starts from the run's own state before ``b``
+and recomputes ``b`` honestly. The report gives, for a random draw, the chance
+of catching one bad step and one tampered stretch, names a stretch that moved
+the parameters too little to be strong evidence, and says what the replays cost
+against the recorded run's wall time. A stretch whose replay parts from the
+recorded run at its very first step points at the resume, not at the run: it
+says "parts at the resume point" and names ``manifest lab --resume-at K``, which
+names the state the checkpoint forgot.
 
 A checkpoint that is missing, changed since capture, or was never kept (saved
 again at a later step) makes its stretch ``no-verdict`` with the reason
@@ -50,16 +52,15 @@ finished, and the checkpoints at a stretch's end come back as tensor tables.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
-import random
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UsageError
-from manifest.models import Checkpoint, Manifest
+from manifest.models import Manifest
 from manifest.verify.conventions import (
     NO_TEMPLATE,
     PLACEHOLDER,
@@ -67,16 +68,20 @@ from manifest.verify.conventions import (
     resume_argv,
     resume_template,
 )
+from manifest.verify.stretches import (
+    Chances,
+    Choice,
+    Stretch,
+    Weight,
+    chances,
+    choose,
+    resume_name,
+    total_steps,
+    unusable,
+    weigh,
+)
 
 SEGMENT_VAR = "MANIFEST_SEGMENT"
-
-
-@dataclass(frozen=True)
-class Stretch:
-    start: int
-    end: int
-    checkpoint: Checkpoint | None
-    """Where it resumes from; None for a stretch from step 0."""
 
 
 @dataclass
@@ -94,12 +99,22 @@ class SegmentResult:
     reason: str | None = None
     job: dict[str, Any] | None = None
     """Where it ran when ``--on`` sent it to a cluster: executor, job id, where to follow it."""
+    resume_from: str | None = None
+    """What it resumes from as the user knows it (a Hugging Face ``checkpoint-N`` directory,
+    not the file of it whose digest was checked); None from step 0."""
+    weight: Weight | None = None
+    """How far the stretch moved the parameters against the envelope (None: not weighed)."""
 
     def to_json(self) -> dict[str, Any]:
+        weight = None if self.weight is None else {
+            "weak": self.weight.weak,
+            "ratio": None if self.weight.ratio is None or math.isinf(self.weight.ratio)
+            else self.weight.ratio, "reason": self.weight.reason}
         return {"start": self.start, "end": self.end, "checkpoint": self.checkpoint,
+                "resume_from": self.resume_from,
                 "verdict": self.verdict, "first_divergent_step": self.first_divergent_step,
                 "steps_compared": self.steps_compared, "end_checkpoints": self.end_checkpoints,
-                "wall_s": round(self.wall_s, 3), "reason": self.reason,
+                "wall_s": round(self.wall_s, 3), "reason": self.reason, "evidence": weight,
                 **({"job": self.job} if self.job is not None else {})}
 
 
@@ -110,6 +125,9 @@ class SegmentsReport:
     total_steps: int
     stretches: int
     chosen_by: str
+    """``nonce`` (a fresh one the verifier made), ``--seed`` or ``--at`` (the user's choice)."""
+    seed: int | None = None
+    """What a random draw was made from: ``--seed`` with it repeats the choice."""
     segments: list[SegmentResult] = field(default_factory=list)
     recorded_wall_s: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -132,10 +150,18 @@ class SegmentsReport:
         return self.steps_checked / self.total_steps if self.total_steps else 0.0
 
     @property
-    def p_catch_single_bad_step(self) -> float:
-        """A single bad step at a uniformly random step is caught when it lies in a
-        replayed stretch: the share of steps replayed."""
-        return self.share
+    def chances(self) -> Chances | None:
+        """For a random draw only (see ``manifest.verify.stretches.chances``)."""
+        if self.seed is None:
+            return None
+        checked = [Stretch(s.start, s.end, None) for s in self.segments
+                   if s.verdict != "no-verdict"]
+        return chances(Choice([], self.stretches, self.chosen_by, self.seed), checked,
+                       self.total_steps)
+
+    @property
+    def weak(self) -> list[SegmentResult]:
+        return [s for s in self.segments if s.weight is not None and s.weight.weak]
 
     @property
     def spent_wall_s(self) -> float:
@@ -155,76 +181,23 @@ class SegmentsReport:
         return {"identical": EXIT_OK, "differs": EXIT_FAILED}.get(self.verdict, EXIT_NO_VERDICT)
 
     def to_json(self) -> dict[str, Any]:
+        odds = self.chances
         return {"file": self.file, "run_id": self.run_id, "verdict": self.verdict,
                 "total_steps": self.total_steps, "stretches": self.stretches,
-                "chosen_by": self.chosen_by, "steps_checked": self.steps_checked,
+                "chosen_by": self.chosen_by, "seed": self.seed,
+                "steps_checked": self.steps_checked,
                 "share_checked": round(self.share, 6),
-                "p_catch_single_bad_step": round(self.p_catch_single_bad_step, 6),
+                "p_catch_single_bad_step": None if odds is None
+                else round(odds.single_bad_step, 6),
+                "p_catch_tampered_stretch": None if odds is None
+                else round(odds.tampered_stretch, 6),
+                "weak_evidence": [s.start for s in self.weak],
                 "recorded_wall_s": self.recorded_wall_s,
                 "spent_wall_s": round(self.spent_wall_s, 3),
                 "elapsed_s": round(self.elapsed_s, 3),
                 "segments": [s.to_json() for s in self.segments], "drift": self.drift,
                 "changed_data": self.changed_data, "notes": self.notes,
                 **({"executor": self.executor} if self.executor else {})}
-
-
-# ------------------------------------------------------------------ choosing
-
-
-def total_steps(recorded: Manifest) -> int:
-    """The run's last optimizer step: its last trail point or checkpoint."""
-    assert recorded.outputs is not None
-    steps = [p.step for proc in recorded.outputs.processes for p in proc.trail]
-    steps += [c.step for c in recorded.outputs.checkpoints or []]
-    return max(steps, default=0)
-
-
-def _start_checkpoint(found: list[Checkpoint], outputs: set[str]) -> Checkpoint:
-    """Of the checkpoints saved at one step, the one to resume from: a kept one first,
-    and one that is not also a declared final output."""
-    return sorted(found, key=lambda c: (c.artifact is None, c.path in outputs, c.path))[0]
-
-
-def stretches_of(recorded: Manifest) -> list[Stretch]:
-    """The run cut at every recorded checkpoint (kept or not: a lost one is named)."""
-    assert recorded.outputs is not None
-    total = total_steps(recorded)
-    outputs = {a.path for a in recorded.outputs.artifacts}
-    at: dict[int, list[Checkpoint]] = {}
-    for c in recorded.outputs.checkpoints or []:
-        if 0 < c.step < total:
-            at.setdefault(c.step, []).append(c)
-    starts = [0, *sorted(at)]
-    ends = [*starts[1:], total]
-    return [Stretch(s, e, _start_checkpoint(at[s], outputs) if s else None)
-            for s, e in zip(starts, ends, strict=True) if e > s]
-
-
-def seeded_choice(run_id: str, count: int, n: int) -> list[int]:
-    """``n`` of ``count`` stretch indexes, the same for everyone who checks this run."""
-    seed = int(run_id.split(":", 1)[1][:16], 16)
-    return sorted(random.Random(seed).sample(range(count), min(n, count)))
-
-
-def choose(recorded: Manifest, *, segments: int | None,
-           at: list[int] | None) -> tuple[list[Stretch], str, int]:
-    """The stretches to replay, how they were chosen, and how many there were."""
-    all_stretches = stretches_of(recorded)
-    if not all_stretches:
-        raise UsageError("the manifest records no optimizer steps to replay (no step trail).")
-    if at:
-        total = total_steps(recorded)
-        chosen: list[Stretch] = []
-        for step in at:
-            if not 0 < step <= total:
-                raise UsageError(f"--at {step}: the run's steps are 1 to {total}.")
-            hit = next(s for s in all_stretches if s.start < step <= s.end)
-            if hit not in chosen:
-                chosen.append(hit)
-        return sorted(chosen, key=lambda s: s.start), "--at", len(all_stretches)
-    n = segments or 3
-    picks = seeded_choice(recorded.run_id, len(all_stretches), n)
-    return [all_stretches[i] for i in picks], "seeded from the run_id", len(all_stretches)
 
 
 # ----------------------------------------------------------------- comparing
@@ -256,7 +229,8 @@ def compare_trails(recorded: Manifest, new: list[Any], start: int,
 
 def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
                     segments: int | None, at: list[int] | None, resume: str | None,
-                    announce: Any = None, show_plan: Any = None) -> SegmentsReport:
+                    seed: int | None = None, announce: Any = None,
+                    show_plan: Any = None) -> SegmentsReport:
     """Replay the chosen stretches of a recorded run; never raises for a mismatch."""
     from manifest.canonical import load_manifest
     from manifest.rerun.plan import RerunOptions, plan_from_manifest
@@ -272,9 +246,11 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
                          hint="Leave out --layout.")
     root = repo_root_of(cwd) or cwd
     template = resume_template(root, resume)
-    chosen, how, count = choose(recorded, segments=segments, at=at)
+    choice = choose(recorded, segments=segments, at=at, seed=seed)
+    chosen = choice.stretches
     report = SegmentsReport(file=file, run_id=recorded.run_id,
-                            total_steps=total_steps(recorded), stretches=count, chosen_by=how)
+                            total_steps=total_steps(recorded), stretches=choice.of,
+                            chosen_by=choice.chosen_by, seed=choice.seed)
     compute = recorded.observed.compute
     report.recorded_wall_s = compute.wall_s if compute is not None else recorded.observed.duration_s
     if recorded.outputs.status != "ok":
@@ -305,7 +281,8 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
     plan = plan_from_manifest(
         recorded, verb="verify", root=root, options=rerun_options,
         runs=tuple(f"segment steps {s.start + 1}–{s.end}"
-                   + (f" from {s.checkpoint.path}" if s.checkpoint else " from the start")
+                   + (f" from {resume_name(s.checkpoint)}" if s.checkpoint
+                      else " from the start")
                    for s in chosen), unconfined_because=options.unconfined_because)
     shown = replace(plan, argv=tuple(resume_argv(list(plan.argv), template, PLACEHOLDER)))
     if show_plan is not None and plan.trust.basis != "sealed":
@@ -322,13 +299,19 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
             with contextlib.ExitStack() as stack:
                 result, ready = _prepare(context, stretch, stack)
                 if ready is not None:
-                    from manifest.rerun.executor import executor_for
+                    from manifest.rerun.dispatch import executor_for
 
                     ran = executor_for(ready.plan).run(ready.plan, ready.workspace,
                                                        ready.settings, ready.env)
                     _judge(context, ready, ran)
             report.segments.append(result)
     report.elapsed_s = time.monotonic() - began
+    envelope = recorded.outputs.envelope
+    if report.segments and (envelope is None or unusable(envelope)):
+        why = ("the run has no noise envelope (capture --envelope N measures one)"
+               if envelope is None else f"its envelope is unusable: {unusable(envelope)}")
+        report.notes.append("how far each stretch moved the parameters was not weighed "
+                            f"against rounding: {why}")
     return report
 
 
@@ -369,13 +352,19 @@ def _prepare(ctx: _Context, stretch: Stretch, stack: contextlib.ExitStack[Any]
     recorded = ctx.recorded
     assert recorded.command is not None and recorded.outputs is not None
     ck = stretch.checkpoint
-    result = SegmentResult(stretch.start, stretch.end, ck.path if ck else None)
+    result = SegmentResult(stretch.start, stretch.end, ck.path if ck else None,
+                           resume_from=resume_name(ck) if ck else None,
+                           weight=weigh(recorded, stretch))
     argv = (list(ctx.plan.argv) if ck is None
             else resume_argv(list(ctx.plan.argv), ctx.template, ck.path))
     # The checkpoints recorded at the stretch's end are outputs of the replay: where it runs
-    # elsewhere, their tensor tables come back with its records.
-    ends = tuple(glob.escape(c.path) for c in recorded.outputs.checkpoints or []
-                 if c.step == stretch.end and c.artifact is not None)
+    # elsewhere, their tensor tables come back with its records (at most MAX_AT_ONE_STEP).
+    from manifest.verify.placing import end_outputs
+
+    ends, too_many = end_outputs(recorded, stretch.end)
+    if too_many is not None:
+        result.reason = too_many
+        return result, None
     seg_plan = replace(ctx.plan, argv=tuple(argv),
                        outputs=tuple(dict.fromkeys([*ctx.plan.outputs, *ends])))
     began = time.monotonic()
@@ -477,7 +466,21 @@ def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
                                               ready.workspace.cwd, ran.tables)
     if result.first_divergent_step is not None or not all(result.end_checkpoints.values()):
         result.verdict = "differs"
+        if ck is not None and result.first_divergent_step == stretch.start + 1:
+            result.reason = parts_at_resume(ctx.recorded, stretch.start)
     elif result.steps_compared == 0 and not result.end_checkpoints:
         result.reason = "nothing compared: no trail point or checkpoint in the stretch"
     else:
         result.verdict = "identical"
+
+
+def parts_at_resume(recorded: Manifest, step: int) -> str:
+    """Why a replay that parts at its first step points at the resume, not at the run, and
+    the command that names what the checkpoint forgot (``manifest.lab.resume``)."""
+    import shlex
+
+    assert recorded.command is not None
+    return (f"parts at the resume point: the first step after resuming from step {step} "
+            "already differs, which is what a checkpoint that forgot some state (optimizer, "
+            "RNG, sampler, scheduler) gives; manifest lab --resume-at "
+            f"{step} -- {shlex.join(recorded.command.argv)} names the forgotten state")
