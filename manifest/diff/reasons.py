@@ -43,12 +43,16 @@ def show_value(value: Any, missing: str = "none") -> str:
             return shlex.join(value)
         return ", ".join(show_value(v) for v in value) if len(value) <= 8 else f"{len(value)} items"
     if isinstance(value, dict):
+        from manifest.models import EnvRead
+
+        if value and len(value) <= 8 and all(isinstance(v, EnvRead) for v in value.values()):
+            return ", ".join(f"{k} ({v.site})" for k, v in value.items())
         return f"{len(value)} entries"
     return _summarise_model(value)
 
 
 def _summarise_model(value: Any) -> str:
-    from manifest.models import Artifact, Dataset, Gpu, Submodule, Tensor
+    from manifest.models import Artifact, Dataset, EnvRead, Gpu, Submodule, Tensor
 
     if isinstance(value, Dataset):
         return f"{show_value(value.root)} ({value.files} files, {value.bytes} bytes)"
@@ -60,6 +64,8 @@ def _summarise_model(value: Any) -> str:
         return show_value(value.commit)
     if isinstance(value, Tensor):
         return f"{value.dtype}{value.shape}"
+    if isinstance(value, EnvRead):
+        return f"read at {value.site}"
     return "recorded"
 
 

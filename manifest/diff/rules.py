@@ -52,6 +52,9 @@ _DATA = "different training data"
 _WEIGHTS = "different weights"
 _UNAVAILABLE = "why a fact was not recorded; the fact itself is compared on its own line"
 _LAYOUT = "another rank layout: sums may be taken in another order"
+_INPUTS = "the run's inputs differ"
+_KEYED = ("a secret's value by a digest under one machine's key: verify compares it there; "
+          "that it was read, and whether set, is compared under determinism")
 
 RULES: Mapping[str, Rule] = {
     "schema": Rule(B, "schema"),
@@ -298,6 +301,22 @@ RULES: Mapping[str, Rule] = {
     "determinism.processes[*].fp32_precision[*]": Rule(
         B, "rank {keys[0]} {key}.fp32_precision", "matmuls and convolutions run in TF32 or FP32",
         missing="absent"),
+    # The variables the run's own code read (manifest.capture.environ): its inputs.
+    "determinism.processes[*].environ": Rule(B, "rank {key} environment variables read by "
+                                             "the run's code", _INPUTS, missing="none"),
+    "determinism.processes[*].environ[*]": Rule(B, "rank {keys[0]} {key}",
+                                                "read by the run's own code in only one run: "
+                                                "its code took another path",
+                                                missing="not read"),
+    "determinism.processes[*].environ[*].site": Rule(N, "rank {keys[0]} {key} read at",
+                                                     "where it is read; the code is compared "
+                                                     "under code"),
+    "determinism.processes[*].environ[*].set": Rule(B, "rank {keys[0]} {key} set",
+                                                    "unset, the script falls back to its own "
+                                                    "default: " + _INPUTS),
+    "determinism.processes[*].environ[*].digest": Rule(B, "rank {keys[0]} {key}", "another "
+                                                       "value, read by the run's own code: "
+                                                       + _INPUTS, missing="unset or withheld"),
     "determinism.unavailable[*]": Rule(N, "determinism: reason for {key}", _UNAVAILABLE,
                                        missing="none"),
     # ------------------------------------------------------------- command
@@ -411,6 +430,14 @@ RULES: Mapping[str, Rule] = {
                                          "numbers measured from the weights (loss, norms, "
                                          "projections); the tensors and the step trail decide",
                                          missing="absent", show_values=False),
+    "outputs.processes[*].secret_reads": Rule(N, "rank {key} secret-looking variables read",
+                                              _KEYED, missing="none", show_values=False),
+    "outputs.processes[*].secret_reads[*]": Rule(N, "rank {keys[0]} {key}", _KEYED,
+                                                 missing="absent", show_values=False),
+    "outputs.processes[*].secret_reads[*].key": Rule(N, "rank {keys[0]} {key} digest key",
+                                                     _KEYED, show_values=False),
+    "outputs.processes[*].secret_reads[*].digest": Rule(N, "rank {keys[0]} {key} keyed digest",
+                                                        _KEYED, show_values=False),
     "outputs.checkpoints": Rule(N, "checkpoints saved during training",
                                 "what the run saved on the way (verify --segments reads it); "
                                 "the step trail and the declared outputs decide",
@@ -457,6 +484,8 @@ RULES: Mapping[str, Rule] = {
                                         missing="absent"),
     "observed.rendezvous": Rule(N, "rendezvous", "names one run's node records, not what "
                                 "they computed", missing="none"),
+    "observed.node_records": Rule(N, "node records merged", "which captures were merged, "
+                                  "not what they computed", show_values=False),
     "observed.inputs_not_digested": Rule(N, "inputs too large to digest unasked",
                                          "declare them with --data to compare them",
                                          show_values=False),
