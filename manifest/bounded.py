@@ -30,6 +30,13 @@ hurt: a manifest of 100,000 tensors is about 25 MiB (cap 64 MiB,
 ``MANIFEST_MAX_BYTES``); a Sigstore bundle is about 5 KiB (cap 1 MiB); a PEM
 key under 4 KiB (cap 64 KiB); a trust policy or pyproject.toml a few KiB (cap
 4 MiB).
+
+A file at a path a manifest recorded (a checkpoint in the user's tree, mapped
+by ``manifest.weights``) is opened by :func:`open_regular`: its links resolved
+and held inside the tree, opened ``O_NOFOLLOW | O_NONBLOCK``, and its size
+checked against the recorded one before a byte is read (a FIFO there left
+``verify --at`` without an answer after 40 s; a 32 GiB sparse file where 2,205
+bytes were recorded was hashed whole).
 """
 
 from __future__ import annotations
@@ -42,7 +49,14 @@ from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
 
-from manifest.errors import ConfigError, DataError, ManifestError, NoVerdictError, UsageError
+from manifest.errors import (
+    ConfigError,
+    DataError,
+    MalformedArtifactError,
+    ManifestError,
+    NoVerdictError,
+    UsageError,
+)
 
 MAX_BYTES_VARIABLE = "MANIFEST_MAX_BYTES"
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -86,6 +100,10 @@ class InputKind(Enum):
     resumes (``manifest.verify.conventions``: nanoGPT's train.py is ~15 KB)."""
     BUNDLE_INDEX = _Rule("bundle index", None, NoVerdictError)
     """A cluster bundle's ``bundle.json``, read on arrival (:func:`read_regular_at`)."""
+    WEIGHTS = _Rule("checkpoint or output file", 1 << 50, MalformedArtifactError)
+    """A checkpoint or output hashed by capture and verify (``manifest.weights``, mapped
+    through :func:`open_regular`): a recorded checkpoint path in the user's tree that is a
+    FIFO, a device or a 32 GiB sparse file must not hang ``verify --at``."""
 
 
 def max_manifest_bytes() -> int:
@@ -303,3 +321,72 @@ def read_regular_at(dir_fd: int, name: str, kind: InputKind, *,
         raise kind.value.error(f"{shown or name} is over the {_cap_words(kind, cap)}; "
                                "refusing to read it.")
     return data
+
+
+def open_regular(path: str | Path, kind: InputKind, *, size: int | None = None,
+                 cap: int | None = None, within: str | Path | None = None,
+                 shown: str | None = None) -> tuple[int, os.stat_result]:
+    """An fd open (blocking reads) on the regular file at ``path``, and its fstat: for a file at
+    a path a manifest recorded (a checkpoint in the user's tree), read in time and memory
+    proportional to what was recorded, never waiting on anything.
+
+    * The path is resolved (:func:`os.path.realpath`, strict); with ``within``, the result
+      must lie inside that directory: a link inside the tree (Lightning's ``last.ckpt``) is
+      followed, one out of it is refused, as is a dangling one.
+    * The resolved file is ``lstat``-ed (a device is never opened), opened ``O_NOFOLLOW |
+      O_NONBLOCK | O_NOCTTY`` (a FIFO cannot wait for a writer; a link swapped in since is
+      refused) and ``fstat``-ed: a regular file, the very one looked at.
+    * ``size``: it must be exactly that many bytes (the recorded size), checked before a byte
+      is read, so a 32 GiB sparse file where 2,205 bytes were recorded is refused in
+      microseconds, not hashed for minutes; without it, ``cap`` (or the kind's cap) bounds it.
+
+    Each refusal is one sentence, the kind's error, naming ``shown`` (or the path).
+    """
+    rule = kind.value
+    name = os.fsdecode(path)
+    label = shown or name
+    if not name:
+        raise rule.error(f"the {rule.what} name is empty.")
+    try:
+        real = os.path.realpath(name, strict=True)
+        linked = real != os.path.abspath(name)
+    except FileNotFoundError as exc:
+        what = "a symlink to nothing" if os.path.islink(name) else "missing"
+        raise rule.error(f"{label} is {what}, not a {rule.what}.") from exc
+    except (OSError, ValueError) as exc:  # a link loop, a NUL in the name
+        raise rule.error(f"cannot read {label}: {_reason(exc)}.") from exc
+    if within is not None:
+        root = os.path.realpath(within)
+        if os.path.commonpath([root, real]) != root:
+            raise rule.error(f"{label} is a link out of {os.fsdecode(within)} (to {real}); "
+                             "refusing to follow it.")
+    try:
+        before = os.lstat(real)
+    except OSError as exc:
+        raise rule.error(f"cannot read {label}: {_reason(exc)}.") from exc
+    if not stat.S_ISREG(before.st_mode):
+        raise _refuse_type(label, before.st_mode, kind, linked)
+    flags = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(real, flags)
+    except OSError as exc:  # ELOOP: a link swapped in after the lstat
+        raise rule.error(f"{label} changed while it was checked ({_reason(exc)}); "
+                         "refusing to read it.") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (before.st_dev,
+                                                                       before.st_ino):
+            raise rule.error(f"{label} changed while it was checked; refusing to read it.")
+        if size is not None and st.st_size != size:
+            raise rule.error(f"{label} is {st.st_size:,} bytes, not the {size:,} recorded; "
+                             "refusing to read it.")
+        limit = cap if cap is not None else cap_of(kind)
+        if st.st_size > limit:
+            raise rule.error(f"{label} is {st.st_size:,} bytes, over the {limit:,}-byte limit "
+                             f"for a {rule.what}; refusing to read it.")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st

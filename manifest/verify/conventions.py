@@ -42,6 +42,15 @@ order: ``--out_dir=value``, or a config file whose module scope binds
 A config file that binds it any other way (a computed value, inside an ``if``,
 ``+=``), or that cannot be read or parsed, leaves the path unknown.
 
+Each distinct file is read and parsed once per answer (:class:`_Sources`: cached by
+its resolved path and its digest), with a total budget of :data:`MAX_PARSED` bytes
+parsed and :data:`MAX_FILES` files read; past it the answer is "cannot tell" (None).
+Parsing costs 1-6 s per MiB of Python on this 2-core machine (the most for
+``x = 1`` lines), and the script's statements and argv words are the author's:
+re-parsing the file at every mention took 44 s for ten 1 MiB
+``exec(open(...).read())`` mentions, and 200 mentions, or one config file named
+3,000 times in argv, ran past 90 s.
+
 Only when the recorded checkpoint is that path is the script given
 ``--init_from=resume`` (every recorded ``--init_from=…`` word dropped, the new
 one last, so no config file after it can undo it); otherwise the answer is
@@ -53,10 +62,13 @@ of that file records ``resumed_from``.
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import re
 import shlex
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from manifest.bounded import InputKind, cap_of, read_user_file
@@ -64,6 +76,12 @@ from manifest.errors import ManifestError, UsageError
 
 MAX_SOURCE = cap_of(InputKind.SCRIPT)
 """The most bytes of a script or config file read (the bounded reader's cap for a script)."""
+MAX_PARSED = 256 << 10
+"""Bytes parsed in all for one answer: nanoGPT's train.py, configurator and a config file
+together are about 20 KB; 256 KiB of ``x = 1`` lines (the slowest Python to parse per
+byte measured) took 1.2-1.3 s on this 2-core machine under a load of 12."""
+MAX_FILES = 32
+"""Distinct files read for one answer (nanoGPT reads three)."""
 CHECKPOINT_NAME = "ckpt.pt"
 RESUME_WORD = "--init_from=resume"
 _NAMES = ("init_from", "out_dir")
@@ -78,13 +96,21 @@ def resume_convention_argv(script_tree_cwd: Path, argv: list[str],
     to the command's cwd, ``script_tree_cwd``): the recorded ``argv`` with
     ``--init_from=resume``; None when the script is not one, or would not load that
     checkpoint (the module docstring has the rule)."""
+    try:
+        return _resume_argv(_Sources(), script_tree_cwd, argv, checkpoint)
+    except _CannotTell:
+        return None
+
+
+def _resume_argv(sources: _Sources, script_tree_cwd: Path, argv: list[str],
+                 checkpoint: str) -> list[str] | None:
     at = _script_index(argv)
     if at is None:
         return None
-    tree = _parse(script_tree_cwd / argv[at])
-    if tree is None:
+    script = sources.get(script_tree_cwd / argv[at])
+    if script is None:
         return None
-    out_dir = _script_defaults(tree, script_tree_cwd)
+    out_dir = _script_defaults(sources, script.tree, script_tree_cwd)
     if out_dir is None:
         return None
     words = argv[at + 1:]
@@ -98,7 +124,7 @@ def resume_convention_argv(script_tree_cwd: Path, argv: list[str],
         elif word.startswith("--"):
             return None
         else:
-            out_dir = _config_out_dir(script_tree_cwd / word, out_dir)
+            out_dir = _config_out_dir(sources, script_tree_cwd / word, out_dir)
         if out_dir is None:
             return None
     fixed = os.path.normpath(os.path.join(out_dir, CHECKPOINT_NAME))
@@ -129,17 +155,72 @@ def _script_index(argv: list[str]) -> int | None:
     return 0 if argv and argv[0].endswith(".py") else None
 
 
-def _parse(path: Path) -> ast.Module | None:
-    """``path`` parsed, or None: missing, not a regular file, over :data:`MAX_SOURCE`,
-    unreadable (the bounded reader: a FIFO or a device is never read), not Python."""
-    try:
-        source = read_user_file(path, InputKind.SCRIPT)
-    except ManifestError:
-        return None
-    try:
-        return ast.parse(source, filename=str(path))
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        return None
+class _CannotTell(Exception):
+    """The budget of one answer is spent: the answer is None ("cannot tell")."""
+
+
+@dataclass
+class _Parsed:
+    """A parsed file and what the rules ask of it, each worked out once."""
+
+    tree: ast.Module
+
+    @cached_property
+    def argv_loop(self) -> bool:
+        return _argv_loop(self.tree.body)
+
+    @cached_property
+    def out_dir(self) -> list[tuple[int, str]] | None:
+        return _plain_bindings(self.tree, "out_dir")
+
+
+@dataclass
+class _Sources:
+    """The files one answer reads, each read and parsed once, within a budget.
+
+    Cached by the resolved path with its identity (device, inode, size, mtime), so a file
+    named again is not read again; and by the digest of its bytes, so the same text under
+    two names is parsed once. Reading a new file past :data:`MAX_FILES`, or parsing past
+    :data:`MAX_PARSED` bytes, raises :class:`_CannotTell`.
+    """
+
+    files_left: int = MAX_FILES
+    bytes_left: int = MAX_PARSED
+    _places: dict[tuple[str, int, int, int, int], str] = field(default_factory=dict)
+    _parsed: dict[str, _Parsed | None] = field(default_factory=dict)
+
+    def get(self, path: Path) -> _Parsed | None:
+        """``path`` parsed, or None: missing, not a regular file, over :data:`MAX_SOURCE`,
+        unreadable (the bounded reader: a FIFO or a device is never read), not Python."""
+        try:
+            real = os.path.realpath(path)
+            st = os.stat(real)
+        except (OSError, ValueError):
+            return None
+        place = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        digest = self._places.get(place)
+        if digest is None:
+            if self.files_left <= 0:
+                raise _CannotTell
+            self.files_left -= 1
+            try:
+                source = read_user_file(path, InputKind.SCRIPT)
+            except ManifestError:
+                return None
+            digest = hashlib.sha256(source).hexdigest()
+            self._places[place] = digest
+            if digest not in self._parsed:
+                self._parsed[digest] = self._parse(source, path)
+        return self._parsed[digest]
+
+    def _parse(self, source: bytes, path: Path) -> _Parsed | None:
+        if len(source) > self.bytes_left:
+            raise _CannotTell
+        self.bytes_left -= len(source)
+        try:
+            return _Parsed(ast.parse(source, filename=str(path)))
+        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+            return None
 
 
 def _module_scope(nodes: list[ast.stmt]) -> Iterator[ast.AST]:
@@ -277,15 +358,15 @@ def _argv_loop(stmts: list[ast.stmt]) -> bool:
                for s in stmts)
 
 
-def _configurator_at(tree: ast.Module, cwd: Path) -> int | None:
+def _configurator_at(sources: _Sources, tree: ast.Module, cwd: Path) -> int | None:
     """The index of the first top-level statement that applies argv overrides."""
     for i, stmt in enumerate(tree.body):
         if _argv_loop([stmt]):
             return i
         name = _exec_file(stmt)
         if name is not None:
-            executed = _parse(cwd / name)
-            if executed is not None and _argv_loop(executed.body):
+            executed = sources.get(cwd / name)
+            if executed is not None and executed.argv_loop:
                 return i
     return None
 
@@ -318,10 +399,10 @@ def _names_checkpoint(tree: ast.Module) -> bool:
     return any(_is_text(n, CHECKPOINT_NAME) for n in ast.walk(tree))
 
 
-def _script_defaults(tree: ast.Module, cwd: Path) -> str | None:
+def _script_defaults(sources: _Sources, tree: ast.Module, cwd: Path) -> str | None:
     """The script's ``out_dir`` default when it is nanoGPT-style (rules 1–4), else None."""
     bindings = {name: _plain_bindings(tree, name) for name in _NAMES}
-    at = _configurator_at(tree, cwd)
+    at = _configurator_at(sources, tree, cwd)
     if at is None or not _compares_resume(tree) or not _names_checkpoint(tree):
         return None
     out_dir: str | None = None
@@ -343,13 +424,13 @@ def _argv_value(value: str) -> str | None:
     return parsed if isinstance(parsed, str) else None
 
 
-def _config_out_dir(path: Path, current: str) -> str | None:
+def _config_out_dir(sources: _Sources, path: Path, current: str) -> str | None:
     """``out_dir`` after the configurator runs the config file ``path``: its last plain
     literal assignment, ``current`` when it binds none, None when unknown."""
-    tree = _parse(path)
-    if tree is None:
+    parsed = sources.get(path)
+    if parsed is None:
         return None
-    found = _plain_bindings(tree, "out_dir")
+    found = parsed.out_dir
     if found is None:
         return None
     return found[-1][1] if found else current

@@ -44,9 +44,9 @@ from manifest.errors import UntrustedManifestError
 from manifest.models import Manifest
 from manifest.rerun.environment import argv_to_run
 from manifest.rerun.plan import RerunOptions, plan_from_manifest, plan_inputs
-from manifest.rerun.trust import check_trust, escape_text
 from manifest.rerun.workspace import repo_root_of, store_for
 from manifest.store import BlobStore, OverlayStore
+from manifest.trust import check_trust, escape_text
 from manifest.verify.report import (
     DataChange,
     Drift,
@@ -72,7 +72,7 @@ def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
         doc["hardware"] = dict(doc["hardware"], nodes=to_document(recorded)["hardware"]["nodes"])
     today = seal(doc)
     return [
-        Drift(d.path, d.impact.value, d.reason)
+        Drift(d.path, d.impact.value, d.reason, d.change.value)
         for d in diff_manifests(recorded, today).differences
         if d.section in ("env", "hardware")
     ]

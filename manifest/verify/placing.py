@@ -9,6 +9,19 @@ its place is removed (never written through), and the file is left out of the
 clone's git status so a cluster bundle still carries the recorded patch. The
 checkpoint must be the one the run saved (its digest, or for DCP its table).
 
+What lies at the recorded path in the user's tree is read through the bounded
+opener (``manifest.weights.mapped``, ``manifest.bounded.open_regular``): a regular
+file only (a FIFO there left ``verify --at`` without an answer after 40 s), a link
+followed only inside the user's repository, and of the recorded size before a
+byte is hashed (a 32 GiB sparse file where 2,205 bytes were recorded was hashed
+whole). Any of these gives the stretch a no-verdict that names the file, in
+milliseconds.
+
+A stretch's end checkpoints are declared outputs of its replay, each checked as
+a path in the scratch tree before the run (about 1 ms each: 100,000 recorded at
+one step took 102 s before a verdict). More than :data:`MAX_AT_ONE_STEP` at the
+stretch's end give it a no-verdict that says so (:func:`end_outputs`).
+
 After the replay, each checkpoint recorded at the stretch's end is compared
 tensor by tensor with the replay's: read from the scratch tree, or from the
 tensor table a cluster job sent back.
@@ -16,6 +29,7 @@ tensor table a cluster job sent back.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -25,6 +39,28 @@ from typing import Any
 from manifest.models import Checkpoint, Manifest
 
 HF_CHECKPOINT = re.compile(r"checkpoint-[0-9]+")
+MAX_AT_ONE_STEP = 4096
+"""Checkpoints recorded at one stretch end that a replay compares (a 2,048-rank run that
+saves one file per rank has 2,048 at each step)."""
+
+
+def end_outputs(recorded: Manifest, end: int) -> tuple[tuple[str, ...], str | None]:
+    """The checkpoints recorded at step ``end`` as output globs of the stretch's replay, and
+    the reason it is not replayed (None when it is): more than :data:`MAX_AT_ONE_STEP`."""
+    assert recorded.outputs is not None
+    found = [c.path for c in recorded.outputs.checkpoints or []
+             if c.step == end and c.artifact is not None]
+    if len(found) > MAX_AT_ONE_STEP:
+        return (), (f"the manifest records {len(found):,} checkpoints at step {end}, more "
+                    f"than the {MAX_AT_ONE_STEP:,} a replay compares at one step")
+    return tuple(glob.escape(p) for p in found), None
+
+
+def _user_root(original_cwd: Path, tree: Path, cwd: Path) -> Path:
+    """The user's repository root: ``original_cwd`` less the command's cwd within ``tree``
+    (no recorded path leads above it)."""
+    depth = len(cwd.relative_to(tree).parts) if cwd.is_relative_to(tree) else 0
+    return original_cwd.parents[depth - 1] if depth else original_cwd
 
 
 def _exclude(tree: Path, path: Path) -> None:
@@ -50,6 +86,7 @@ def place(checkpoint: Checkpoint, original_cwd: Path, tree: Path, cwd: Path) -> 
     run makes over the tree still gives the recorded patch."""
     from manifest.errors import MalformedArtifactError
     from manifest.rerun.paths import make_parents, tree_relative
+    from manifest.weights.mapped import member_files
     from manifest.weights.tables import digest_artifact
 
     where = f"checkpoint {checkpoint.path} (step {checkpoint.step})"
@@ -63,9 +100,10 @@ def place(checkpoint: Checkpoint, original_cwd: Path, tree: Path, cwd: Path) -> 
     if not os.path.lexists(original):
         return f"{where} is missing: {original} does not exist"
     try:
-        found = digest_artifact(original, checkpoint.path)
+        found = digest_artifact(original, checkpoint.path, size=checkpoint.artifact.bytes,
+                                within=_user_root(original_cwd, tree, cwd))
     except (MalformedArtifactError, OSError) as exc:
-        return f"{where} is unreadable: {exc}"
+        return f"{where} cannot be read: {str(exc).rstrip('.')}"
     # A DCP directory's .metadata carries a fresh save_id, so a rewrite of the same state
     # has another digest: its table (every tensor and every pickled item) decides.
     same_dcp = found.format == "dcp" and found.tensors == checkpoint.artifact.tensors
@@ -74,14 +112,10 @@ def place(checkpoint: Checkpoint, original_cwd: Path, tree: Path, cwd: Path) -> 
     if hf:
         # A Hugging Face Trainer checkpoint is its whole directory (trainer_state.json,
         # rng_state.pth …): copied beside the file whose digest was checked.
-        from manifest.weights.dcp import member_files
-
         for member in member_files(original.parent):
             _copy(member, target.parent / member.name)
         return None
     if original.is_dir():
-        from manifest.weights.dcp import member_files
-
         _clear(target)
         target.mkdir()
         for member in member_files(original):
@@ -114,6 +148,7 @@ def end_checkpoints(recorded: Manifest, end: int, original_cwd: Path, new_cwd: P
                      tables: tuple[list[Any], list[str]] | None = None) -> dict[str, bool]:
     """Each checkpoint recorded at ``end`` against the replay's: read from the scratch tree,
     or, for a replay that ran elsewhere, its tensor table as the job sent it back."""
+    from manifest.errors import MalformedArtifactError
     from manifest.weights.compare import compare_artifacts
     from manifest.weights.tables import digest_artifact
 
@@ -132,7 +167,11 @@ def end_checkpoints(recorded: Manifest, end: int, original_cwd: Path, new_cwd: P
         if not os.path.lexists(path):
             out[c.path] = False
             continue
-        again = digest_artifact(path, c.path, malformed_ok=True)
+        try:  # the replay's own file; not a regular file (a FIFO), it differs
+            again = digest_artifact(path, c.path, malformed_ok=True)
+        except (MalformedArtifactError, OSError):
+            out[c.path] = False
+            continue
         out[c.path] = compare_artifacts(c.artifact, again, recorded_file=original_cwd / c.path,
                                         new_file=path).identical
     return out

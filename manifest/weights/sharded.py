@@ -8,10 +8,13 @@ table of the same state dict saved as one safetensors file.
 
 The index is a file a user can be handed, and its shard names are paths a
 loader joins to the directory. Each is held to a plain file name of a regular
-file beside the index (``manifest.weights.dcp.plain_member``: no separator,
+file beside the index (``manifest.weights.mapped.plain_member``: no separator,
 not ``..``, no link followed), so ``../../home/u/.ssh/id.safetensors`` or a
-planted link reads nothing outside the directory. The index is at most
-:data:`MAX_INDEX` bytes (a 405B-parameter model's index is about 100 KB).
+planted link reads nothing outside the directory. The index is a regular file
+of at most :data:`MAX_INDEX` bytes (a 405B-parameter model's index is about
+100 KB), read through ``manifest.weights.mapped.read_member``: an index linked
+to ``/dev/zero`` has ``st_size`` 0, and a plain ``read_bytes()`` of it ran until
+memory was gone.
 Each shard is read by the safetensors reader with its own bounds; a tensor the
 map names and its shard lacks is malformed.
 """
@@ -23,7 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from manifest.weights.bounds import MalformedWeightsError, WeightFileError, short
+from manifest.weights.mapped import MappedFile, plain_member, read_member
 from manifest.weights.raw import RawTensor
+from manifest.weights.safetensors_file import iter_safetensors
 
 INDEX_SUFFIX = ".safetensors.index.json"
 MAX_INDEX = 64 << 20
@@ -35,10 +40,9 @@ def is_index(path: Path) -> bool:
 
 def weight_map(index: Path) -> dict[str, str]:
     """The index's ``weight_map`` (tensor name → shard name), checked for shape only."""
-    if index.stat().st_size > MAX_INDEX:
-        raise MalformedWeightsError(f"the index is larger than {MAX_INDEX >> 20} MiB")
+    data = read_member(index, MAX_INDEX, "the index")
     try:
-        doc = json.loads(index.read_bytes())
+        doc = json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise WeightFileError(f"the index is not JSON: {short(str(exc))}") from exc
     mapping = doc.get("weight_map") if isinstance(doc, dict) else None
@@ -48,22 +52,19 @@ def weight_map(index: Path) -> dict[str, str]:
     return mapping
 
 
-def shard_paths(index: Path) -> dict[str, Path]:
+def shard_paths(index: Path, mapping: dict[str, str] | None = None) -> dict[str, Path]:
     """Each shard the index names, checked to be a regular file beside it."""
-    from manifest.weights.dcp import plain_member
-
-    return {name: plain_member(index.parent, name, "shard")
-            for name in sorted(set(weight_map(index).values()))}
+    names = (weight_map(index) if mapping is None else mapping).values()
+    return {name: plain_member(index.parent, name, "shard") for name in sorted(set(names))}
 
 
 def iter_sharded(index: Path) -> Iterator[RawTensor]:
-    from manifest.weights.safetensors_file import iter_safetensors
-    from manifest.weights.tables import MappedFile
-
     mapping = weight_map(index)
-    shards = shard_paths(index)
-    for shard, path in shards.items():
-        wanted = {name for name, s in mapping.items() if s == shard}
+    by_shard: dict[str, set[str]] = {}
+    for name, shard in mapping.items():  # once, not once per shard
+        by_shard.setdefault(shard, set()).add(name)
+    for shard, path in shard_paths(index, mapping).items():
+        wanted = by_shard[shard]
         mapped = MappedFile(path)
         try:
             try:

@@ -21,6 +21,9 @@ and digests (``_set_digest``), its table the tensors of all of them.
 
 Outputs are read after the process that wrote them has exited, so mmap is
 safe from concurrent truncation here (data hashing handles live trees).
+Every file is opened through ``manifest.weights.mapped`` (regular files only,
+never waiting on a FIFO); verify passes the recorded size, which a file (or a
+checkpoint's files together) must have before anything is hashed.
 
 Hostile files: the limits every reader is held to are in
 ``manifest.weights.bounds``. A file that claims a format and breaks them
@@ -33,7 +36,7 @@ as a sentence (:func:`iter_tensors` turns it into
 
 from __future__ import annotations
 
-import mmap
+import os
 import struct
 import zipfile
 from collections.abc import Iterator
@@ -41,7 +44,13 @@ from pathlib import Path
 
 from manifest.models import Artifact, Tensor
 from manifest.weights.bounds import MalformedWeightsError, WeightFileError, short
-from manifest.weights.dcp import is_dcp_dir, iter_dcp, member_files
+from manifest.weights.dcp import (
+    METADATA_SLACK,
+    check_metadata_size,
+    is_dcp_dir,
+    iter_dcp,
+)
+from manifest.weights.mapped import MappedFile, member_files
 from manifest.weights.raw import RawTensor, hash_bytes
 from manifest.weights.safetensors_file import iter_safetensors
 from manifest.weights.sharded import is_index, iter_sharded, shard_paths
@@ -83,46 +92,23 @@ def _guarded(inner: Iterator[RawTensor]) -> Iterator[RawTensor]:
                                     f"{short(str(exc))})") from exc
 
 
-class MappedFile:
-    """A read-only view of a whole file (mmap; empty files give b"")."""
-
-    def __init__(self, path: Path) -> None:
-        self._fh = path.open("rb")
-        size = path.stat().st_size
-        self._map: mmap.mmap | None = (
-            mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        )
-        self.view = memoryview(self._map) if self._map is not None else memoryview(b"")
-
-    def close(self) -> None:
-        try:
-            self.view.release()
-            if self._map is not None:
-                self._map.close()
-        except BufferError:
-            pass  # a tensor view is still referenced; the map closes when it is collected
-        self._fh.close()
-
-    def __enter__(self) -> MappedFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def digest_artifact(path: Path, display: str, *, malformed_ok: bool = False) -> Artifact:
+def digest_artifact(path: Path, display: str, *, malformed_ok: bool = False,
+                    size: int | None = None, within: Path | None = None) -> Artifact:
     """File digest plus, for weight files, the per-tensor table.
 
     A file that claims a weight format but is malformed or hostile raises
     :class:`~manifest.errors.MalformedArtifactError`; with ``malformed_ok``
     (verify's re-run, where such a file is simply a difference) it is
-    recorded by file digest only.
+    recorded by file digest only. So does a path that is not a regular file
+    (a FIFO, a device, also through a link), one linked out of ``within``, and,
+    with ``size`` (the recorded ``bytes``), one of another size, before a byte is
+    hashed: that is how verify reads a recorded checkpoint path.
     """
     from manifest.errors import MalformedArtifactError
 
     if is_dcp_dir(path) or is_index(path):
-        return _digest_set(path, display, malformed_ok=malformed_ok)
-    with MappedFile(path) as mapped:
+        return _digest_set(path, display, malformed_ok=malformed_ok, size=size, within=within)
+    with MappedFile(path, size=size, within=within, shown=display) as mapped:
         buf = mapped.view
         file_digest = hash_bytes(buf)
         fmt = detect_format(buf)
@@ -150,11 +136,6 @@ def digest_artifact(path: Path, display: str, *, malformed_ok: bool = False) -> 
                     tensors=tensors)
 
 
-def _file_digest(path: Path) -> str:
-    with MappedFile(path) as mapped:
-        return hash_bytes(mapped.view)
-
-
 def _set_members(path: Path) -> list[Path]:
     """The files a multi-file checkpoint is made of (the index first, then its shards)."""
     if is_dcp_dir(path):
@@ -165,12 +146,28 @@ def _set_members(path: Path) -> list[Path]:
         return [path]
 
 
-def _set_digest(members: list[Path]) -> tuple[str, int]:
+def _set_digest(members: list[Path], display: str, size: int | None, within: Path | None,
+                slack: int) -> tuple[str, int]:
+    """The digest of a multi-file checkpoint; with ``size``, its files must hold that many
+    bytes together, give or take ``slack`` (checked on their ``lstat`` before any is hashed,
+    then on each one opened)."""
     import json
 
-    listing = [[p.name, _file_digest(p)] for p in members]
-    size = sum(p.stat().st_size for p in members)
-    return hash_bytes(json.dumps(listing).encode()), size
+    from manifest.errors import MalformedArtifactError
+
+    sizes = [os.stat(p).st_size if i == 0 else os.lstat(p).st_size  # the index may be a link
+             for i, p in enumerate(members)]
+    total = sum(sizes)
+    if size is not None and abs(total - size) > slack:
+        raise MalformedArtifactError(f"{display} holds {total:,} bytes in its files, not the "
+                                     f"{size:,} recorded; refusing to read it.")
+    listing = []
+    for i, (p, each) in enumerate(zip(members, sizes, strict=True)):
+        with MappedFile(p, size=each if size is not None else None,  # as it was lstat-ed
+                        within=within if i == 0 else None,
+                        shown=display if i == 0 else f"{display}: {p.name}") as mapped:
+            listing.append([p.name, hash_bytes(mapped.view)])
+    return hash_bytes(json.dumps(listing).encode()), total
 
 
 def iter_set(path: Path) -> Iterator[RawTensor]:
@@ -178,11 +175,21 @@ def iter_set(path: Path) -> Iterator[RawTensor]:
     return _guarded(iter_dcp(path) if is_dcp_dir(path) else iter_sharded(path))
 
 
-def _digest_set(path: Path, display: str, *, malformed_ok: bool) -> Artifact:
+def _digest_set(path: Path, display: str, *, malformed_ok: bool, size: int | None,
+                within: Path | None) -> Artifact:
     from manifest.errors import MalformedArtifactError
 
     fmt = "dcp" if is_dcp_dir(path) else "safetensors-index"
-    digest, size = _set_digest(_set_members(path))
+    if fmt == "dcp" and not malformed_ok:  # (else it is a difference, hashed as files)
+        try:
+            check_metadata_size(path)  # before 6 GiB of it are hashed
+        except MalformedWeightsError as exc:
+            raise MalformedArtifactError(f"{display} looks like a dcp checkpoint but is "
+                                         f"malformed: {exc}.") from exc
+    # A DCP rewrite of the same state writes another save_id and path into .metadata: its
+    # size may move by a few bytes, never by more than the slack .metadata is allowed.
+    slack = METADATA_SLACK if fmt == "dcp" else 0
+    digest, size = _set_digest(_set_members(path), display, size, within, slack)
     tensors: dict[str, Tensor] | None = {}
     try:
         for raw in iter_set(path):
