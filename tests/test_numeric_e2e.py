@@ -96,7 +96,10 @@ def test_capture_envelope_is_stored_outside_identity_and_shown(
         repo: Path, enveloped: tuple[Path, dict[str, Any]]) -> None:
     path, doc = enveloped
     envelope = doc["outputs"]["envelope"]
-    assert envelope["runs"] == ["1 ULP (seed 1)", "1 ULP (seed 2)", "threads 2 → 1"]
+    # fresh one-ULP seeds each capture (issue 36: 1…N let a script know its perturbations)
+    assert [r.split(" (seed ")[0] for r in envelope["runs"]] == ["1 ULP", "1 ULP",
+                                                                  "threads 2 → 1"]
+    assert len(set(envelope["runs"])) == 3
     assert [s["step"] for s in envelope["steps"]] == list(range(1, 13))
     numeric = doc["outputs"]["processes"][0]["numeric"]
     assert len(numeric) == 12 and numeric[0]["loss"] > 0 and len(numeric[0]["groups"]) == 1

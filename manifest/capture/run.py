@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from manifest.canonical import seal
+from manifest.capture.environ import environ_reads, keyed_reads
 from manifest.capture.launcher import (
     LaunchResult,
     LaunchSettings,
@@ -53,6 +54,7 @@ from manifest.models import (
     ProcessDeterminism,
     ProcessOutcome,
     ProcessRandomness,
+    RecordingCost,
     RngFingerprints,
     SeedCall,
     SwitchCall,
@@ -120,6 +122,7 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
             devices=list(r.get("devices") or []),
             switches=_items(SwitchCall, r.get("switches")),
             fp32_precision=_strings(r.get("fp32_precision")),
+            environ=environ_reads(r.get("environ")),
         ))
         out.append(ProcessOutcome(
             rank=rank, at_exit=_fingerprints(r.get("at_exit")),
@@ -128,8 +131,19 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
             trail=[TrailPoint(step=int(p["step"]), digest=p["digest"])
                    for p in r.get("trail") or r.get("auto_trail") or []],
             numeric=_items(NumericPoint, r.get("numeric")),
+            recording=_recording(r),
+            secret_reads=keyed_reads(r.get("environ")),
         ))
     return rnd, det, out
+
+
+def _recording(r: dict[str, Any]) -> RecordingCost | None:
+    """The process's time in the trails (``recording_ns``) and its share of its wall time."""
+    spent, start, end = r.get("recording_ns"), r.get("start_ns"), r.get("end_ns")
+    if not isinstance(spent, int) or spent <= 0 or not isinstance(start, int) \
+            or not isinstance(end, int) or end <= start:
+        return None
+    return RecordingCost(seconds=spent / 1e9, share=min(1.0, spent / (end - start)))
 
 
 def digest_outputs(globs: list[str], cwd: Path, *,
@@ -203,7 +217,10 @@ def build_run_manifest(
     status = "ok"
     error = None
     if stale:
+        from manifest.capture.observed import stale_alone
+
         artifacts = [a for a in artifacts if a.path not in stale]
+        stale = stale_alone(stale, output_globs, cwd)
     if result.exit_code != 0:
         status = "failed"
         error = _process_error(result.records) or f"command exited with status {result.exit_code}"
@@ -342,6 +359,7 @@ def capture_from_cli(
     remote_mode: str = "listing",
     envelope: int = 0,
     progress: Any = None,
+    precision: str = "fp32",
 ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status.
 
@@ -419,9 +437,9 @@ def capture_from_cli(
     assert manifest.outputs is not None
     if envelope and manifest.outputs.status == "ok":
         manifest = _with_envelope(manifest, result, settings, envelope, command, cwd, outputs,
-                                  progress)
+                                  progress, tree=snap.code.root or cwd, precision=precision)
     # Verify runs a command without --trust only if this tool sealed it here.
-    from manifest.rerun.trust import record_sealed
+    from manifest.trust import record_sealed
 
     record_sealed(manifest.digest)
     return manifest, 0 if manifest.outputs is not None and manifest.outputs.status == "ok" else 3
@@ -429,17 +447,30 @@ def capture_from_cli(
 
 def _with_envelope(manifest: Manifest, result: LaunchResult, settings: LaunchSettings,
                    runs: int, command: list[str], cwd: Path, outputs: list[str],
-                   progress: Any) -> Manifest:
+                   progress: Any, *, tree: Path, precision: str = "fp32") -> Manifest:
     """``--envelope N``: the run's noise envelope (``manifest.numeric.measure``), in
-    ``outputs.envelope``; outside identity, so the run_id stays; the digest is new."""
+    ``outputs.envelope``; outside identity, so the run_id stays; the digest is new.
+
+    The envelope runs run where the run ran, under the run's own settings (its op window
+    too: nothing in their environment tells them apart). What they write in ``tree`` is
+    undone afterwards: the files the run wrote, its declared outputs and its recorded
+    checkpoints are put back byte for byte, and files only they created are deleted."""
+    from manifest.canonical import to_document
+    from manifest.numeric.measure import measure, numeric_of, written_files
+
+    assert manifest.outputs is not None
+    keep = written_files(result.opened)  # ``measure`` keeps those inside ``tree``
+    keep += [cwd / c.path for c in manifest.outputs.checkpoints or [] if c.artifact is not None]
     from dataclasses import replace
 
-    from manifest.canonical import to_document
-    from manifest.numeric.measure import measure, numeric_of
-
-    measured = measure(numeric_of(result.records), replace(settings, ops=None), runs,
+    # --precision: the envelope runs emulate that precision (manifest.numeric.precision)
+    emulated = replace(settings, emulate=precision) if precision != "fp32" else settings
+    measured = measure(numeric_of(result.records), emulated, runs,
                        lambda planned: run_under_launcher(command, cwd, planned),
-                       cwd=cwd, outputs=outputs, say=progress)
+                       cwd=cwd, outputs=outputs, say=progress, keep=keep, tree=tree)
+    for note in measured.notes:
+        if progress is not None:
+            progress(note)
     for failure in measured.failed:
         if progress is not None:
             progress(f"envelope run left out: {failure}")
@@ -448,7 +479,10 @@ def _with_envelope(manifest: Manifest, result: LaunchResult, settings: LaunchSet
             progress(f"no envelope: {measured.reason}")
         return manifest
     doc = to_document(manifest)
-    doc["outputs"]["envelope"] = measured.envelope.model_dump(mode="json")
+    envelope = measured.envelope
+    if precision != "fp32":
+        envelope = envelope.model_copy(update={"precision": precision, "how": "emulated"})
+    doc["outputs"]["envelope"] = envelope.model_dump(mode="json")
     return seal(doc)
 
 

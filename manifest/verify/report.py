@@ -23,7 +23,7 @@ from manifest.weights.compare import ArtifactDelta
 
 if TYPE_CHECKING:
     from manifest.probes.hardware import NvmlFacts
-    from manifest.rerun.cluster import ClusterOptions
+    from manifest.rerun.cluster.options import ClusterOptions
 
 Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
 """(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
@@ -47,8 +47,10 @@ VERDICTS: dict[Verdict, tuple[int, str]] = {
                         "recorded data was checked and is unchanged"),
     Verdict.EQUIVALENT: (EXIT_EQUIVALENT, "not the same bits, but the same run up to "
                          "rounding: the environment drifted only in hardware, driver, library "
-                         "build or thread count, and every step of the re-run's numeric trail "
-                         "lies inside the run's own noise envelope (capture --envelope)"),
+                         "build or thread count, every step of the re-run's numeric trail "
+                         "lies inside a noise envelope the verifier measured (verify "
+                         "--envelope N) or can vouch for (sealed here, or signed by a trusted "
+                         "identity), and every declared output lies inside its last step"),
     Verdict.DIFFERS: (EXIT_FAILED, "a tensor's bytes differ (one flipped bit is enough), the "
                       "step trails part, or recorded data (local or remote) changed since "
                       "capture; the changed data is named, and this holds with or without a "
@@ -71,6 +73,8 @@ class Drift:
     path: str
     impact: str
     reason: str
+    change: str = "changed"
+    """``added`` (only today: a package installed since), ``removed`` or ``changed``."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ class VerifyReport:
     first_divergent_step: int | None = None
     first_divergent_op: Any = None
     """Where the re-run's op stream parts from the one stored at capture (a
-    ``manifest.explain.findings.Finding``), when the capture stored one."""
+    ``manifest.ops.findings.Finding``), when the capture stored one."""
     trail_compared: bool = False
     rerun_exit_code: int | None = None
     workdir: str | None = None
@@ -125,8 +129,11 @@ class VerifyReport:
     (``manifest.capture.outside.outside_recipe``): the verdict speaks only for the
     processes the launcher prepared."""
     numeric: dict[str, Any] | None = None
-    """Where bits could not be expected: the numeric trails judged against the run's noise
-    envelope (``manifest.numeric.envelope.Judgement.to_json``)."""
+    """Where bits could not be expected: the numeric trails judged against a noise envelope
+    (``manifest.numeric.envelope.Judgement.to_json``), with ``envelope_from`` (whose envelope
+    decided, or None when none may), ``resolution``, the confidence, ``trail_verdict`` (the
+    trails alone) and ``outputs`` / ``outputs_verdict`` (each declared output held to the
+    bound's last step: ``manifest.verify.equivalence``)."""
     job: dict[str, Any] | None = None
     """Where a cluster executor ran the re-run (``--on``): executor, job id, dashboard or log
     location, bundle name, the host's confinement and network policy, bytes shipped and
@@ -188,10 +195,11 @@ class VerifyReport:
 BASES: dict[str, str] = {
     "tensors": "the declared outputs, tensor by tensor (dtype, shape, raw bytes)",
     "tensors and trail": "the declared outputs tensor by tensor, and the step trail",
-    "trail": "the step trail only: per kept optimizer step, one bit-sum of each parameter "
-             "(every step to 1000); strong evidence of the same training, but not a byte "
-             "comparison of the weights (declare --artifact PATH for that)",
-    "nothing": "nothing: no output was declared or written, and no optimizer step was seen",
+    "trail": "the step trail only: per kept optimizer step, two sums over each parameter "
+             "group's bits (every step to 1000); strong evidence of the same training, but "
+             "not a byte comparison of the weights (declare --artifact PATH for that)",
+    "nothing": "nothing: no output tensor to compare, and no optimizer step was seen (the "
+               "reason says why)",
 }
 """What a verdict was based on → the words every report prints beside it."""
 
@@ -218,3 +226,11 @@ class VerifyOptions:
     """``--on ray|slurm|k8s``: re-run where the run ran (``manifest.rerun.cluster``)."""
     layout: str | None = None
     """``--layout NxP``: re-run a torchrun run on this layout here (``manifest.nodes``)."""
+    emulate: str | None = None
+    """``--emulate tf32|bf16``: the re-run emulates that matmul precision on CPU, standing
+    in for a device that uses it; judged against the run's envelope at that precision
+    (``manifest.numeric.precision.choose``)."""
+    envelope: int = 0
+    """``--envelope N``: where the outputs differ by rounding only, measure the noise envelope
+    here (N one-ULP runs with fresh seeds and one under another thread count, in the scratch
+    tree) and judge the re-run against it (``manifest.verify.equivalence``)."""

@@ -14,15 +14,17 @@ The plan, the workspace and the executor come from the re-run engine
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from manifest.models import Manifest
+from manifest.models import Envelope, Manifest
 from manifest.store import BlobStore
 from manifest.verify.report import Drift, Machine, Verdict, VerifyOptions, VerifyReport
 from manifest.weights.compare import compare_artifacts
 
 if TYPE_CHECKING:
+    from manifest.capture.launcher import LaunchResult, LaunchSettings
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
 
@@ -39,8 +41,8 @@ def _recorded_ops_window(recorded: Manifest) -> dict[str, Any] | None:
 def _first_op_difference(recorded: Manifest, result: Any, store: BlobStore) -> Any:
     """The first op where the re-run computes differently from the stored stream."""
     from manifest.capture.launcher import stream_ranks
-    from manifest.explain.findings import first_op_difference
-    from manifest.explain.stream import parse_stream
+    from manifest.ops.findings import first_op_difference
+    from manifest.ops.stream import parse_stream
 
     assert recorded.outputs is not None
     old = {}
@@ -59,14 +61,15 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     """Run the plan once in ``workspace`` and compare what it wrote with the record."""
     from manifest.capture.run import build_run_manifest
     from manifest.capture.snapshot import take_snapshot
+    from manifest.rerun.dispatch import executor_for
     from manifest.rerun.environment import rerun_env
-    from manifest.rerun.executor import confined_hint, executor_for
+    from manifest.rerun.executor import confined_hint
     from manifest.rerun.inputs import missing_inputs_hint
 
     assert recorded.command is not None
     assert recorded.outputs is not None
     settings = replace(plan.settings, ops=_recorded_ops_window(recorded),
-                       root=str(workspace.mount_at))
+                       root=str(workspace.mount_at), emulate=options.emulate)
     base_env, absent = rerun_env(recorded, workspace.mount_at)
     report.drift.extend(Drift("command.code_env", "bits",
                               f"{entry} (on a code path variable at capture) does not exist "
@@ -90,6 +93,10 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                                            for g in recorded.command.outputs],
                              malformed_ok=True)
     assert new.outputs is not None
+    from manifest.capture.environ import read_changes
+
+    # A variable the script read with another value now: a cause, named as such.
+    report.drift.extend(Drift(path, "bits", text) for path, text in read_changes(recorded, new))
     from manifest.capture.outside import outside_recipe
 
     # A process outside the recipe, then or now: the verdict cannot speak for it.
@@ -143,49 +150,149 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         report.verdict = Verdict.DIFFERS
         report.reason = "outputs match but the step trails part"
     _judge_topology(recorded, new, report)
-    judge_numeric(recorded, new, report)
+    judge_numeric(recorded, new, report, Here(plan, workspace, settings, base_env, options,
+                                              result, original_cwd, matched))
     return report
 
 
-def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport) -> None:
-    """Outputs differ and the environment drifted only in ways that change rounding: judge
-    the numeric trails against the run's noise envelope (``manifest.numeric.envelope``).
-    ``equivalent`` when every rank's every step lies inside; otherwise still ``differs``,
-    with the first step outside, how far and in which parameter group."""
-    from manifest.numeric.envelope import judge, rounding_only
+@dataclass(frozen=True)
+class Here:
+    """What the verifier's own envelope runs need: the re-run's plan, tree and settings."""
 
+    plan: RerunPlan
+    workspace: Workspace
+    settings: LaunchSettings
+    env: dict[str, str]
+    options: VerifyOptions
+    result: LaunchResult
+    original_cwd: Path
+    matched: dict[str, str]
+
+
+def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
+                  here: Here | None = None) -> None:
+    """Outputs differ and the environment drifted only in ways that change rounding: judge
+    the numeric trails against a noise envelope (``manifest.verify.equivalence``: the
+    verifier's own with ``--envelope N``, else the run's where it is vouched for), then hold
+    every declared output to the bound's last step. ``equivalent`` only when every rank's
+    every step and every output lies inside; otherwise still ``differs``, with the first
+    step outside (how far, in which parameter group) or the output that was not compared."""
+    from manifest.numeric.envelope import judge, rounding_only
+    from manifest.verify.equivalence import OutputDistance, choose_envelope, output_distance
+
+    asked = here is not None and here.options.envelope
     if report.verdict != Verdict.DIFFERS or report.changed_data:
+        if asked and report.verdict == Verdict.IDENTICAL:
+            report.notes.append("no envelope was measured (--envelope): the bits are the same")
         return
-    if not rounding_only([d.path for d in report.bits_drift]):
+    emulate = here.options.emulate if here is not None else None
+    drift = [d.path for d in report.bits_drift]
+    if not rounding_only(drift) and not (emulate and not drift):  # emulation is rounding
+        if asked:
+            report.notes.append("no envelope was measured (--envelope): what changed is not "
+                                "only rounding (hardware, driver, library build, threads), so "
+                                "the run cannot be equivalent")
         return
     assert recorded.outputs is not None
     assert new.outputs is not None
-    if recorded.outputs.envelope is None:
-        report.notes.append("the run carries no noise envelope, so whether the difference is "
-                            "rounding cannot be judged (capture --envelope N measures one)")
-        return
-    again = {p.rank: p.numeric or [] for p in new.outputs.processes}
-    verdicts = [judge(p.numeric or [], again.get(p.rank, []), recorded.outputs.envelope)
-                for p in recorded.outputs.processes if p.numeric]
-    if not verdicts:
+    if not any(p.numeric for p in recorded.outputs.processes):
         report.notes.append("no numeric trail was recorded: whether the difference is "
                             "rounding cannot be judged (capture records one by default now)")
         return
+    outputs: list[OutputDistance] = []
+    if here is not None and here.result.tables is not None:  # the files stayed on a cluster
+        outputs = [OutputDistance(a.path, problem="the re-run's file stayed where it ran: "
+                                  "the outputs were not compared numerically")
+                   for a in recorded.outputs.artifacts]
+    elif here is not None:  # before any envelope run writes over the re-run's outputs
+        outputs = [output_distance(a, here.original_cwd / a.path,
+                                   here.workspace.cwd / here.matched.get(a.path, a.path))
+                   for a in recorded.outputs.artifacts]
+    own, runs = None, 0
+    if here is not None and here.options.envelope:
+        own, runs = _envelope_here(new, here, report)
+    basis = getattr(here.plan.trust, "basis", None) if here is not None else None
+    reason = getattr(here.plan.trust, "reason", None) if here is not None else None
+    trail = next((p.numeric for p in sorted(recorded.outputs.processes, key=lambda p: p.rank)
+                  if p.numeric), None) or []
+    eps = max((p.loss_eps for p in trail if p.loss_eps), default=0.0)
+    carried = recorded.outputs.envelope
+    if carried is not None and (emulate or carried.precision not in (None, "fp32")):
+        from manifest.numeric.precision import choose  # which precision must be covered
+
+        choice = choose([carried], "fp32", emulate or "fp32")
+        if choice.envelope is None:
+            report.numeric = {"verdict": "not-compared", "envelope_from": None,
+                              "reason": choice.reason, "sentence": choice.reason,
+                              "precision": choice.to_json()}
+            report.reason = f"not the same bits; {choice.reason}"
+            return
+    decision = choose_envelope(carried, own, runs, basis, reason, eps)
+    report.notes.extend(decision.notes)
+    if decision.calibration is None:
+        assert decision.refusal is not None
+        report.numeric = {"verdict": "not-compared", "envelope_from": None,
+                          "reason": decision.refusal, "sentence": decision.refusal}
+        report.reason = f"not the same bits; {decision.refusal}"
+        return
+    again = {p.rank: p.numeric or [] for p in new.outputs.processes}
+    verdicts = [judge(p.numeric or [], again.get(p.rank, []), decision.envelope,
+                      calibration=decision.calibration)
+                for p in recorded.outputs.processes if p.numeric]
     differing = [v for v in verdicts if v.verdict == "differs"]
     open_ = [v for v in verdicts if v.verdict == "not-compared"]
     worst = (min(differing, key=lambda v: v.first_step or 0) if differing
              else open_[0] if open_ else max(verdicts, key=lambda v: v.closest or 0.0))
-    report.numeric = worst.to_json()
+    from manifest.verify.equivalence import bind_outputs, numeric_json
+
+    files = {a.path: here.original_cwd / a.path for a in recorded.outputs.artifacts} if (
+        here is not None) else {}
+    report.numeric = numeric_json(worst, decision, trail, outputs, files)
+    if decision.envelope is carried and carried is not None and carried.precision:
+        from manifest.numeric.precision import resolution_sentence
+
+        report.numeric["precision"] = {"covers": carried.precision, "how": carried.how,
+                                       "resolution": resolution_sentence(carried)}
     causes = ", ".join(sorted({d.path for d in report.bits_drift}))
+    sentence = report.numeric["sentence"]
     if worst.verdict == "equivalent":
-        report.verdict = Verdict.EQUIVALENT
-        report.reason = (f"not the same bits (drift: {causes}), but the same run up to "
-                         f"rounding: {worst.sentence()}")
+        problem = bind_outputs(report.numeric, outputs, decision.calibration,
+                               compared=here is not None)
+        if problem is None:
+            report.verdict = Verdict.EQUIVALENT
+            report.reason = (f"not the same bits (drift: {causes}), but the same run up to "
+                             f"rounding: {report.numeric['sentence']}")
+        else:
+            report.reason = f"the step trails lie inside the envelope, but {problem}"
     elif worst.verdict == "differs":
-        report.reason = f"outside the run's own noise envelope at {worst.sentence()}"
+        report.reason = f"outside the noise envelope at {sentence}"
     else:
         report.notes.append(f"whether the difference is rounding could not be judged: "
-                            f"{worst.sentence()}")
+                            f"{sentence}")
+
+
+def _envelope_here(new: Manifest, here: Here, report: VerifyReport) -> tuple[Envelope | None,
+                                                                              int]:
+    """``verify --envelope N``: the verifier's own envelope, from one-ULP runs (fresh seeds)
+    and a thread-count run of the recorded command in the scratch tree, against this
+    re-run's trail; in place (``--in-place``) what they write in the user's tree is undone."""
+    from manifest.numeric.measure import measure, numeric_of, written_files
+    from manifest.rerun.dispatch import executor_for
+
+    executor = executor_for(here.plan)
+    in_place = here.options.in_place
+    measured = measure(
+        numeric_of(here.result.records), here.settings, here.options.envelope,
+        lambda planned: executor.run(here.plan, here.workspace, planned, here.env),
+        cwd=here.workspace.cwd, outputs=list(new.command.outputs) if new.command else [],
+        keep=written_files(here.result.opened) if in_place else (),
+        tree=here.workspace.tree if in_place else None)
+    report.notes.extend(measured.notes)
+    report.notes.extend(f"envelope run left out: {f}" for f in measured.failed)
+    if measured.envelope is None:
+        report.notes.append(f"no envelope was measured here: {measured.reason}")
+        return None, 0
+    return measured.envelope, len(measured.envelope.runs)
 
 
 _VERSION_DIR = re.compile(r"(?<![^/])version_\d+(?=/)")

@@ -1,0 +1,309 @@
+"""What ``equivalent`` rests on in verify: whose envelope decides, and the outputs held to it.
+
+Issue 36 measured three ways a tolerance verdict was bent (DESIGN, "What `equivalent` may
+claim"), and this module closes the two that belong to verify:
+
+* **Whose envelope.** An envelope stored in a manifest is its author's numbers: every
+  distance ×1e6 made a planted learning rate ×1.01 ``equivalent``. So the envelope that
+  decides is (``choose_envelope``):
+
+  1. the verifier's own (``verify --envelope N``: N one-ULP runs with fresh seeds and one
+     under another thread count, in the scratch clone, against verify's own re-run),
+     narrowed pointwise by the run's carried one when that passes its checks; or
+  2. the run's carried one alone, only when the manifest was sealed on this machine or is
+     signed by an identity the trust policy trusts (``manifest.trust``: the same
+     decision that lets its command run; ``--trust`` lets a command run but vouches for
+     no number); otherwise
+  3. none: the verdict stays ``differs``, with the reason saying to run
+     ``verify --envelope N``.
+
+  A carried envelope that fails its checks (NaN, inf, negative, mismatched groups, a
+  first-step distance no rounding can produce: ``check_envelope``) is **ignored and said
+  so**, not refused: the bits of the re-run still answer ``identical`` or ``differs``,
+  and refusing (exit 2) would let a hostile field block the check that needs no
+  envelope at all.
+
+* **Bound to the outputs.** The numeric trail covers optimizer steps; nothing compared the
+  outputs numerically, so a bias moved by 0.5 after the last step verified ``equivalent``.
+  Now every declared output is compared with the re-run's tensor by tensor
+  (``output_distance``, ``bind_outputs``): the recorded file must be there with its
+  recorded tensor digests, and the relative L2 distance of all its floating tensors,
+  |Δ| / |θ|, must lie within the bound's last step (the tensor with the largest share
+  |Δ_t| / |θ| is named; integer tensors must be equal). A file that is absent, changed
+  since capture, or not a weight file leaves the outputs "not compared": never
+  ``equivalent``. Measured on the bundled example (12 steps, captured at 2 threads,
+  re-run at 3): the output is 9.7e-8 from the re-run's, against a last-step bound of
+  5.5e-7 (the verifier's 3 + 1 runs) or 2.3e-5 (the run's, sealed here); BatchNorm's
+  running statistics, saved beside the parameters, stay inside it with them.
+  The recorded file is also held to the trail's own last point (``trail_agrees``): its
+  norm against the point's, where its tensors map onto the trained parameters, within
+  float64 summation error (2 · n · eps for n elements summed in another order). The trail
+  keeps no names, so the mapping is tried for every floating tensor and for those
+  without BatchNorm's running statistics; when neither holds, the report says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from manifest.models import Artifact, Envelope, NumericPoint
+
+if TYPE_CHECKING:
+    from manifest.numeric.calibration import Calibration
+    from manifest.weights.raw import RawTensor
+
+BUFFER_SUFFIXES = ("running_mean", "running_var")
+"""BatchNorm's running statistics: saved beside the parameters, never optimised by a step."""
+
+
+@dataclass
+class Decision:
+    """The envelope that decides, in whose name, and its bound."""
+
+    envelope: Envelope | None
+    calibration: Calibration | None = None
+    """The bound (``manifest.numeric.calibration``); None when ``envelope`` is None."""
+    whose: str | None = None
+    """``the verifier's (N runs here)``, ``the run's (sealed on this machine)``,
+    ``the run's, signed by <identity>`` (with ``, narrowed by the run's`` when both)."""
+    refusal: str | None = None
+    """Why no envelope may decide (then no ``equivalent``)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def choose_envelope(carried: Envelope | None, own: Envelope | None, own_runs: int,
+                    trust_basis: str | None, trust_reason: str | None,
+                    loss_eps: float = 0.0) -> Decision:
+    """Whose envelope decides (see the module docstring)."""
+    from manifest.numeric.calibration import calibrate, check_envelope, narrow
+
+    if own is not None:
+        bound = narrow(own, carried, loss_eps)
+        mine = f"the verifier's ({own_runs} runs here)"
+        if bound.source.endswith("narrowed by the manifest's"):
+            mine += ", narrowed by the run's"
+        return Decision(own, bound, mine, notes=list(bound.notes))
+    notes: list[str] = []
+    usable = carried
+    if carried is not None:
+        problems = check_envelope(carried)
+        if problems:
+            notes.append("the run's own noise envelope was ignored: " + "; ".join(problems))
+            usable = None
+    if usable is not None and trust_basis in ("sealed", "signed"):
+        whose = ("the run's (sealed on this machine)" if trust_basis == "sealed" else
+                 f"the run's, {trust_reason or 'signed'}")
+        return Decision(usable, calibrate(usable, loss_eps), whose, notes=notes)
+    why = ("the run carries no usable noise envelope" if usable is None else
+           "the run's own noise envelope is its author's numbers, and the manifest was "
+           "neither sealed on this machine nor signed by an identity you trust")
+    return Decision(None, refusal=f"{why}: whether the difference is rounding was not judged "
+                    "(`manifest verify --envelope N` measures the envelope here)", notes=notes)
+
+
+def final_bound(calibration: Calibration) -> float | None:
+    """The parameters' bound at the envelope's last step, over every group (the largest)."""
+    if not calibration.bounds or not calibration.bounds[-1].groups:
+        return None
+    return max(calibration.bounds[-1].groups)
+
+
+# ----------------------------------------------------------------- outputs
+
+
+@dataclass
+class OutputDistance:
+    """One declared output of the recorded run against the re-run's, by numbers."""
+
+    path: str
+    distance: float | None = None
+    """|Δ| / |θ| over every floating tensor (relative L2)."""
+    worst: str | None = None
+    worst_share: float | None = None
+    """The tensor with the largest |Δ_t| / |θ|, and that share."""
+    problem: str | None = None
+    """Why it was not compared, or how it fails (then never ``equivalent``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _floats(tensor: RawTensor) -> Any:
+    """The tensor's values as float64 (None: not a floating dtype numpy can read)."""
+    import numpy as np
+
+    if tensor.dtype == "bfloat16":
+        raw = np.frombuffer(tensor.data, dtype="<u2").astype(np.uint32) << 16
+        return raw.view(np.float32).astype(np.float64)
+    kind = {"float64": "<f8", "float32": "<f4", "float16": "<f2"}.get(tensor.dtype)
+    return None if kind is None else np.frombuffer(tensor.data, dtype=kind).astype(np.float64)
+
+
+def output_distance(artifact: Artifact, recorded_file: Path, new_file: Path) -> OutputDistance:
+    """``artifact`` as recorded (its file still holding the recorded tensors) against the
+    re-run's file: relative L2 over the floating tensors, integer tensors equal."""
+    from manifest.weights.bounds import WeightFileError
+    from manifest.weights.raw import hash_bytes
+    from manifest.weights.tables import open_tensors
+
+    out = OutputDistance(artifact.path)
+    if artifact.tensors is None:
+        out.problem = "not a weight file: its numbers cannot be compared"
+        return out
+    if not recorded_file.exists():
+        out.problem = "the recorded file is not here: the outputs were not compared"
+        return out
+    try:
+        old = open_tensors(recorded_file)
+        new = open_tensors(new_file)
+    except (OSError, ValueError, WeightFileError) as exc:
+        out.problem = f"unreadable ({exc}): the outputs were not compared"
+        return out
+    try:
+        if old is None or new is None:
+            out.problem = "no tensor table: the outputs were not compared"
+            return out
+        return _distance(out, artifact, old[1], new[1], hash_bytes)
+    finally:
+        for opened in (old, new):
+            if opened is not None:
+                opened[1].clear()
+                opened[0].close()
+
+
+def _distance(out: OutputDistance, artifact: Artifact, old: dict[str, RawTensor],
+              new: dict[str, RawTensor], hash_bytes: Any) -> OutputDistance:
+    assert artifact.tensors is not None
+    if set(old) != set(artifact.tensors) or any(
+            hash_bytes(old[n].data) != artifact.tensors[n].digest for n in old):
+        out.problem = ("the recorded file changed since capture (its tensors are not the "
+                       "recorded ones): the outputs were not compared")
+        return out
+    if set(new) != set(old):
+        out.problem = "the re-run's file holds other tensors"
+        return out
+    squared: dict[str, float] = {}
+    norm = 0.0
+    for name in sorted(old):
+        a, b = old[name], new[name]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            out.problem = f"{name}: dtype or shape differs"
+            return out
+        fa, fb = _floats(a), _floats(b)
+        if fa is None or fb is None:
+            if bytes(a.data) != bytes(b.data):
+                out.problem = f"{name} ({a.dtype}) differs, and it is not a rounded number"
+                return out
+            continue
+        norm += float((fa * fa).sum())
+        squared[name] = float(((fa - fb) ** 2).sum())
+    if not math.isfinite(norm) or not all(math.isfinite(v) for v in squared.values()):
+        out.problem = "a tensor holds NaN or inf"
+        return out
+    scale = math.sqrt(norm)
+    total = math.sqrt(sum(squared.values()))
+    out.distance = total / scale if scale else (0.0 if total == 0 else math.inf)
+    if squared:
+        out.worst = max(squared, key=lambda n: squared[n])
+        share = math.sqrt(squared[out.worst])
+        out.worst_share = share / scale if scale else (0.0 if share == 0 else math.inf)
+    return out
+
+
+def trail_agrees(last: NumericPoint, recorded_file: Path) -> str:
+    """Whether the recorded output's parameters are the trail's last point: the norm of the
+    floating tensors (all of them, or without BatchNorm's running statistics) against the
+    point's, within float64 summation error (n × eps: the sums differ only in order)."""
+    from manifest.weights.bounds import WeightFileError
+    from manifest.weights.tables import open_tensors
+
+    target = math.sqrt(sum(g[0] ** 2 for g in last.groups if g))
+    try:
+        opened = open_tensors(recorded_file)
+    except (OSError, ValueError, WeightFileError):
+        return "could not be read to hold it to the numeric trail's last point"
+    if opened is None:
+        return "not a weight file: not held to the numeric trail's last point"
+    try:
+        sums: dict[str, tuple[float, int]] = {}
+        for name, tensor in opened[1].items():
+            values = _floats(tensor)
+            if values is not None:
+                sums[name] = (float((values * values).sum()), int(values.size))
+    finally:
+        opened[1].clear()
+        opened[0].close()
+    eps = 2.0 ** -52
+    candidates = {"every floating tensor": list(sums),
+                  "its parameters (BatchNorm's running statistics left out)":
+                      [n for n in sums if not n.endswith(BUFFER_SUFFIXES)]}
+    for what, names in candidates.items():
+        norm = math.sqrt(sum(sums[n][0] for n in names))
+        count = sum(sums[n][1] for n in names)
+        if target and abs(norm - target) <= 2 * count * eps * target:
+            return (f"agrees with the numeric trail's last point (step {last.step}): the norm "
+                    f"of {what} is the trained parameters' norm")
+    return (f"could not be mapped onto the numeric trail's last point (step {last.step}): no "
+            "set of its tensors has the trained parameters' norm (another set of tensors was "
+            "saved, or the file is not what the last step produced)")
+
+
+# ----------------------------------------------------------------- report
+
+
+def numeric_json(judgement: Any, decision: Decision, recorded_trail: list[NumericPoint],
+                 outputs: list[OutputDistance],
+                 recorded_files: dict[str, Path]) -> dict[str, Any]:
+    """The report's ``numeric`` part: the trail's judgement (with its confidence and
+    resolution), whose envelope decided, and each output held to the trail's last point."""
+    doc: dict[str, Any] = judgement.to_json()
+    doc["trail_verdict"] = judgement.verdict
+    doc["envelope_from"] = decision.whose
+    doc["notes"] = list(dict.fromkeys([*decision.notes, *doc.get("notes", [])]))
+    last = recorded_trail[-1] if recorded_trail else None
+    shown = []
+    for out in outputs:
+        entry = out.to_json()
+        recorded_file = recorded_files.get(out.path)
+        if last is not None and recorded_file is not None and recorded_file.exists():
+            entry["trail"] = trail_agrees(last, recorded_file)
+        shown.append(entry)
+    doc["outputs"] = shown
+    doc["sentence"] = f"{judgement.sentence()}; envelope: {decision.whose}"
+    return doc
+
+
+def bind_outputs(doc: dict[str, Any], outputs: list[OutputDistance],
+                 calibration: Calibration, *, compared: bool) -> str | None:
+    """Hold every declared output to the bound's last step; the problem that keeps the
+    verdict from ``equivalent`` (None: every output inside). Fills ``doc``'s output part."""
+    bound = final_bound(calibration)
+    doc["outputs_bound"] = bound
+    problem = None
+    if not compared:
+        problem = "the outputs were not compared numerically with the re-run's"
+    elif bound is None:
+        problem = "the envelope has no parameter bound to hold the outputs to"
+    else:
+        for out in outputs:
+            if out.problem is not None:
+                problem = f"{out.path}: {out.problem}"
+                break
+            assert out.distance is not None
+            if out.distance > bound:
+                times = math.inf if bound == 0 else out.distance / bound
+                problem = (f"the output {out.path} is {out.distance:.3g} from the re-run's "
+                           f"(relative L2, most in {out.worst}), {times:.3g}× the bound's "
+                           f"{bound:.3g} at the last step: it is not what this training "
+                           "produces up to rounding")
+                break
+    doc["outputs_verdict"] = ("inside" if problem is None else "not-compared"
+                              if not compared or any(o.problem for o in outputs) else "outside")
+    if problem is None and outputs:
+        worst = max(o.distance or 0.0 for o in outputs)
+        doc["sentence"] += (f"; every declared output inside the bound at the last step "
+                            f"({worst:.2g} of {bound:.2g})")
+    return problem
