@@ -1,24 +1,140 @@
-"""Every verdict each verb can give, with its exit status and what it means.
+"""Every verdict each verb gives, its exit status and meaning, and the one judgement.
 
-The concepts page's table of verdicts is generated from :func:`verb_verdicts` at
-every docs build (``docs/gen_ref.py``), so it lists what the code gives, not
-what someone remembered to type. Each verb keeps its own names next to the
-report that gives them (verify: ``manifest.verify.report.VERDICTS``; gate:
-``manifest.gate.report.GATE_VERDICTS``; lab: ``manifest.lab.report.LAB_OUTCOMES``);
-explain's and diff's few outcomes are listed here, and
-``tests/test_verdicts.py`` checks every row against the report's own
-``exit_code``.
+Two things live here and nowhere else:
+
+* **The tables** (verify's :data:`VERDICTS`, the gate's :data:`GATE_VERDICTS`, the
+  lab's :data:`LAB_OUTCOMES`, explain's and diff's): verdict → (exit status, meaning).
+  Each verb's report takes its exit status from its table, the concepts page's table
+  of verdicts is generated from :func:`verb_verdicts` at every docs build
+  (``docs/gen_ref.py``), and ``tests/test_verdicts.py`` checks every row against the
+  report's own ``exit_code``.
+* **The judgement** (:func:`judge`): what a comparison found (outputs compared tensor
+  by tensor, step-trail points compared, a failure) → ``identical``, ``differs``,
+  ``nothing-compared`` or ``no-verdict``, with what it was based on and why. verify's
+  re-run, each ``--segments`` stretch and the lab's recipe runs call it; the gate maps
+  verify's verdict to its status (:func:`gate_status`) and the lab to its outcome
+  (:func:`lab_outcome`). ``equivalent`` and ``changed-topology`` are refinements of
+  ``differs`` that verify alone makes (``manifest.verify.equivalence``,
+  ``manifest.verify.rerun``): they need a noise envelope or a topology.
+
+It sits below every verb (it imports only the exit statuses), so verify, gate, lab,
+explain and segments all stand on it and none of them is imported back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
 
 from manifest.errors import EXIT_EQUIVALENT, EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
 
 Row = tuple[str, int, str]
 """(verdict, exit status, meaning)."""
+
+
+# ------------------------------------------------------------------- verify
+
+class Verdict(StrEnum):
+    """Every verdict verify gives; :data:`VERDICTS` holds each one's exit status and meaning."""
+
+    IDENTICAL = "identical"
+    EQUIVALENT = "equivalent"
+    DIFFERS = "differs"
+    CHANGED_TOPOLOGY = "changed-topology"
+    NOTHING_COMPARED = "nothing-compared"
+    NO_VERDICT = "no-verdict"
+    CHECKED = "checked"
+
+
+VERDICTS: dict[Verdict, tuple[int, str]] = {
+    Verdict.IDENTICAL: (EXIT_OK, "every declared output tensor has the recorded dtype, shape "
+                        "and raw bytes, and every step trail point in common agrees; the "
+                        "recorded data was checked and is unchanged"),
+    Verdict.EQUIVALENT: (EXIT_EQUIVALENT, "not the same bits, but the same run up to "
+                         "rounding: the environment drifted only in hardware, driver, library "
+                         "build or thread count, every step of the re-run's numeric trail "
+                         "lies inside a noise envelope the verifier measured (verify "
+                         "--envelope N) or can vouch for (sealed here, or signed by a trusted "
+                         "identity), and every declared output lies inside its last step"),
+    Verdict.DIFFERS: (EXIT_FAILED, "a tensor's bytes differ (one flipped bit is enough), the "
+                      "step trails part, or recorded data (local or remote) changed since "
+                      "capture; the changed data is named, and this holds with or without a "
+                      "re-run"),
+    Verdict.CHANGED_TOPOLOGY: (EXIT_FAILED, "outputs differ on another world size (expected; "
+                               "the report gives the size of the difference)"),
+    Verdict.NOTHING_COMPARED: (EXIT_NO_VERDICT, "the re-run finished but there was nothing to "
+                               "compare: no output declared (or none written) and no optimizer "
+                               "step in the trail; the fix is to capture with --artifact PATH"),
+    Verdict.NO_VERDICT: (EXIT_NO_VERDICT, "the re-run could not be compared: drift under "
+                         "--strict, the command failed, a declared output is missing"),
+    Verdict.CHECKED: (EXIT_OK, "--no-rerun: integrity, drift and data checked and unchanged, "
+                      "nothing re-run, no output compared"),
+}
+"""Verdict → (exit status, what it means): the one table the CLI and the docs read."""
+
+
+BASES: dict[str, str] = {
+    "tensors": "the declared outputs, tensor by tensor (dtype, shape, raw bytes)",
+    "tensors and trail": "the declared outputs tensor by tensor, and the step trail",
+    "trail": "the step trail only: per kept optimizer step, two sums over each parameter "
+             "group's bits (every step to 1000); strong evidence of the same training, but "
+             "not a byte comparison of the weights (declare --artifact PATH for that)",
+    "nothing": "nothing: no output tensor to compare, and no optimizer step was seen (the "
+               "reason says why)",
+}
+"""What a verdict was based on → the words every report prints beside it."""
+
+
+# ------------------------------------------------------------------- gate and lab
+
+class GateStatus(StrEnum):
+    """Every verdict the gate gives (and each check's status)."""
+
+    PASS = "pass"  # noqa: S105
+    FAIL = "fail"
+    SKIP = "skip"
+    NO_VERDICT = "no-verdict"
+    NOTHING_COMPARED = "nothing-compared"
+    """The re-run finished but there was nothing to compare (no output, no step trail)."""
+
+
+GATE_VERDICTS: dict[GateStatus, tuple[int, str]] = {
+    GateStatus.PASS: (EXIT_OK, "every enabled check passed (determinism: the re-run's outputs "
+                  "are bit-identical, and the report says whether tensors or only the step "
+                  "trail were compared; baseline: identical, or equivalent where "
+                  "allow_equivalent is set)"),
+    GateStatus.FAIL: (EXIT_FAILED, "a check failed: the re-run differs, the baseline moved, a "
+                  "hygiene problem, or recorded data changed"),
+    GateStatus.NO_VERDICT: (EXIT_NO_VERDICT, "a check could not be made: the training failed, or "
+                        "its re-run did"),
+    GateStatus.NOTHING_COMPARED: (EXIT_NO_VERDICT, "the determinism re-run finished but compared "
+                              "nothing: the smoke command declares no output and takes no "
+                              "optimizer step; declare outputs in [tool.manifest]"),
+    GateStatus.SKIP: (EXIT_OK, "a check that this mode does not run (--no-rerun trains nothing); "
+                  "as a check's status only"),
+}
+"""The gate's verdict (and each check's status) → (exit status, meaning), read by the docs."""
+
+
+LabOutcome = Literal["bit-identical", "differs", "nothing-compared"]
+"""The lab's outcome of its recipe runs."""
+
+LAB_OUTCOMES: dict[str, tuple[int, str]] = {
+    "bit-identical": (EXIT_OK, "the recipe runs agree on every declared output tensor and "
+                      "every step trail point; the report says whether tensors or only the "
+                      "trail were compared"),
+    "differs": (EXIT_FAILED, "the recipe runs differ: a tensor or a trail point (the first "
+                "divergent step and op are named)"),
+    "nothing-compared": (EXIT_NO_VERDICT, "the runs finished but compared nothing: no "
+                         "--artifact declared (or none written) and no optimizer step seen; "
+                         "the checklist flags it with the fix"),
+}
+"""The lab's outcome (of the recipe runs) → (exit status, meaning), read by the docs."""
+
+
+# ------------------------------------------------------------------- explain and diff
 
 EXPLAIN_VERDICTS: dict[str, tuple[int, str]] = {
     "agree": (EXIT_OK, "the fresh runs do not part at any recorded step"),
@@ -40,11 +156,89 @@ DIFF_OUTCOMES: dict[str, tuple[int, str]] = {
 """``manifest.diff.result.ManifestDiff.verdict`` → (exit status, meaning)."""
 
 
+
+# ------------------------------------------------------------------- the judgement
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What comparing a run with another (a re-run, a replayed stretch, a recipe run)
+    found, before anything is concluded from it."""
+
+    outputs: Sequence[bool] = ()
+    """One entry per output compared tensor by tensor: whether it was bit-identical."""
+    trail_steps: int = 0
+    """Step-trail points compared."""
+    trail_parts_at: int | None = None
+    """The first step whose fingerprint differs."""
+    trail_agrees: bool = True
+    """False also when the two trails do not hold the same steps (the lab's recipe runs)."""
+    failure: str | None = None
+    """Why no comparison could be made (the run failed, an output is missing)."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    basis: str
+    """A key of :data:`BASES`: what the verdict was based on."""
+    reason: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICTS[self.verdict][0]
+
+
+def judge(found: Findings, *, nothing: str) -> Judgement:
+    """The verdict from what was compared. ``nothing`` is the reason (with its fix) the
+    verb gives when there was nothing to compare."""
+    basis = {(True, True): "tensors and trail", (True, False): "tensors",
+             (False, True): "trail"}.get((bool(found.outputs), found.trail_steps > 0), "nothing")
+    if found.failure is not None:
+        return Judgement(Verdict.NO_VERDICT, basis, found.failure)
+    if basis == "nothing":
+        return Judgement(Verdict.NOTHING_COMPARED, basis, nothing)
+    trail_same = found.trail_parts_at is None and found.trail_agrees
+    if all(found.outputs) and trail_same:
+        return Judgement(Verdict.IDENTICAL, basis)
+    if found.outputs and all(found.outputs):
+        return Judgement(Verdict.DIFFERS, basis, "outputs match but the step trails part")
+    return Judgement(Verdict.DIFFERS, basis)
+
+
+def nothing_compared_reason(declared: Sequence[str]) -> str:
+    """Why nothing was compared, and the fix (verify, gate and lab say the same)."""
+    why = (f"the run wrote nothing that matches its declared outputs ({', '.join(declared)})"
+           if declared else "the run declared no output")
+    return (f"nothing was compared: {why}, and no optimizer step was seen for a step trail. "
+            "Fix: capture again with --artifact PATH naming the weights file the script "
+            "writes (or call manifest.trail(model) in the script).")
+
+
+_GATE: Mapping[Verdict, GateStatus] = {
+    Verdict.IDENTICAL: GateStatus.PASS, Verdict.DIFFERS: GateStatus.FAIL,
+    Verdict.CHANGED_TOPOLOGY: GateStatus.FAIL, Verdict.NOTHING_COMPARED:
+    GateStatus.NOTHING_COMPARED}
+
+
+def gate_status(verdict: Verdict | str) -> GateStatus:
+    """The gate's determinism check from verify's verdict of its re-run (anything else,
+    ``equivalent`` included, is no verdict: the gate's re-run is on the same machine)."""
+    return _GATE.get(Verdict(verdict), GateStatus.NO_VERDICT)
+
+
+def lab_outcome(verdict: Verdict) -> LabOutcome:
+    """The lab's outcome of its recipe runs (which never fail to compare: a failed run
+    stops the lab before)."""
+    if verdict is Verdict.IDENTICAL:
+        return "bit-identical"
+    if verdict is Verdict.NOTHING_COMPARED:
+        return "nothing-compared"
+    return "differs"
+
+
 def verb_verdicts() -> dict[str, list[Row]]:
     """Verb → every (verdict, exit status, meaning) it can give, in the verbs' own order."""
-    from manifest.gate.report import GATE_VERDICTS
-    from manifest.lab.report import LAB_OUTCOMES
-    from manifest.verify.report import VERDICTS
 
     def rows(table: Mapping[Any, tuple[int, str]]) -> list[Row]:
         return [(str(name), code, meaning) for name, (code, meaning) in table.items()]

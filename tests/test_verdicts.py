@@ -17,7 +17,8 @@ from tests.runs import REPO
 
 
 def test_every_verify_verdict_is_listed_with_the_reports_exit_status() -> None:
-    from manifest.verify.report import VERDICTS, Verdict, VerifyReport
+    from manifest.verdicts import VERDICTS, Verdict
+    from manifest.verify.report import VerifyReport
 
     assert set(VERDICTS) == set(Verdict)  # a new verdict gets a row, or this fails
     for verdict, (code, meaning) in VERDICTS.items():
@@ -28,8 +29,9 @@ def test_every_verify_verdict_is_listed_with_the_reports_exit_status() -> None:
 def test_gate_lab_and_explain_rows_match_their_reports() -> None:
     from manifest.explain.pipeline import ExplainReport
     from manifest.gate.policy import GatePolicy
-    from manifest.gate.report import GATE_VERDICTS, CheckResult, GateReport, Status
-    from manifest.lab.report import LAB_OUTCOMES, ModeResult
+    from manifest.gate.report import CheckResult, GateReport, Status
+    from manifest.lab.report import ModeResult
+    from manifest.verdicts import GATE_VERDICTS, LAB_OUTCOMES
 
     assert set(GATE_VERDICTS) == set(Status)
     for status, (code, _) in GATE_VERDICTS.items():

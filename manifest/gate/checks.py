@@ -15,6 +15,7 @@ from manifest.gate.baseline import check_baseline, update_baseline
 from manifest.gate.policy import CHECK_NAMES, Project, load_project
 from manifest.gate.report import UPDATE_HINT, CheckResult, GateOptions, GateReport, Status
 from manifest.models import Manifest
+from manifest.verdicts import gate_status
 
 # Flag values the deterministic recipe sets (manifest.launch.boot.apply_flags).
 _RECIPE_FLAGS: dict[str, object] = {
@@ -155,12 +156,13 @@ def _check_determinism(project: Project, manifest: Manifest, data: bytes,
     data_changes = [f"{d.detail}" + (f" ({', '.join(d.files[:5])})" if d.files else "")
                     for d in verdict.changed_data]
     argv = " ".join(manifest.command.argv) if manifest.command else "the command"
-    if verdict.verdict == "nothing-compared":
+    status = gate_status(verdict.verdict)
+    if status is Status.NOTHING_COMPARED:
         return CheckResult("determinism", Status.NOTHING_COMPARED, verdict.reason or "",
                            (f"compared: {verdict.basis_text}",),
                            hint="Declare the weights file the smoke command writes: outputs "
                                 "= [\"model.safetensors\"] in [tool.manifest]."), data_changes
-    if verdict.verdict == "identical":
+    if status is Status.PASS:
         assert manifest.outputs is not None
         tensors = sum(len(a.tensors or {}) for a in manifest.outputs.artifacts)
         what = (f"bit-identical outputs ({len(verdict.artifacts)} artifact(s), {tensors} "
@@ -170,7 +172,7 @@ def _check_determinism(project: Project, manifest: Manifest, data: bytes,
         return CheckResult(
             "determinism", Status.PASS, f"two runs of `{argv}` gave {what}",
             (f"compared: {verdict.basis_text}", f"re-run: {verdict.confinement}")), data_changes
-    if verdict.verdict == "differs":
+    if status is Status.FAIL:
         details: list[str] = []
         for art in verdict.artifacts:
             for t in art.tensors:

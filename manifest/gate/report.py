@@ -4,45 +4,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-from manifest.errors import (
-    EXIT_FAILED,
-    EXIT_NO_VERDICT,
-    EXIT_OK,
-)
 from manifest.gate.policy import GatePolicy
+from manifest.verdicts import GATE_VERDICTS, GateStatus
+
+Status = GateStatus
+"""The gate's statuses (:class:`manifest.verdicts.GateStatus`), by the name its checks use."""
 
 JSON_FORMAT = "manifest-gate/v1"
 UPDATE_HINT = "run `manifest gate --update-baseline` and commit it to accept this change"
 
 
-class Status(StrEnum):
-    PASS = "pass"  # noqa: S105
-    FAIL = "fail"
-    SKIP = "skip"
-    NO_VERDICT = "no-verdict"
-    NOTHING_COMPARED = "nothing-compared"
-    """The re-run finished but there was nothing to compare (no output, no step trail)."""
-
-
-GATE_VERDICTS: dict[Status, tuple[int, str]] = {
-    Status.PASS: (EXIT_OK, "every enabled check passed (determinism: the re-run's outputs "
-                  "are bit-identical, and the report says whether tensors or only the step "
-                  "trail were compared; baseline: identical, or equivalent where "
-                  "allow_equivalent is set)"),
-    Status.FAIL: (EXIT_FAILED, "a check failed: the re-run differs, the baseline moved, a "
-                  "hygiene problem, or recorded data changed"),
-    Status.NO_VERDICT: (EXIT_NO_VERDICT, "a check could not be made: the training failed, or "
-                        "its re-run did"),
-    Status.NOTHING_COMPARED: (EXIT_NO_VERDICT, "the determinism re-run finished but compared "
-                              "nothing: the smoke command declares no output and takes no "
-                              "optimizer step; declare outputs in [tool.manifest]"),
-    Status.SKIP: (EXIT_OK, "a check that this mode does not run (--no-rerun trains nothing); "
-                  "as a check's status only"),
-}
-"""The gate's verdict (and each check's status) → (exit status, meaning), read by the docs."""
 
 
 # ------------------------------------------------------------------ result

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from manifest.models import Envelope, Model
+from manifest.verdicts import LAB_OUTCOMES, LabOutcome
 
 FORMAT: Literal["manifest-lab/v1"] = "manifest-lab/v1"
 
@@ -61,7 +62,7 @@ class ModeResult(Model):
     wall: WallStats
     bit_identical: bool
     """True only when something was compared and it all agreed (see ``outcome``)."""
-    outcome: Literal["bit-identical", "differs", "nothing-compared"] = "bit-identical"
+    outcome: LabOutcome = "bit-identical"
     """``nothing-compared``: no output declared or written, and no optimizer step seen."""
     basis: str
     """What was compared, a key of ``manifest.verify.report.BASES``: ``tensors``,
@@ -196,17 +197,6 @@ class LabReport(Model):
         return LAB_OUTCOMES[self.recipe.outcome][0]
 
 
-LAB_OUTCOMES: dict[str, tuple[int, str]] = {
-    "bit-identical": (0, "the recipe runs agree on every declared output tensor and every "
-                      "step trail point; the report says whether tensors or only the trail "
-                      "were compared"),
-    "differs": (1, "the recipe runs differ: a tensor or a trail point (the first divergent "
-                "step and op are named)"),
-    "nothing-compared": (3, "the runs finished but compared nothing: no --artifact declared "
-                         "(or none written) and no optimizer step seen; the checklist flags it "
-                         "with the fix"),
-}
-"""The lab's outcome (of the recipe runs) → (exit status, meaning), read by the docs."""
 
 
 def lab_schema_text() -> str:

@@ -67,7 +67,7 @@ from manifest.models import Manifest
 from manifest.ops.catalogue import base_name, load_table
 from manifest.redact import redact_argv
 from manifest.rerun.plan import RerunOptions
-from manifest.verify.report import BASES
+from manifest.verdicts import BASES, Findings, judge, lab_outcome, nothing_compared_reason
 
 if TYPE_CHECKING:
     from manifest.capture.launcher import LaunchResult
@@ -400,11 +400,11 @@ def _mode_result(mode: str, runs: list[_Run]) -> ModeResult:
                 break
     differing = sorted(worst.values(), key=lambda d: (d.artifact, d.name))
     has_outputs = bool(first.manifest.outputs and first.manifest.outputs.artifacts)
-    basis = {(True, True): "tensors and trail", (True, False): "tensors",
-             (False, True): "trail"}.get((has_outputs, bool(trail0)), "nothing")
-    outcome: Literal["bit-identical", "differs", "nothing-compared"] = (
-        "nothing-compared" if basis == "nothing" else
-        "bit-identical" if not differing and trail_same else "differs")
+    judged = judge(Findings(outputs=[not differing] if has_outputs else [],
+                            trail_steps=len(trail0), trail_agrees=trail_same),
+                   nothing=nothing_compared_reason(
+                       list(first.manifest.command.outputs) if first.manifest.command else []))
+    basis, outcome = judged.basis, lab_outcome(judged.verdict)
     values = [d.max_abs for d in differing if d.max_abs is not None]
     ulps = [d.max_ulp for d in differing if d.max_ulp is not None]
     walls = [r.wall_s for r in runs]

@@ -8,17 +8,19 @@ below the pipeline (no import cycle between them) and lets a renderer name the
 type without importing git, the store or the sandbox.
 
 A mismatch is a result, not an exception: the verdict (a :class:`Verdict`)
-becomes the exit status here, in one place (:data:`VERDICTS`), and the concepts
-page's table of verdicts is generated from that same table.
+becomes the exit status through the one table of every verb's verdicts
+(:mod:`manifest.verdicts`: ``Verdict``, ``VERDICTS``, ``BASES`` and the judgement
+live there, and are named here for this report's readers).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from manifest.errors import EXIT_EQUIVALENT, EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
+from manifest.errors import EXIT_NO_VERDICT
+from manifest.verdicts import BASES, VERDICTS
+from manifest.verdicts import Verdict as Verdict  # the report's readers name it from here
 from manifest.weights.compare import ArtifactDelta
 
 if TYPE_CHECKING:
@@ -29,43 +31,6 @@ Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
 """(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
 
 
-class Verdict(StrEnum):
-    """Every verdict verify gives; :data:`VERDICTS` holds each one's exit status and meaning."""
-
-    IDENTICAL = "identical"
-    EQUIVALENT = "equivalent"
-    DIFFERS = "differs"
-    CHANGED_TOPOLOGY = "changed-topology"
-    NOTHING_COMPARED = "nothing-compared"
-    NO_VERDICT = "no-verdict"
-    CHECKED = "checked"
-
-
-VERDICTS: dict[Verdict, tuple[int, str]] = {
-    Verdict.IDENTICAL: (EXIT_OK, "every declared output tensor has the recorded dtype, shape "
-                        "and raw bytes, and every step trail point in common agrees; the "
-                        "recorded data was checked and is unchanged"),
-    Verdict.EQUIVALENT: (EXIT_EQUIVALENT, "not the same bits, but the same run up to "
-                         "rounding: the environment drifted only in hardware, driver, library "
-                         "build or thread count, every step of the re-run's numeric trail "
-                         "lies inside a noise envelope the verifier measured (verify "
-                         "--envelope N) or can vouch for (sealed here, or signed by a trusted "
-                         "identity), and every declared output lies inside its last step"),
-    Verdict.DIFFERS: (EXIT_FAILED, "a tensor's bytes differ (one flipped bit is enough), the "
-                      "step trails part, or recorded data (local or remote) changed since "
-                      "capture; the changed data is named, and this holds with or without a "
-                      "re-run"),
-    Verdict.CHANGED_TOPOLOGY: (EXIT_FAILED, "outputs differ on another world size (expected; "
-                               "the report gives the size of the difference)"),
-    Verdict.NOTHING_COMPARED: (EXIT_NO_VERDICT, "the re-run finished but there was nothing to "
-                               "compare: no output declared (or none written) and no optimizer "
-                               "step in the trail; the fix is to capture with --artifact PATH"),
-    Verdict.NO_VERDICT: (EXIT_NO_VERDICT, "the re-run could not be compared: drift under "
-                         "--strict, the command failed, a declared output is missing"),
-    Verdict.CHECKED: (EXIT_OK, "--no-rerun: integrity, drift and data checked and unchanged, "
-                      "nothing re-run, no output compared"),
-}
-"""Verdict → (exit status, what it means): the one table the CLI and the docs read."""
 
 
 @dataclass(frozen=True)
@@ -192,16 +157,6 @@ class VerifyReport:
         }
 
 
-BASES: dict[str, str] = {
-    "tensors": "the declared outputs, tensor by tensor (dtype, shape, raw bytes)",
-    "tensors and trail": "the declared outputs tensor by tensor, and the step trail",
-    "trail": "the step trail only: per kept optimizer step, two sums over each parameter "
-             "group's bits (every step to 1000); strong evidence of the same training, but "
-             "not a byte comparison of the weights (declare --artifact PATH for that)",
-    "nothing": "nothing: no output tensor to compare, and no optimizer step was seen (the "
-               "reason says why)",
-}
-"""What a verdict was based on → the words every report prints beside it."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from manifest.models import Envelope, Manifest
 from manifest.store import BlobStore
+from manifest.verdicts import Findings, judge, nothing_compared_reason
 from manifest.verify.report import Drift, Machine, Verdict, VerifyOptions, VerifyReport
 from manifest.weights.compare import compare_artifacts
 
@@ -93,10 +94,12 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                                            for g in recorded.command.outputs],
                              malformed_ok=True)
     assert new.outputs is not None
-    from manifest.capture.environ import read_changes
+    from manifest.capture.environ import read_changes, reads_not_compared
 
     # A variable the script read with another value now: a cause, named as such.
     report.drift.extend(Drift(path, "bits", text) for path, text in read_changes(recorded, new))
+    report.drift.extend(Drift(path, "benign", text)
+                        for path, text in reads_not_compared(recorded, new))
     from manifest.capture.outside import outside_recipe
 
     # A process outside the recipe, then or now: the verdict cannot speak for it.
@@ -139,16 +142,15 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     if result.op_streams:
         # ``blobs``: the local store, overlaid with a pack's op streams when verifying one.
         report.first_divergent_op = _first_op_difference(recorded, result, blobs)
-    report.basis = _basis(bool(report.artifacts), report.trail_compared)
-    if report.basis == "nothing":
-        report.verdict = Verdict.NOTHING_COMPARED
-        report.reason = nothing_compared_reason(list(recorded.command.outputs))
+    judged = judge(Findings(outputs=[a.identical for a in report.artifacts],
+                            trail_steps=1 if report.trail_compared else 0,
+                            trail_parts_at=report.first_divergent_step),
+                   nothing=nothing_compared_reason(list(recorded.command.outputs)))
+    report.basis, report.verdict = judged.basis, judged.verdict
+    if judged.reason is not None:
+        report.reason = judged.reason
+    if judged.verdict == Verdict.NOTHING_COMPARED:
         return report
-    identical = all(a.identical for a in report.artifacts)
-    report.verdict = Verdict.IDENTICAL if identical else Verdict.DIFFERS
-    if identical and report.first_divergent_step is not None:
-        report.verdict = Verdict.DIFFERS
-        report.reason = "outputs match but the step trails part"
     _judge_topology(recorded, new, report)
     judge_numeric(recorded, new, report, Here(plan, workspace, settings, base_env, options,
                                               result, original_cwd, matched))
@@ -322,21 +324,6 @@ def match_outputs(recorded: list[str], written: list[str]) -> dict[str, str]:
             matched[path] = same[0]
             free.remove(same[0])
     return matched
-
-
-def _basis(tensors: bool, trail: bool) -> str:
-    """A key of ``manifest.verify.report.BASES``."""
-    return {(True, True): "tensors and trail", (True, False): "tensors",
-            (False, True): "trail"}.get((tensors, trail), "nothing")
-
-
-def nothing_compared_reason(declared: list[str]) -> str:
-    """Why nothing was compared, and the fix (verify, gate and lab say the same)."""
-    why = (f"the run wrote nothing that matches its declared outputs ({', '.join(declared)})"
-           if declared else "the run declared no output")
-    return (f"nothing was compared: {why}, and no optimizer step was seen for a step trail. "
-            "Fix: capture again with --artifact PATH naming the weights file the script "
-            "writes (or call manifest.trail(model) in the script).")
 
 
 def _judge_topology(recorded: Manifest, new: Manifest, report: VerifyReport) -> None:
