@@ -128,7 +128,7 @@ def test_entrypoint_runs_two_ranks_over_gloo(tmp_path: Path) -> None:
 def test_image_from_the_flag_then_the_record() -> None:
     from manifest.errors import UsageError
     from manifest.rerun.cluster import cluster_options
-    from manifest.rerun.cluster.k8s import image_for
+    from manifest.rerun.cluster.image import image_for
 
     given = cluster_options("k8s", {"image": "mine:1"}, {})
     bare = cluster_options("k8s", {}, {})
@@ -156,9 +156,13 @@ def _capture(repo: Path, name: str, image: str | None) -> Path:
 
 @pytest.mark.slow
 def test_recorded_image_is_the_default(tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "repo", {})
+    # The dry run keeps the bundle in the folder the claim holds: here, not in ~/.cache.
+    repo = make_repo(tmp_path / "repo", {"pyproject.toml": (
+        "[tool.manifest.executors.k8s]\n"
+        f"folder = {json.dumps(str(tmp_path / 'claim'))}\n")})
     recorded = _capture(repo, "recorded.json", IMAGE)
-    proc = manifest_cli("verify", str(recorded), "--on", "k8s", "--dry-run", cwd=repo)
+    proc = manifest_cli("verify", str(recorded), "--on", "k8s", "--dry-run", "--claim",
+                        "bundles", cwd=repo)
     assert proc.returncode == 0, proc.stderr.decode()  # --dry-run: printed, not submitted
     said = proc.stderr.decode()
     assert "nothing ran" in said and "manifest: re-running" not in said
@@ -173,11 +177,12 @@ def test_recorded_image_is_the_default(tmp_path: Path) -> None:
     assert f"image: {IMAGE}" in text
     # --image wins over the record.
     proc = manifest_cli("verify", str(recorded), "--on", "k8s", "--dry-run", "--image",
-                        "registry.example/other:1", cwd=repo)
+                        "registry.example/other:1", "--claim", "bundles", cwd=repo)
     assert "image: registry.example/other:1" in proc.stdout.decode()
 
     none = _capture(repo, "none.json", None)
-    proc = manifest_cli("verify", str(none), "--on", "k8s", "--dry-run", cwd=repo)
+    proc = manifest_cli("verify", str(none), "--on", "k8s", "--dry-run", "--claim", "bundles",
+                        cwd=repo)
     stderr = proc.stderr.decode()
     assert proc.returncode == 2, stderr
     assert not proc.stdout  # refused before anything is rendered

@@ -143,3 +143,37 @@ def test_dry_run_exits_0_and_says_nothing_ran(recorded: tuple[Path, Path],
     assert "kind: Job" in proc.stdout.decode() and "initContainers" in proc.stdout.decode()
     assert "nothing was submitted and nothing ran" in proc.stderr.decode()
     assert kube.requests == []  # not one API call
+
+
+def test_dry_run_says_where_the_bundle_is_and_prints_json_when_asked(
+        recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue 39: the printed Job could not be applied: nothing said where the bundle was
+    staged, that the claim must hold it, or that the image needs torch-manifest;
+    ``--format json`` printed YAML; and with no way to bring the bundle the dry run printed
+    a Job the real submit refuses."""
+    repo, manifest = recorded
+    with fake_kube(tmp_path) as (kube, env):
+        proc = manifest_cli("verify", str(manifest), "--on", "k8s", "--image", IMAGE,
+                            "--dry-run", "--claim", "bundles", "--format", "json", cwd=repo,
+                            env={**os.environ, **env})
+        stderr = proc.stderr.decode()
+        assert proc.returncode == 0, stderr
+        doc = json.loads(proc.stdout)  # today's code printed YAML here
+        assert doc["kind"] == "List" and [o["kind"] for o in doc["items"]] == ["Service", "Job"]
+        spec = doc["items"][1]["spec"]["template"]["spec"]
+        assert spec["volumes"][0]["persistentVolumeClaim"]["claimName"] == "bundles"
+        digest = spec["containers"][0]["command"][4].removeprefix("/bundle/")
+        staged = _claim(repo) / digest
+        assert f"The bundle is staged at {staged}" in stderr
+        assert f"the claim bundles must hold the folder {_claim(repo)} at its root" in stderr
+        assert "must contain Python, torch-manifest" in stderr
+        assert (staged / "bundle.json").is_file()  # kept: the staging folder is removed
+
+        # The same dry run with no way to bring the bundle refuses as the real submit does.
+        proc = manifest_cli("verify", str(manifest), "--on", "k8s", "--image", IMAGE,
+                            "--dry-run", cwd=repo, env={**os.environ, **env})
+        [line] = proc.stderr.decode().splitlines()[-1:]
+        assert proc.returncode == 2, proc.stderr.decode()
+        assert proc.stdout == b""
+        assert line.startswith("manifest: --on k8s needs a way to bring the bundle to the pods")
+    assert kube.requests == []  # not one API call

@@ -151,6 +151,12 @@ def test_diff_weighs_outputs_equivalent_across_thread_counts(
     result = json.loads(proc.stdout)
     assert (proc.returncode, result["outputs"]) == (4, "equivalent"), proc.stderr.decode()
     assert result["numeric"]["verdict"] == "equivalent"
+    # The same two manifests received by someone else (not sealed on their machine: another
+    # data directory holds their seal record): the envelope is the author's numbers, so it
+    # never makes them equivalent there.
+    elsewhere = {"XDG_DATA_HOME": str(repo.parent / "another-machine")}
+    proc = manifest_cli("diff", str(path), str(other), "--json", cwd=repo, env=elsewhere)
+    assert proc.returncode == 1 and "numeric" not in json.loads(proc.stdout), proc.stderr
     # another seed is never rounding: differ, exit 1, even with an envelope at hand
     seeded, _ = capture(repo, "--threads", "2", "--seed", "7",
                         command=["python", "train.py", "--steps", "12"], name="seed7.json")

@@ -97,6 +97,34 @@ def _logged_run_id(log_dir: Path) -> str:
     raise AssertionError(f"no manifest.run_id in {log_dir / 'hparams.yaml'}")
 
 
+GUIDE_GLOB = "lightning_logs/version_*/checkpoints/*.ckpt"
+"""The artifact docs/guides/integrations.md gives a default Lightning Trainer."""
+
+
+@pytest.mark.slow
+def test_the_guides_lightning_glob_survives_a_second_capture(tmp_path: Path) -> None:
+    """Issue 39: the guide's ``version_0`` glob failed on the second capture in one tree
+    (Lightning then writes ``version_1``). The guide's glob takes whichever version this run
+    wrote; the earlier capture's checkpoint, unchanged, is left out as not this run's."""
+    pytest.importorskip("lightning")
+    guide = (Path(__file__).parents[1] / "docs" / "guides" / "integrations.md").read_text()
+    assert f"--artifact '{GUIDE_GLOB}'" in guide
+    repo = make_repo(tmp_path / "repo", {"fit.py": LIGHTNING, ".gitignore": (
+        "out/\n*.json\nlightning_logs/\n")}, example=False)
+    _, first = _capture(repo, GUIDE_GLOB, "fit.py")
+    assert [a["path"] for a in first["outputs"]["artifacts"]] == [
+        "lightning_logs/version_0/checkpoints/epoch=1-step=10.ckpt"]
+    # The positive control: the glob the guide gave before fails the second capture.
+    proc = manifest_cli("capture", "--artifact", "lightning_logs/version_0/checkpoints/*.ckpt",
+                        "--", "python", "fit.py", cwd=repo, timeout=600)
+    assert proc.returncode != 0 and b"left by an earlier run" in proc.stderr
+    manifest, third = _capture(repo, GUIDE_GLOB, "fit.py")
+    assert [a["path"] for a in third["outputs"]["artifacts"]] == [
+        "lightning_logs/version_2/checkpoints/epoch=1-step=10.ckpt"]
+    code, report, stderr = _verify(repo, manifest)
+    assert (code, report.get("verdict")) == (0, "identical"), (report.get("reason"), stderr)
+
+
 def test_outputs_match_by_what_the_run_wrote() -> None:
     recorded = ["lightning_logs/version_1/checkpoints/epoch=1-step=10.ckpt", "out/w.bin"]
     written = ["lightning_logs/version_0/checkpoints/epoch=1-step=10.ckpt", "out/w.bin"]

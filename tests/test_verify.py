@@ -164,10 +164,10 @@ def test_manifest_from_another_machine_needs_trust(tmp_path: Path) -> None:
     assert "refusing to run" in stderr and "--trust" in stderr
     assert "would run" in stderr and "command: python noop.py" in stderr
     assert "re-running" not in stderr
-    # With --trust it runs, and then finds the commit missing here: no verdict.
+    # With --trust it would run, and finds the commit missing here: the wrong place (exit 2).
     proc = manifest_cli("verify", str(other / "run.json"), "--trust", cwd=other, env=elsewhere)
-    assert proc.returncode == 3, proc.stderr.decode()
-    assert "could not materialise" in proc.stderr.decode()
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert "run it in a clone of the repository that made the run" in proc.stderr.decode()
 
 
 def test_missing_output_in_rerun_is_no_verdict(tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def test_nothing_compared_is_its_own_verdict_with_the_fix(tmp_path: Path) -> Non
     text = proc.stdout.decode()
     assert proc.returncode == 3
     assert text.startswith("nothing-compared")
-    assert "compared: nothing: no output was declared" in text
+    assert "compared: nothing: no output tensor to compare" in text
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")

@@ -4,7 +4,9 @@
   already match is noted by (device, inode, size, mtime_ns); a match with
   the same four values afterwards was not written by this run. It is never
   recorded as this run's output (a leftover ``out/ckpt.pt`` once passed as
-  the output of a script that wrote nothing), and never deleted.
+  the output of a script that wrote nothing), and never deleted. A glob none
+  of whose matches this run wrote fails the run; one that matched this run's
+  file too (``version_*``) just leaves the earlier ones out (:func:`stale_alone`).
 * **Discovered inputs.** The launcher records the files each process opened;
   the ones read before being written that git does not carry (ignored files
   inside the repository, files outside it) are digested as data
@@ -84,6 +86,20 @@ def stale_outputs(before: dict[str, FileKey], globs: Iterable[str], cwd: Path) -
     """Matches the run did not write: the same file, unchanged, as before it started."""
     after = output_matches(globs, cwd)
     return sorted(rel for rel, key in after.items() if before.get(rel) == key)
+
+
+def stale_alone(stale: list[str], globs: Iterable[str], cwd: Path) -> list[str]:
+    """The stale matches that fail the run: those of a glob that matched nothing this run
+    wrote. A glob that also matched a fresh file (``lightning_logs/version_*/…``, where
+    each run writes the next ``version_N``) names the earlier runs' files too; they are
+    left out of the outputs, and the run's own are recorded."""
+    gone = set(stale)
+    alone: list[str] = []
+    for pattern in globs:
+        matched = set(output_matches([pattern], cwd))
+        if matched and matched <= gone:
+            alone.extend(sorted(matched - set(alone)))
+    return alone
 
 
 # --------------------------------------------------------------- code env

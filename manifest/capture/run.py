@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from manifest.canonical import seal
-from manifest.capture.environ import environ_reads, keyed_reads
+from manifest.capture.environ import environ_reads, environ_recorded, keyed_reads
 from manifest.capture.launcher import (
     LaunchResult,
     LaunchSettings,
@@ -133,6 +133,7 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
             numeric=_items(NumericPoint, r.get("numeric")),
             recording=_recording(r),
             secret_reads=keyed_reads(r.get("environ")),
+            environ_recorded=environ_recorded(r),
         ))
     return rnd, det, out
 

@@ -2,7 +2,7 @@
 
 stdout carries only the requested document or report; messages go to stderr.
 Exit status (all verbs): 0 success, 1 check failed, 2 bad usage or input,
-3 no verdict. Heavy modules are imported inside each verb.
+3 no verdict; verify and diff 4 equivalent. Heavy modules are imported inside each verb.
 
 This module is the thin top: ``build_parser`` registers the thirteen verbs in
 the order ``manifest --help`` lists them, and ``main`` runs one and turns what
@@ -25,7 +25,13 @@ from manifest import __version__
 from manifest.cli import verbs_check, verbs_nodes, verbs_record, verbs_study, verbs_travel
 from manifest.cli.options import Parser
 from manifest.cli.startup import keep_pydantic_plugins_out
-from manifest.errors import EXIT_BAD_INPUT, EXIT_NO_VERDICT, ManifestError
+from manifest.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_EQUIVALENT,
+    EXIT_NO_VERDICT,
+    ManifestError,
+    UsageError,
+)
 
 _VERBS: list[tuple[str, Callable[[argparse._SubParsersAction[Parser]], None]]] = [
     ("capture", verbs_record.register_capture), ("show", verbs_record.register_show),
@@ -52,7 +58,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = Parser(
         prog="manifest",
         description="Record PyTorch training runs as canonical manifests and prove they reproduce.",
-        epilog="Exit status: 0 ok, 1 check failed, 2 bad usage or input, 3 no verdict.",
+        epilog="Exit status: 0 ok, 1 check failed, 2 bad usage or input, 3 no verdict, "
+        f"{EXIT_EQUIVALENT} equivalent (verify, diff: the same run up to rounding).",
     )
     parser.add_argument("--version", action="version", version=f"manifest {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
@@ -61,6 +68,21 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         if wanted is None or name == wanted:
             register(sub)
     return parser
+
+
+def unknown_verb(word: str) -> str:
+    """The sentence for a word that is no verb: the nearest verb when one is close
+    (``verfy`` → verify), else the list."""
+    import difflib
+
+    from manifest.cli.text import printable
+
+    names = [name for name, _ in _VERBS]
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    if close:
+        return f"'{printable(word)}' is not a manifest verb; did you mean {close[0]}?"
+    return (f"'{printable(word)}' is not a manifest verb; the verbs are {', '.join(names)} "
+            "(see 'manifest --help').")
 
 
 def _silence_stdout() -> None:
@@ -77,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep_pydantic_plugins_out()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
+    args: argparse.Namespace | None = None
     try:
+        if argv and not argv[0].startswith("-") and argv[0] not in dict(_VERBS):
+            raise UsageError(unknown_verb(argv[0]))
         args = parser.parse_args(argv)
         if getattr(args, "func", None) is None:
             parser.print_help(sys.stderr)
@@ -89,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from manifest.cli.text import printable
         from manifest.redact import redact_urls
 
+        printed = getattr(exc, "printed", None)  # a --dry-run's objects (cluster.k8s)
+        if callable(printed):
+            sys.stdout.write(printed(as_json=getattr(args, "format", None) == "json"))
+            sys.stdout.flush()
         # Messages quote recorded strings: never let one act on the terminal, and a URL
         # (a --data URL as typed, an endpoint) shows no userinfo or signature.
         sys.stderr.write(f"manifest: {printable(redact_urls(exc.diagnostics()))}\n")

@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from manifest.verify.report import Drift
+
 def printable(text: object) -> str:
     """``text`` with control, format and line-separator characters shown as escapes.
 
-    The escaping itself is ``manifest.rerun.trust.escape_text`` (one rule
+    The escaping itself is ``manifest.trust.escape_text`` (one rule
     for the plan verify shows and every report); ``str.isprintable`` (C speed)
     skips the common case of nothing to escape, and leaves a string with no
     such character exactly as recorded (backslashes too). Where the exact
@@ -42,7 +45,7 @@ def printable(text: object) -> str:
     s = text if isinstance(text, str) else str(text)
     if s.isprintable():  # also: printable(shell_join(argv)) is shell_join(argv)
         return s
-    from manifest.rerun.trust import escape_text
+    from manifest.trust import escape_text
 
     return escape_text(s)
 
@@ -121,3 +124,36 @@ def plain_confinement(text: str | None) -> str:
         why = text.removeprefix("not confined (")[:-1]
         return (f"without a sandbox ({why}): it could read and write whatever you can")
     return text
+
+
+def folded_drift(drift: Iterable[Drift], *, verbose: bool = False) -> list[tuple[str, str]]:
+    """(impact, sentence) per drift line the verify report prints, packages the run never
+    imported folded into one line at the place of the first (issue 39: installing three
+    extras between capture and verify printed 42 such lines above the evidence).
+
+    ``verbose`` keeps every line. The JSON report always lists each one.
+    """
+    lines: list[tuple[str, str]] = []
+    quiet: dict[str, int] = {}
+    at: int | None = None
+    for d in drift:
+        if not verbose and d.impact == "benign" and d.path.startswith("env.packages["):
+            quiet[d.change] = quiet.get(d.change, 0) + 1
+            at = len(lines) if at is None else at
+            continue
+        lines.append((d.impact, d.reason))
+    if at is not None:
+        lines.insert(at, ("benign", _packages_sentence(quiet)))
+    return lines
+
+
+def _packages_sentence(counts: dict[str, int]) -> str:
+    """``9 packages installed since, 1 at another version; none imported by the run``."""
+    parts = [f"{counts[kind]} {what}" for kind, what in (
+        ("added", "installed since"), ("removed", "removed since"),
+        ("changed", "at another version")) if counts.get(kind)]
+    count, rest = parts[0].split(" ", 1)
+    total = sum(counts.values())
+    parts[0] = f"{count} {'package' if count == '1' else 'packages'} {rest}"
+    none = "not imported by the run" if total == 1 else "none imported by the run"
+    return f"{', '.join(parts)}; {none} (--verbose lists them)"

@@ -39,7 +39,7 @@ from manifest.diff.result import Difference, ManifestDiff, settled_by_outputs
 from manifest.diff.rules import Impact
 from manifest.diff.walk import Walker
 from manifest.errors import ManifestError, UnsupportedSchemaError
-from manifest.models import SCHEMA_V1, Manifest
+from manifest.models import SCHEMA_V1, Envelope, Manifest
 
 SECTIONS = (
     "schema", "code", "data", "env", "hardware", "randomness", "determinism",
@@ -142,7 +142,7 @@ def weigh_outputs(a: Manifest, b: Manifest,
 
     inputs = [d.path for d in found if d.impact is Impact.BITS and d.section != "outputs"]
     assert a.outputs is not None and b.outputs is not None
-    envelope = a.outputs.envelope or b.outputs.envelope
+    envelope = _vouched_envelope(a) or _vouched_envelope(b)
     if not rounding_only(inputs) or envelope is None:
         return "differ", None
     again = {p.rank: p.numeric or [] for p in b.outputs.processes}
@@ -152,6 +152,21 @@ def weigh_outputs(a: Manifest, b: Manifest,
         return "differ", None
     worst = next((v for v in verdicts if v.verdict != "equivalent"), verdicts[0])
     return ("equivalent" if worst.verdict == "equivalent" else "differ"), worst.to_json()
+
+
+def _vouched_envelope(m: Manifest) -> Envelope | None:
+    """A manifest's noise envelope, when diff may judge with it: an envelope is its author's
+    numbers, so only one that this tool sealed on this machine (the user's own capture) and
+    that passes the plausibility checks decides (``manifest.numeric.calibration``). A
+    received manifest's envelope never turns a difference into ``equivalent`` here; verify
+    --envelope N measures one on the verifier's side."""
+    from manifest.numeric.calibration import check_envelope
+    from manifest.trust import was_sealed_here
+
+    envelope = m.outputs.envelope if m.outputs is not None else None
+    if envelope is None or check_envelope(envelope) or not was_sealed_here(m.digest):
+        return None
+    return envelope
 
 
 def _outputs_identical(d: Difference) -> Difference:

@@ -127,7 +127,9 @@ def seed_overridden(a: Manifest, b: Manifest) -> list[str] | None:
 
 def counts_for_bits(name: str, a: Manifest, b: Manifest) -> bool:
     """Whether a difference in package ``name`` can change the bits of these runs."""
-    if name.startswith(ALWAYS_BITS_PREFIXES):
+    # torch's family counts unasked; torchvision, torchmetrics … are other distributions
+    # that share the prefix: like any package, only when a process of the run imported them.
+    if name.startswith(ALWAYS_BITS_PREFIXES) and (name == "torch" or not name.startswith("torch")):
         return True
     imported = [m.env.imported for m in (a, b) if m.env.imported is not None]
     if not imported:

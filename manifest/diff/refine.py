@@ -39,6 +39,9 @@ _ARTIFACT_FILE_FIELDS = ("outputs.artifacts[*].digest", "outputs.artifacts[*].by
 
 def refine_labels(found: list[Difference], a: Manifest, b: Manifest) -> list[Difference]:
     """Apply the documented refinements to the table's labels."""
+    from manifest.diff.envreads import relabel_unrecorded
+
+    found = relabel_unrecorded(found, a, b)  # reads only one run recorded: said once, benign
     out: list[Difference] = []
     same_tensors = _artifacts_with_same_tensors(a, b)
     for d in found:

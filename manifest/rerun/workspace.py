@@ -84,6 +84,7 @@ def materialise(recorded: Manifest, root: Path, store: BlobStore, scratch: Path)
     if commit is None:
         raise NoVerdictError("the manifest records no commit, so there is no tree to rebuild.",
                              hint="Use --in-place to run it in the current directory.")
+    check_commit_here(recorded, root)
     tree = tree_base(scratch, scratch_depth(recorded))[1]
     tree.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -99,6 +100,27 @@ def materialise(recorded: Manifest, root: Path, store: BlobStore, scratch: Path)
     except GitFailedError as exc:
         raise NoVerdictError(f"could not materialise the recorded code: {exc.message}.") from exc
     return tree
+
+
+def check_commit_here(recorded: Manifest, root: Path) -> None:
+    """Refuse (exit 2) where the recorded commit cannot come from: outside any repository,
+    or in a repository that lacks it (another project, a clone not fetched since). Said in
+    words that name the commit and remote, not git's (``fatal: reference is not a tree``)."""
+    from manifest.errors import UsageError
+
+    commit = recorded.code.commit or ""
+    remote = recorded.observed.remote_url
+    where = (f"run it in a clone of the repository that made the run: commit {commit}, "
+             f"remote {remote or '(none recorded)'}")
+    if repo_root_of(root) is None:
+        raise UsageError(f"{root} is not inside a git repository, so the recorded code cannot "
+                         f"be rebuilt here: {where}.")
+    found = run_git(["cat-file", "-e", f"{commit}^{{commit}}"], root, check=False)
+    if found.returncode != 0:
+        raise UsageError(f"the repository at {root} does not hold the recorded commit "
+                         f"{commit[:12]}: {where}.",
+                         hint="In the right clone, 'git fetch' brings a commit made since "
+                         "the last fetch.")
 
 
 def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path, Path]]:
@@ -132,6 +154,37 @@ def dataset_binds(recorded: Manifest, root: Path, tree: Path) -> list[tuple[Path
             continue  # git carries it (or there is nothing to link)
         binds.append((Path(os.path.realpath(root / rel)), target))
     return binds
+
+
+PRIVATE_IN_SANDBOX = ("/tmp", "/dev/shm")  # noqa: S108 (paths the sandbox replaces)
+"""Host folders the sandbox replaces with its own empty tmpfs (``manifest.rerun.sandbox``)."""
+
+
+def unseen_inputs(recorded: Manifest, *, confined: bool) -> list[str]:
+    """A note per file the recorded run read that this re-run cannot see.
+
+    Capture digests the files a run reads that git does not carry (``source:
+    discovered``), and verify provides those; beyond its budget (256 files, 1 GiB) it
+    names the rest in ``observed.inputs_not_digested`` without providing them. Of
+    those, a file inside the repository is absent from the scratch clone (git does not
+    carry it), and one under ``/tmp`` or ``/dev/shm`` is hidden by the sandbox's
+    private ones. A script that falls back to a default when its file is missing (a
+    learning rate read from ``/tmp/lr.txt``) would otherwise re-run something else in
+    silence.
+    """
+    notes: list[str] = []
+    for path in sorted(recorded.observed.inputs_not_digested or {}):
+        if not os.path.isabs(path):
+            notes.append(f"the run read {path}, which git does not carry and capture did not "
+                         "digest: the re-run's scratch clone does not have it; capture again "
+                         f"with --data {path} so verify provides it (and checks it)")
+        elif confined and any(path == top or path.startswith(top + "/")
+                              for top in PRIVATE_IN_SANDBOX):
+            notes.append(f"the run read {path}, outside the repository, which capture did not "
+                         "digest: the sandbox's private /tmp hides it from the re-run; capture "
+                         f"again with --data {path} (verify then provides it read-only and "
+                         "checks it), or verify with --no-sandbox")
+    return notes
 
 
 COPY_DATA_MAX = 256 << 20
@@ -233,6 +286,7 @@ def open_workspace(plan: RerunPlan, root: Path, *, recorded: Manifest | None = N
             sizes = {tree / ds.path: ds.bytes for ds in recorded.data
                      if not os.path.isabs(ds.path) and "://" not in ds.path}
             notes.extend(link_data(binds, tree, confined=plan.confined, sizes=sizes))
+            notes.extend(unseen_inputs(recorded, confined=plan.confined))
             if not plan.confined:
                 # Confined, the clone is mounted at the repository's path and
                 # relative paths resolve as at capture; here they land in scratch.

@@ -53,10 +53,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.errors import ManifestError, NoVerdictError, UsageError
+from manifest.rerun.cluster.image import image_for
 from manifest.rerun.cluster.remote_run import ClusterExecutor
 
 if TYPE_CHECKING:
-    from manifest.rerun.cluster import ClusterOptions
     from manifest.rerun.cluster.bundle import Bundle
     from manifest.rerun.plan import RerunPlan
 
@@ -67,9 +67,25 @@ INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 
 class DryRunDone(ManifestError):
-    """``--dry-run``: the objects were printed and nothing was submitted (exit 0)."""
+    """``--dry-run``: nothing was submitted (exit 0). The CLI prints :meth:`printed` on
+    stdout (YAML, or with ``--format json`` a ``v1`` ``List`` that ``kubectl apply -f``
+    reads too) and the message, which says where the bundle is staged, on stderr."""
 
     exit_code = 0
+
+    def __init__(self, message: str, *, objects: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.objects = objects
+
+    def printed(self, *, as_json: bool) -> str:
+        if as_json:
+            import json
+
+            doc = {"apiVersion": "v1", "kind": "List", "items": self.objects}
+            return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+        import yaml  # type: ignore[import-untyped]
+
+        return "---\n".join(yaml.safe_dump(o, sort_keys=True) for o in self.objects)
 
 
 def job_name(bundle_name: str) -> str:
@@ -132,14 +148,17 @@ def render(*, name: str, bundle_name: str, image: str, namespace: str, nodes: in
     return service, job
 
 
-def to_yaml(objects: tuple[Any, ...]) -> str:
-    """The objects as a multi-document YAML stream, keys as the API spells them."""
-    import yaml  # type: ignore[import-untyped]
+def as_documents(objects: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """The client's models as plain documents, keys as the API spells them."""
     from kubernetes.client import ApiClient
 
     api = ApiClient()
-    return "---\n".join(yaml.safe_dump(api.sanitize_for_serialization(o), sort_keys=True)
-                        for o in objects)
+    return [api.sanitize_for_serialization(o) for o in objects]
+
+
+def to_yaml(objects: tuple[Any, ...]) -> str:
+    """The objects as a multi-document YAML stream, keys as the API spells them."""
+    return DryRunDone("", objects=as_documents(objects)).printed(as_json=False)
 
 
 def rank_env(index: int, nodes: int, service: str) -> dict[str, str]:
@@ -154,34 +173,6 @@ def rank_env(index: int, nodes: int, service: str) -> dict[str, str]:
     return {"NODE_RANK": str(index), "RANK": str(index), "WORLD_SIZE": str(nodes),
             "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT),
             **(node_env(index, master, MASTER_PORT) if nodes > 1 else {})}
-
-
-def image_for(options: ClusterOptions, recorded_image: str | None) -> str:
-    """The pods' image: ``--image`` (or ``[tool.manifest.executors.k8s] image``), else the
-    container image the manifest recorded (``env.container.image_digest``) when it names a
-    repository (``registry/train@sha256:…``). A bare ``sha256:…`` (podman's image id) is
-    not something a node can pull: it, or no recorded image, is one sentence (exit 2)."""
-    from manifest.rerun.cluster.image import check_reference
-
-    if options.image:
-        return check_reference(options.image)
-    if recorded_image and not recorded_image.startswith("sha256:"):
-        return check_reference(recorded_image, "recorded in env.container.image_digest")
-    if recorded_image:
-        raise UsageError(f"--on k8s needs an image a node can pull: the manifest recorded "
-                         f"only the image id {recorded_image}; pass --image "
-                         f"REPOSITORY@{recorded_image}.")
-    raise UsageError("--on k8s needs an image: --image, [tool.manifest.executors.k8s] image, "
-                     "or a manifest that recorded its container image "
-                     "(MANIFEST_CONTAINER_IMAGE_DIGEST=registry/train@sha256:… at capture).")
-
-
-def with_recorded_image(options: ClusterOptions, recorded_image: str | None) -> ClusterOptions:
-    """``options`` with the image decided (:func:`image_for`) before anything runs, so the plan
-    shows it and a missing one stops the verb before a workspace is built."""
-    from dataclasses import replace
-
-    return replace(options, image=image_for(options, recorded_image))
 
 
 def _api_error(exc: BaseException, what: str) -> NoVerdictError:
@@ -369,7 +360,7 @@ class KubernetesExecutor(ClusterExecutor):
     def stage(self) -> Path:
         import tempfile
 
-        from manifest.rerun.cluster import default_folder
+        from manifest.rerun.cluster.options import default_folder
 
         base = Path(self.options.folder) if self.options.folder else default_folder("k8s")
         base.mkdir(parents=True, exist_ok=True)
@@ -382,30 +373,28 @@ class KubernetesExecutor(ClusterExecutor):
 
         need = need_of(plan.topology, plan.settings.threads)
         name = job_name(bundle.name)
+        image = image_for(self.options, None)
         service, job = render(
             name=name, bundle_name=bundle.name,
-            image=image_for(self.options, None), namespace=self.options.namespace,
+            image=image, namespace=self.options.namespace,
             nodes=need.nodes, threads=need.cpus, gpus=need.gpus, claim=self.options.claim,
             python=self.options.python, bundle_url=self.options.bundle_url)
-        if self.options.dry_run:
-            sys.stdout.write(to_yaml((service, job)))
-            raise DryRunDone("--dry-run: the Job and Service above were printed; nothing was "
-                             "submitted and nothing ran.")
-        digest = bundle.name.removeprefix("blake3:")
-        if self.options.bundle_url:
-            upload_bundle(bundle.path, f"{self.options.bundle_url.rstrip('/')}/{digest}.tar")
-        elif self.options.claim:
-            # The claim's volume holds the folder: the pods see the bundle at /bundle/<hash>.
-            import shutil
-
-            target = bundle.path.parent.parent / digest
-            if not target.exists():
-                shutil.copytree(bundle.path, target)
-        else:
-            raise UsageError("--on k8s needs a way to bring the bundle to the pods: claim = "
-                             "a PersistentVolumeClaim whose volume holds the folder "
+        if not (self.options.bundle_url or self.options.claim):  # --dry-run too: the Job
+            # it would print could not get its bundle
+            raise UsageError("--on k8s needs a way to bring the bundle to the pods: --claim "
+                             "PVC, a PersistentVolumeClaim whose volume holds the folder "
                              "([tool.manifest.executors.k8s] claim, folder), or --bundle-url "
                              "s3://BUCKET/PREFIX for an init container to fetch it from.")
+        digest = bundle.name.removeprefix("blake3:")
+        if self.options.dry_run:
+            target = self._keep(bundle)
+            raise DryRunDone("--dry-run: the Job and Service above were printed; nothing was "
+                             f"submitted and nothing ran. {self._needs(target, image)}",
+                             objects=as_documents((service, job)))
+        if self.options.bundle_url:
+            upload_bundle(bundle.path, f"{self.options.bundle_url.rstrip('/')}/{digest}.tar")
+        else:
+            self._keep(bundle)
         api = api_client()
         handle = KubernetesJob(api, name, self.options.namespace, need.nodes)
         try:
@@ -420,13 +409,39 @@ class KubernetesExecutor(ClusterExecutor):
         return handle
 
 
+    @staticmethod
+    def _keep(bundle: Bundle) -> Path:
+        """The bundle at ``folder/<hash>`` (out of the staging directory, which goes): the
+        claim's volume holds the folder, so the pods see it at ``/bundle/<hash>``."""
+        import shutil
+
+        target = bundle.path.parent.parent / bundle.name.removeprefix("blake3:")
+        if not target.exists():
+            shutil.copytree(bundle.path, target)
+        return target
+
+    def _needs(self, target: Path, image: str) -> str:
+        """What applying the printed objects needs, in words (the dry run's message)."""
+        digest = target.name
+        if self.options.bundle_url:
+            url = f"{self.options.bundle_url.rstrip('/')}/{digest}.tar"
+            bring = (f"The bundle is staged at {target}; a real submit uploads it as one tar "
+                     f"to {url} (a dry run uploads nothing), which the init container fetches.")
+        else:
+            bring = (f"The bundle is staged at {target}: the claim {self.options.claim} must "
+                     f"hold the folder {target.parent} at its root, so that the pods find it "
+                     f"at {BUNDLE_MOUNT}/{digest}.")
+        return (f"{bring} The image {image} must contain Python, "
+                "torch-manifest (pip install torch-manifest) and what the script imports.")
+
+
 def fetch_main(url: str, dest: str) -> int:
     """The init container: fetch ``url`` (the bundle's tar) with the remote-data clients and
     unpack it into ``dest``; the main container's arrival check proves what it holds."""
     import io
     import tarfile
 
-    from manifest.data.remote.source import open_source
+    from manifest.data.remote.registry import open_source
 
     where, key = _object(url)
     found: list[Any] = []
