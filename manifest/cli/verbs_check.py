@@ -24,13 +24,14 @@ from manifest.cli.options import (
     add_rerun_options,
     positive_int,
 )
+from manifest.cli.options import cluster_from_args as cluster_from_args  # re-exported
+from manifest.cli.options import show_plan as show_plan  # re-exported
 from manifest.cli.text import plain_confinement, plain_trust
 from manifest.errors import UsageError
 
 if TYPE_CHECKING:
     from manifest.explain.pipeline import ExplainReport
-    from manifest.rerun.cluster import ClusterOptions
-    from manifest.rerun.plan import RerunOptions, RerunPlan
+    from manifest.rerun.plan import RerunOptions
 
 
 def register_diff(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -96,9 +97,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser(
         "verify", help="re-run a recorded training and compare its outputs bit for bit",
-        description="Check a manifest's integrity, environment drift and data; re-run its "
-        "command in a scratch clone under the recorded seeds and flags; compare the outputs "
-        "tensor by tensor. Exit 0 identical, 1 differs, 2 bad input, 3 no verdict.")
+        describe=_verify_description)
     p.add_argument("file", help="manifest file or pack ('-' for stdin)")
     p.add_argument("--strict", action="store_true",
                    help="refuse to re-run when the environment or data drifted in a way "
@@ -108,6 +107,18 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="check integrity, drift and data only")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="override the recorded thread count (expect differences)")
+    from manifest.numeric.defaults import DEFAULT_RUNS
+
+    p.add_argument("--envelope", type=positive_int, nargs="?", const=DEFAULT_RUNS, default=0,
+                   metavar="N",
+                   help="where the outputs differ by rounding only, measure the noise "
+                   "envelope here (N one-ULP runs with fresh seeds, default "
+                   f"{DEFAULT_RUNS}, and one under another thread count) and judge "
+                   "'equivalent' against it, not against the manifest's")
+    p.add_argument("--emulate", choices=("tf32", "bf16"), default=None,
+                   help="re-run with that matmul precision emulated on CPU (TF32 tensor "
+                   "cores, bf16 autocast), standing in for another device: judged against "
+                   "the run's envelope at that precision (capture --envelope N --precision)")
     p.add_argument("--layout", metavar="NxP", default=None,
                    help="re-run a torchrun run here on N nodes x P processes per node (the "
                    "report says whether that layout is the same, equivalent or changed)")
@@ -116,11 +127,29 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--explain", action="store_true",
                    help="when the outputs differ, explain where (see 'manifest explain')")
     add_format_option(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    quiet = p.add_mutually_exclusive_group()
+    quiet.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    quiet.add_argument("-v", "--verbose", action="store_true",
+                       help="list each package installed, removed or upgraded since the "
+                       "capture that the run never imported (one summary line otherwise)")
     from manifest.cli.verbs_segments import add_segment_options
 
     add_segment_options(p)
     p.set_defaults(func=_cmd_verify)
+
+
+def _verify_description() -> str:
+    """Verify's help text, its exit statuses read from ``VERDICTS`` (never typed here)."""
+    from manifest.errors import EXIT_BAD_INPUT
+    from manifest.verdicts import verb_verdicts
+
+    by_code: dict[int, list[str]] = {EXIT_BAD_INPUT: ["bad input"]}
+    for name, code, _ in verb_verdicts()["verify"]:
+        by_code.setdefault(code, []).append(name)
+    exits = ", ".join(f"{code} {' or '.join(names)}" for code, names in sorted(by_code.items()))
+    return ("Check a manifest's integrity, environment drift and data; re-run its command in a "
+            "scratch clone under the recorded seeds and flags; compare the outputs tensor by "
+            f"tensor. Exit {exits}.")
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -138,7 +167,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
                             no_cache=args.no_cache, quiet=args.quiet, network=args.network,
                             sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
-                            signer=signer, cluster=cluster_from_args(args), layout=args.layout)
+                            signer=signer, cluster=cluster_from_args(args), layout=args.layout,
+                            envelope=args.envelope, emulate=args.emulate)
+    if options.emulate and (options.envelope or options.cluster is not None):
+        raise UsageError("--emulate is judged against the run's envelope at that precision "
+                         "(capture --envelope N --precision P) on this machine; it cannot "
+                         "be combined with --envelope or --on.")
+    if options.envelope and options.cluster is not None:
+        raise UsageError("--envelope measures the noise envelope on this machine; it cannot "
+                         "be combined with --on.")
     dry = options.cluster is not None and options.cluster.dry_run
     report = verify_run(data, file=args.file, cwd=Path.cwd(), options=options,
                         announce=render_dry_run if dry else render_command, show_plan=show_plan)
@@ -166,7 +203,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
             sys.stdout.write("\n" + explain_markdown(explained))
     else:
-        render_verify(report)
+        render_verify(report, verbose=args.verbose)
         if explained is not None:
             from manifest.cli.render_explain import render_explain
 
@@ -181,7 +218,7 @@ def trusted_signer(args: argparse.Namespace, data: bytes) -> str | None:
         raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
     check = signature_check(args.file, data, args.signature, accept_untrusted=args.trust)
     if check is not None and not getattr(args, "quiet", False):
-        from manifest.rerun.trust import escape_text
+        from manifest.trust import escape_text
 
         note = "" if check.trusted else " (not in your trust policy; running under --trust)"
         sys.stderr.write(f"manifest: signed by {escape_text(check.signer)}{note}\n")
@@ -208,32 +245,6 @@ def rerun_options(args: argparse.Namespace, signer: str | None) -> RerunOptions:
                         sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
                         network=args.network, in_place=getattr(args, "in_place", False),
                         cluster=cluster_from_args(args))
-
-
-def cluster_from_args(args: argparse.Namespace) -> ClusterOptions | None:
-    """``--on`` and its options (flags over ``[tool.manifest.executors.NAME]``); None: here.
-    A missing client library is one sentence naming its extra (exit 2)."""
-    on = getattr(args, "on", "local")
-    if on == "local":
-        return None
-    from manifest.config import load_config
-    from manifest.rerun.cluster import cluster_options, missing_extra
-
-    problem = missing_extra(on)
-    if problem is not None:
-        raise UsageError(problem)
-    table = load_config(Path.cwd())[0].get("executors", {})
-    flags = {name: getattr(args, name, None) for name in (
-        "address", "partition", "account", "time_min", "image", "namespace", "timeout_s",
-        "fetch_outputs", "dry_run", "claim", "bundle_url", "shared_paths")}
-    return cluster_options(on, flags, table)
-
-
-def show_plan(plan: RerunPlan) -> None:
-    """What a verb would run, every string escaped, before it runs or refuses (stderr)."""
-    from manifest.cli.render import render_plan
-
-    render_plan(plan)
 
 
 def register_gate(sub: argparse._SubParsersAction[Parser]) -> None:

@@ -71,6 +71,10 @@ def register_capture(sub: argparse._SubParsersAction[Parser]) -> None:
                      help="after the run, N more with the state moved one ULP and one under "
                      "another thread count: the run's own noise envelope, stored outside "
                      "identity, against which verify elsewhere can say 'equivalent'")
+    cap.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+                     help="the matmul precision the envelope covers: a re-run on a device "
+                     "using TF32 or bf16 autocast is judged against an envelope whose runs "
+                     "emulate it on CPU (default fp32: the run's own)")
     cap.add_argument("--store", metavar="DIR", help="blob store (default: <repo>/.manifest)")
     cap.add_argument("--pack", metavar="FILE",
                      help="also write a pack (manifest + its blobs) here, see 'manifest pack'")
@@ -140,6 +144,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         trail=not args.no_trail,
         remote_mode="deep" if args.deep else "checksums" if args.checksums else "listing",
         envelope=args.envelope,
+        precision=args.precision,
         progress=None if args.quiet else _note_progress,
     )
     write_output(dumps(manifest), args.output)
@@ -158,6 +163,10 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         from manifest.cli.render import capture_notes
         from manifest.cli.text import printable
 
+        if manifest.command is None:  # nothing on the line, nothing in [tool.manifest]
+            _note("no command given: this is a command-less capture (environment and code "
+                  "only; nothing ran, so verify has nothing to re-run). To record a run: "
+                  "manifest capture -- python train.py.")
         for note in capture_notes(manifest, verbose=args.verbose):
             _note(printable(note))
     if exit_code and manifest.outputs is not None:
@@ -211,7 +220,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     else:
         render_show(manifest)
     if check is not None:
-        from manifest.rerun.trust import escape_text
+        from manifest.trust import escape_text
 
         trusted = "trusted by your policy" if check.trusted else "not in your trust policy"
         line = f"signed by {escape_text(check.signer)} ({check.method}; {trusted})\n"

@@ -97,7 +97,8 @@ def segments_text(report: SegmentsReport) -> str:
     if report.seed is None:
         how = "chosen by you (--at)"
     elif report.chosen_by == "--seed":
-        how = f"drawn from --seed {report.seed}"
+        how = (f"repeated from --seed {report.seed}: whoever gave the seed chose the "
+               "stretches, so no chance of catching anything applies")
     else:
         how = (f"drawn from a fresh nonce, {report.seed}: --seed {report.seed} repeats this "
                "choice")
@@ -108,10 +109,16 @@ def segments_text(report: SegmentsReport) -> str:
              f"({100 * report.share:.1f}%)"]
     odds = report.chances
     if odds is not None:
+        never = (f"; the {odds.unchecked_steps} steps of stretches that cannot be replayed are "
+                 "never checked" if odds.unchecked_steps else "")
+        among = (f" of the {odds.replayable} stretch{'es' if odds.replayable > 1 else ''} "
+                 "that can be replayed" if report.unreplayable else "")
         lines += [f"  chance of catching a single bad step: {100 * odds.single_bad_step:.1f}% "
-                  "(assuming one bad step anywhere in the run, equally likely at every step)",
-                  f"  chance of catching a tampered stretch: {100 * odds.tampered_stretch:.1f}% "
-                  "(one whole stretch tampered by someone who could not know this draw)"]
+                  f"(assuming one bad step anywhere in the run, equally likely at every step"
+                  f"{never})",
+                  f"  chance of catching a tampered stretch: {100 * odds.tampered_stretch:.1f}%"
+                  f"{among} (one whole stretch tampered by someone who could not know this "
+                  "draw)"]
     if report.recorded_wall_s:
         lines.append(f"  time: {report.spent_wall_s:.1f} s replaying against "
                      f"{report.recorded_wall_s:.1f} s recorded "

@@ -1,0 +1,110 @@
+"""Which noise envelope covers a re-run at another matmul precision (issue 37).
+
+A re-run on another device type starts as far from the recorded run as its precision
+rounds a matmul's inputs: float32 keeps 23 mantissa bits, TF32 10, bf16 7. One-ULP
+envelope runs start 2^13 (TF32) to 2^16 (bf16) times closer than that, so a TF32 re-run
+judged against them is ``differs`` from step 1 (measured on an H100: 9.6× the bound for
+the bundled example, issue 37). An envelope therefore says which precision its runs used
+(``Envelope.precision``) and how (``Envelope.how``: on the device, or emulated on CPU by
+``launch/boot/_manifest_precision``), and a re-run is judged against an envelope at the
+coarser of the two runs' precisions (``choose``), or against none.
+
+Envelope at a precision (``at_precision``): its runs are the run under that precision's
+emulation (rounding to nearest, as a device does), each with its own one-ULP seed,
+measured against the float32 base. Why not each run its own stochastic rounding: wider
+by 3×, and it let a planted change through (``_manifest_precision``). Measured
+on CPU (tests/numeric_runs.py, 20 steps): first-step distance 1.4e-4 (Transformer, TF32)
+and 2.2e-4 (bf16) against 4.7e-8 for one ULP: 3,000–4,700× further (``benchmarks/
+precision.py``). The bound is A1's calibrated one (``calibration.calibrate``) on those runs.
+
+What it costs (``resolution_sentence``): the smallest first-step change the coarser
+envelope still sees; a change smaller than the precision's own rounding is not seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from manifest.models import Envelope, NumericPoint
+from manifest.numeric.calibration import resolution
+from manifest.numeric.envelope import measure_envelope
+
+Precision = Literal["fp32", "tf32", "bf16"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16")
+"""Finest first: each keeps fewer mantissa bits of a matmul's inputs than the one before."""
+MANTISSA_BITS = {"fp32": 23, "tf32": 10, "bf16": 7}
+
+
+def precision_of(envelope: Envelope) -> Precision:
+    """The precision ``envelope`` covers (an envelope that does not say: float32)."""
+    return envelope.precision or "fp32"
+
+
+def coarser(a: str, b: str) -> Precision:
+    """The coarser of two precisions (fewer mantissa bits)."""
+    for name in (a, b):
+        if name not in MANTISSA_BITS:
+            raise ValueError(f"unknown precision {name!r}: one of {', '.join(PRECISIONS)}")
+    return cast(Precision, a if MANTISSA_BITS[a] <= MANTISSA_BITS[b] else b)
+
+
+@dataclass
+class Choice:
+    """The envelope that judges a re-run, or why none does."""
+
+    envelope: Envelope | None
+    needed: Precision
+    """The coarser of the recorded run's and the re-run's precisions."""
+    reason: str
+
+    def to_json(self) -> dict[str, object]:
+        chosen = self.envelope
+        return {"needed": self.needed, "reason": self.reason,
+                "precision": None if chosen is None else precision_of(chosen),
+                "how": None if chosen is None else chosen.how}
+
+
+def choose(envelopes: Sequence[Envelope], recorded_precision: str,
+           rerun_precision: str) -> Choice:
+    """The envelope covering the coarser precision of the two runs: one measured at that
+    precision (a device measurement before an emulation), else none. An envelope at a
+    finer precision starts too close (2^13× for float32 against TF32) and would call the
+    precision's rounding a change; one at a coarser precision would hide changes the
+    re-run's precision can see, so neither stands in."""
+    needed = coarser(recorded_precision, rerun_precision)
+    matching = [e for e in envelopes if precision_of(e) == needed]
+    if not matching:
+        have = sorted({precision_of(e) for e in envelopes}, key=PRECISIONS.index)
+        listed = ", ".join(have) if have else "none"
+        return Choice(None, needed, (
+            f"no envelope covers {needed}: the run's envelopes are at {listed}, and a "
+            f"{needed} re-run starts {2 ** (23 - MANTISSA_BITS[needed])}× further away than "
+            f"float32's one ULP (capture --envelope N --precision {needed} measures one)"
+            if needed != "fp32" else
+            f"no envelope covers fp32: the run's envelopes are at {listed}"))
+    chosen = sorted(matching, key=lambda e: 0 if e.how == "measured" else 1)[0]
+    how = chosen.how or "measured"
+    return Choice(chosen, needed, f"the {needed} envelope ({how}) covers a "
+                  f"{recorded_precision} run re-run at {rerun_precision}")
+
+
+def at_precision(base: Sequence[NumericPoint],
+                 runs: Sequence[tuple[str, Sequence[NumericPoint]]],
+                 precision: str, how: Literal["measured", "emulated"]) -> Envelope:
+    """The envelope of ``runs`` (made at ``precision``) against the float32 ``base``."""
+    if precision not in MANTISSA_BITS:
+        raise ValueError(f"unknown precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    envelope = measure_envelope(base, runs)
+    return envelope.model_copy(update={"precision": precision, "how": how})
+
+
+def resolution_sentence(envelope: Envelope) -> str:
+    """What the envelope's precision costs: the smallest first-step change it sees."""
+    seen = resolution(envelope)
+    name = precision_of(envelope)
+    if seen is None:
+        return f"the {name} envelope has no parameter bound at its first step"
+    return (f"at {name} ({envelope.how or 'measured'}), the smallest change this envelope "
+            f"sees at its first step is {seen:.2g} of the parameters (relative L2)")

@@ -1,0 +1,182 @@
+"""Equivalent across device types (issue 37): the CPU emulation of TF32 / bf16 autocast
+and the envelope at the re-run's precision, on real training in this process.
+
+The emulation (``launch/boot/_manifest_precision``) stands in for another device: a run
+captured at float32 is re-run under TF32 or bf16 emulation at another thread count or
+with a fresh one-ULP seed (honest), or with a planted change. Each is judged against the
+envelope measured at its precision (``numeric.precision.at_precision``, DEFAULT_RUNS
+emulated one-ULP runs), and, as the positive control, against the float32 envelope.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from manifest.launch.boot._manifest_precision import emulating, round_mantissa
+from manifest.models import NumericPoint
+from manifest.numeric.calibration import DEFAULT_RUNS
+from manifest.numeric.envelope import ULP_LABEL, judge
+from manifest.numeric.precision import at_precision, choose, coarser, resolution_sentence
+from tests.numeric_runs import train
+
+torch = pytest.importorskip("torch")
+
+STEPS = 12
+
+
+def _pts(trail: list[dict[str, Any]]) -> list[NumericPoint]:
+    return [NumericPoint.model_validate(p) for p in trail]
+
+
+# ------------------------------------------------------------------ the rounding
+
+
+def test_tf32_rounds_to_nearest_even_at_ten_mantissa_bits() -> None:
+    one = 1.0
+    ulp = 2.0 ** -10  # TF32's spacing at 1.0
+    x = torch.tensor([one + ulp / 2, one + 3 * ulp / 2, one + ulp / 2 + 2.0 ** -20,
+                      one + ulp / 4, -(one + 3 * ulp / 2), math.inf, -math.inf, math.nan])
+    got = round_mantissa(x, "tf32")
+    # ties go to the even neighbour (1.0, 1 + 2ulp), above a tie rounds up, below down
+    assert got[:5].tolist() == [one, one + 2 * ulp, one + ulp, one, -(one + 2 * ulp)]
+    assert got[5] == math.inf and got[6] == -math.inf and math.isnan(got[7])
+    wide = torch.randn(10_000)
+    err = ((round_mantissa(wide, "tf32") - wide).abs() / wide.abs()).max().item()
+    assert 2.0 ** -12 < err <= 2.0 ** -11  # at most half a TF32 ULP, and it does round
+    assert torch.equal(round_mantissa(wide, "bf16"), wide.to(torch.bfloat16).float())
+    doubles = wide.double()
+    assert round_mantissa(doubles, "tf32") is doubles  # float64 is never rounded
+
+
+def test_seeded_rounding_is_another_rounding_at_the_same_precision() -> None:
+    wide = torch.randn(100_000)
+    nearest = round_mantissa(wide, "bf16")
+    one, two = (round_mantissa(wide, "bf16", torch.Generator().manual_seed(s)) for s in (1, 2))
+    ulp = 2.0 ** -7
+    for got in (one, two):  # each element goes to one of its two bf16 neighbours
+        assert torch.equal(got, got.to(torch.bfloat16).float())
+        assert (((got - wide).abs() / wide.abs()) < ulp).all()
+    assert not torch.equal(one, two) and not torch.equal(one, nearest)
+    # unbiased: the mean error is far below the nearest rounding's typical error
+    assert abs((one - wide).mean().item()) < 0.05 * (nearest - wide).abs().mean().item()
+
+
+def test_emulation_rounds_linear_conv_and_attention_inputs_and_is_off_outside() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+    exact = lin(x)
+    with emulating("tf32"):
+        emulated = lin(x)
+    expected = round_mantissa(x, "tf32") @ round_mantissa(lin.weight, "tf32").T + lin.bias
+    assert torch.allclose(emulated, expected, rtol=0, atol=1e-6)
+    assert not torch.equal(emulated, exact)  # it does change the result
+    assert torch.equal(lin(x), exact)  # and is off again outside the block
+    with emulating("bf16"):
+        half = lin(x)
+    assert torch.equal(half, half.to(torch.bfloat16).float())  # autocast: a bf16 output
+    conv = torch.nn.Conv2d(3, 4, 3)
+    img = torch.randn(2, 3, 8, 8)
+    with emulating("tf32"):
+        got = conv(img)
+    want = torch.nn.functional.conv2d(round_mantissa(img, "tf32"),
+                                      round_mantissa(conv.weight, "tf32"), conv.bias)
+    assert torch.allclose(got, want, rtol=0, atol=1e-6) and not torch.equal(got, conv(img))
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    with emulating("bf16"):
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert torch.equal(att, att.to(torch.bfloat16).float()) and not torch.equal(att, plain)
+
+
+def test_backward_matmuls_are_rounded_too() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+    with emulating("bf16"):
+        lin(x).square().sum().backward()
+    grad = lin.weight.grad
+    assert grad is not None and torch.equal(grad, grad.to(torch.bfloat16).float())
+
+
+def test_unknown_precision_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown precision"), emulating("fp8"):
+        pass
+    with pytest.raises(ValueError, match="unknown precision"):
+        coarser("tf32", "fp4")
+
+
+# ------------------------------------------------------------------ choosing
+
+
+def test_choose_picks_the_coarser_precision_or_says_none_covers() -> None:
+    base = _pts(train("transformer", steps=3, threads=1))
+    runs = [(f"{ULP_LABEL} (seed 1)", _pts(train("transformer", steps=3, threads=1,
+                                                 perturb=1)))]
+    fp32 = at_precision(base, runs, "fp32", "measured")
+    tf32 = fp32.model_copy(update={"precision": "tf32", "how": "emulated"})
+    assert coarser("fp32", "tf32") == "tf32" and coarser("bf16", "tf32") == "bf16"
+    assert choose([fp32, tf32], "fp32", "tf32").envelope is tf32
+    assert choose([fp32, tf32], "fp32", "fp32").envelope is fp32
+    none = choose([fp32], "fp32", "tf32")
+    assert none.envelope is None and "no envelope covers tf32" in none.reason
+    assert "8192×" in none.reason  # 2^13: how much further a TF32 re-run starts
+    # an older envelope without the field is a float32 one
+    legacy = fp32.model_copy(update={"precision": None, "how": None})
+    assert choose([legacy], "fp32", "fp32").envelope is legacy
+    assert choose([legacy], "fp32", "bf16").envelope is None
+
+
+# ------------------------------------------------------------------ verdicts
+
+
+@pytest.fixture(scope="module", params=["tf32", "bf16"])
+def setting(request: pytest.FixtureRequest) -> dict[str, Any]:
+    precision = request.param
+    base = _pts(train("transformer", steps=STEPS, threads=1))
+    fp32 = at_precision(base, [(f"{ULP_LABEL} (seed {s})",
+                                _pts(train("transformer", steps=STEPS, threads=1, perturb=s)))
+                               for s in range(1, DEFAULT_RUNS + 1)], "fp32", "measured")
+    with emulating(precision):  # as the boot runs an envelope run
+        runs = [(f"{ULP_LABEL} (seed {s})",
+                 _pts(train("transformer", steps=STEPS, threads=1, perturb=s)))
+                for s in range(1, DEFAULT_RUNS + 1)]
+    return {"precision": precision, "base": base, "fp32": fp32,
+            "env": at_precision(base, runs, precision, "emulated")}
+
+
+def _rerun(precision: str, **kw: Any) -> list[NumericPoint]:
+    with emulating(precision):
+        return _pts(train("transformer", steps=STEPS, **kw))
+
+
+@pytest.mark.parametrize("honest", [{"threads": 2}, {"threads": 1, "perturb": 101},
+                                    {"threads": 2, "perturb": 102}])
+def test_an_emulated_rerun_is_equivalent_at_its_precision_and_not_at_fp32(
+        setting: dict[str, Any], honest: dict[str, Any]) -> None:
+    rerun = _rerun(setting["precision"], **honest)
+    verdict = judge(setting["base"], rerun, setting["env"])
+    assert verdict.verdict == "equivalent", verdict.sentence()
+    # the positive control: the float32 envelope calls the precision's rounding a change
+    assert judge(setting["base"], rerun, setting["fp32"]).verdict == "differs"
+
+
+@pytest.mark.parametrize("plant", ["lr", "swap@5"])
+def test_planted_changes_differ_under_the_emulation(setting: dict[str, Any],
+                                                    plant: str) -> None:
+    verdict = judge(setting["base"], _rerun(setting["precision"], threads=1, plant=plant),
+                    setting["env"])
+    assert verdict.verdict == "differs", verdict.sentence()
+
+
+def test_the_envelope_states_what_its_precision_costs(setting: dict[str, Any]) -> None:
+    """A TF32/bf16 envelope is wider than float32's: its resolution is the price."""
+    from manifest.numeric.calibration import resolution
+
+    coarse, fine = resolution(setting["env"]), resolution(setting["fp32"])
+    assert coarse is not None and fine is not None and coarse > 100 * fine
+    said = resolution_sentence(setting["env"])
+    assert setting["precision"] in said and "emulated" in said and f"{coarse:.2g}" in said
