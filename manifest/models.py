@@ -301,6 +301,20 @@ class SwitchCall(Model):
     site: str
 
 
+class EnvRead(Model):
+    """An environment variable the run's own code read (``launch/boot/_manifest_environ``):
+    where it was first read and a digest of what it returned, never the value."""
+
+    site: str
+    """``file:line`` of the first read (repo-relative inside the repository)."""
+    set: bool
+    """Whether it was set when read (an unset one made the script fall back to a default)."""
+    digest: Digest | None
+    """blake3 of the value (UTF-8). None when unset, when withheld because the name looks
+    like a secret's (``manifest.redact.is_secret_name``), or when the run's Python had no
+    blake3 to digest it with."""
+
+
 class ProcessDeterminism(Model):
     rank: Count
     local_rank: Count | None
@@ -318,11 +332,16 @@ class ProcessDeterminism(Model):
     fp32_precision: dict[str, str] | None = later(
         "PyTorch's newer TF32 switches at exit (torch.backends.fp32_precision and the "
         "per-backend ones), where this torch has them")
+    environ: dict[str, EnvRead] | None = later(
+        "environment variables the run's own code read (not libraries', not the launcher's, "
+        "not those compared under env.variables, command.code_env or command.topology): "
+        "name -> where and the digest of the value; in identity, since another value is "
+        "another run")
 
 
 class OutsideProcess(Model):
     """A Python process the run started that the launcher did not prepare
-    (``manifest.capture.outside``): no seeds, no switches, no record."""
+    (``manifest.launch.outside``): no seeds, no switches, no record."""
 
     command: str
     """The interpreter, its options and the script or module name; never the script's
@@ -431,7 +450,9 @@ class NumericPoint(Model):
     loss_eps: float | None = None
     """Machine epsilon of the loss's dtype: one rounding of the loss, relative."""
     groups: list[list[float]]
-    """Per parameter group: its L2 norm, then its projections on fixed random directions."""
+    """Per parameter group: its L2 norm, then its sketch: 16 count-sketch values whose mean
+    square estimates the squared distance to another run's (4 dense random projections in
+    manifests before issue 40; points of different lengths are not compared)."""
 
 
 class EnvelopeStep(Model):
@@ -451,6 +472,12 @@ class Envelope(Model):
     runs: list[str]
     """What each run changed: ``1 ULP (seed 1)``, ``threads 2 → 1`` …"""
     steps: list[EnvelopeStep]
+    precision: Literal["fp32", "tf32", "bf16"] | None = later(
+        "the matmul precision the envelope runs used (``manifest.numeric.precision``): a "
+        "re-run at a coarser precision than this is not covered by it; absent: fp32")
+    how: Literal["measured", "emulated"] | None = later(
+        "how that precision was obtained: on the device itself, or emulated on CPU "
+        "(``launch/boot/_manifest_precision``)")
 
 
 class OpStreamRef(Model):
@@ -462,6 +489,39 @@ class OpStreamRef(Model):
     ops: Count
 
 
+class RecordingCost(Model):
+    """What recording the step and numeric trails cost one process (issue 40)."""
+
+    seconds: Annotated[float, Field(ge=0)]
+    """Wall time spent fingerprinting and sketching the parameters after its steps."""
+    share: Annotated[float, Field(ge=0)]
+    """``seconds`` over the process's wall time, start-up to exit."""
+
+
+class KeyedRead(Model):
+    """A secret-looking variable the run's own code read (``manifest.capture.environ``), by
+    a digest keyed on the machine that recorded it: only a run under the same key (verify's
+    re-run there) can compare it; without the key it gives nothing back."""
+
+    key: Digest
+    """blake3 of that machine's key: digests under another key are not comparable."""
+    digest: Digest
+    """blake3 keyed with it of the value's blake3."""
+
+
+class EnvReadsRecorded(Model):
+    """That the launcher recorded a process's environment reads (``determinism.processes
+    [*].environ``), and how completely: a manifest made before it did has no such record,
+    and its reads are then not compared (``manifest.capture.environ``)."""
+
+    names: Count
+    """Names the run's own code read that the launcher kept, before those compared
+    elsewhere were dropped."""
+    dropped: Count
+    """Names read past the launcher's limit (256), not kept: when not 0, the list is
+    incomplete (counted up to 65,536)."""
+
+
 class ProcessOutcome(Model):
     rank: Count
     at_exit: RngFingerprints | None
@@ -471,6 +531,15 @@ class ProcessOutcome(Model):
     numeric: list[NumericPoint] | None = later(
         "the numeric trail: per step, the loss and each parameter group's norm and random "
         "projections, to compare runs by distance where bits cannot be expected")
+    recording: RecordingCost | None = later(
+        "what recording the step and numeric trails cost this process: seconds and share "
+        "of its wall time (outside identity, like every outcome)")
+    secret_reads: dict[str, KeyedRead] | None = later(
+        "secret-looking variables the run's own code read, by a digest keyed on this machine "
+        "(outside identity: another machine has another key)")
+    environ_recorded: EnvReadsRecorded | None = later(
+        "that the launcher recorded the environment variables this process read, and how "
+        "many it dropped past its limit; absent in manifests made before it did")
 
 
 class Segment(Model):
@@ -580,6 +649,9 @@ class Observed(Model):
     rendezvous: str | None = later(
         "a distributed run: its torchelastic run id or SLURM job.step, so merge can tell "
         "node records of one run from another's")
+    node_records: list[Digest] | None = later(
+        "a merged multi-node run: the digest of each node record it was merged from, in node "
+        "order, so a node's capture --nodes takes only a merge that holds its own record")
     inputs_not_digested: dict[str, Count] | None = later(
         "files the run read that git does not track and that were too large to digest "
         "unasked (path -> bytes): declare them with --data")

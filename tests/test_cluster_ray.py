@@ -91,8 +91,8 @@ def test_edited_patch_is_refused_on_arrival(ray_address: str, tmp_path: Path) ->
     by the job before anything runs; the same bundle unedited runs (positive control)."""
     import blake3
 
-    from manifest.capture.launcher import LaunchSettings
     from manifest.errors import NoVerdictError
+    from manifest.launch.runner import LaunchSettings
     from manifest.rerun.cluster import cluster_options
     from manifest.rerun.cluster.bundle import PATCH, build_bundle
     from manifest.rerun.cluster.ray import RayExecutor

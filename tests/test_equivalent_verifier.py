@@ -24,7 +24,7 @@ import blake3
 import pytest
 
 from manifest.canonical import dumps, seal
-from manifest.capture.launcher import PRIVATE_FILE, LaunchSettings
+from manifest.launch.runner import PRIVATE_FILE, LaunchSettings
 from manifest.trust import record_sealed
 from tests.runs import capture, make_repo, manifest_cli
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from manifest.capture.outside import outside_recipe
 from manifest.launch.boot._manifest_escape import describe_start
+from manifest.launch.outside import outside_recipe
 from manifest.models import Manifest
 from tests.runs import make_repo, manifest_cli
 
@@ -73,7 +73,7 @@ def test_env_pythonpath_in_argv_is_still_prepared(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_shell_script_that_exports_pythonpath_is_still_prepared(tmp_path: Path) -> None:
     run_sh = "#!/bin/sh\nexport PYTHONPATH=tools\nexec python main.py\n"
-    # It lives longer than the watch's poll interval (manifest.capture.outside.POLL_S).
+    # It lives longer than the watch's poll interval (manifest.launch.outside.POLL_S).
     main = SCRIPT + "import time; time.sleep(0.5)\n"
     repo = make_repo(tmp_path / "r", {"main.py": main, "run.sh": run_sh, "tools/x.py": ""},
                      example=False)

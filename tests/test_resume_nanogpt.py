@@ -369,7 +369,7 @@ else:
 
 def test_under_the_launcher_a_load_of_the_checkpoint_records_the_resume(tmp_path: Path) -> None:
     pytest.importorskip("safetensors")
-    from manifest.capture.launcher import LaunchSettings, run_under_launcher
+    from manifest.launch.runner import LaunchSettings, run_under_launcher
 
     (tmp_path / "loads.py").write_text(LOADS)
     settings = LaunchSettings(seed=0, derivation="same", threads=1, deterministic=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from manifest.capture.launcher import LaunchSettings, select_ranks
+from manifest.launch.runner import LaunchSettings, select_ranks
 from manifest.redact import redact_argv
 from tests.runs import capture, free_port, make_repo, manifest_cli
 

@@ -1,5 +1,5 @@
 """``manifest capture``: a snapshot of machine and tree (``snapshot``).
 
-And a command run under the launcher (``launcher``), its records and outputs
-made into the run's manifest (``run``).
+The run's records (gathered by :mod:`manifest.launch.runner`, the launcher's host side)
+and outputs made into the run's manifest (``run``).
 """

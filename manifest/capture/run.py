@@ -1,6 +1,6 @@
 """``manifest capture [-- CMD]``: record the environment, and run and record a command.
 
-The command is started by ``manifest.capture.launcher`` (every Python
+The command is started by ``manifest.launch.runner`` (every Python
 process prepared, one JSON record each); this module turns a finished run
 into its sealed manifest, and ``capture_from_cli`` orders the whole verb:
 
@@ -33,7 +33,10 @@ from pydantic import BaseModel, ValidationError
 
 from manifest.canonical import seal
 from manifest.capture.environ import environ_reads, environ_recorded, keyed_reads
-from manifest.capture.launcher import (
+from manifest.capture.snapshot import Snapshot, observed_for, seal_snapshot, take_snapshot
+from manifest.config import load_config, string_list
+from manifest.errors import ConfigError, UsageError
+from manifest.launch.runner import (
     LaunchResult,
     LaunchSettings,
     default_threads,
@@ -41,9 +44,6 @@ from manifest.capture.launcher import (
     run_under_launcher,
     stream_ranks,
 )
-from manifest.capture.snapshot import Snapshot, observed_for, seal_snapshot, take_snapshot
-from manifest.config import load_config, string_list
-from manifest.errors import ConfigError, UsageError
 from manifest.models import (
     Artifact,
     Flags,

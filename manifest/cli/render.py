@@ -5,7 +5,14 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from manifest.cli.text import make_console, markup, plain_confinement, plain_trust, shell_join
+from manifest.cli.text import (
+    folded_drift,
+    make_console,
+    markup,
+    plain_confinement,
+    plain_trust,
+    shell_join,
+)
 from manifest.models import Manifest, Outputs
 
 if TYPE_CHECKING:
@@ -77,7 +84,7 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
             add("", f"rank {dproc.rank} {sw.site}", f"{sw.switch} = {sw.value}")
     if manifest.command:
         add("command", "argv", shell_join(list(manifest.command.argv)))
-        from manifest.capture.launcher import launch_identity
+        from manifest.launch.runner import launch_identity
 
         add("", "callbacks' run_id", launch_identity(
             code.commit, code.diff_digest, list(manifest.command.argv), rnd.seed or 0))
@@ -91,6 +98,11 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
         if numeric:
             add("", "numeric trail", f"{len(numeric)} steps (to {numeric[-1].step}), "
                 f"{len(numeric[0].groups)} parameter group(s)")
+        for outcome in out.processes:
+            if outcome.recording is not None:
+                add("", f"recording, rank {outcome.rank}",
+                    f"{outcome.recording.share:.1%} of the process's time "
+                    f"({outcome.recording.seconds:.2f} s in the step and numeric trails)")
         if out.envelope is not None:
             from manifest.numeric.envelope import milestones
 
@@ -165,8 +177,10 @@ def _fmt(value: float | int | None) -> str:
     return str(value)
 
 
-def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
-    """The human verify report: verdict first, then where and by how much."""
+def render_verify(report: VerifyReport, file: TextIO | None = None, *,
+                  verbose: bool = False) -> None:
+    """The human verify report: verdict first, then where and by how much (``verbose``:
+    every package the run never imported on a line of its own, not one summary)."""
     from rich.table import Table
 
     console = _console(file)
@@ -178,7 +192,9 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
     if report.reason:
         console.print(f"reason: {markup(report.reason)}")
     if report.verdict != "checked":  # --no-rerun compares no output: it has no basis
-        console.print(f"compared: {markup(report.basis_text)}")
+        basis = report.basis_text if report.rerun_exit_code is not None or report.basis != (
+            "nothing") else "nothing: the command was not re-run (the reason says why)"
+        console.print(f"compared: {markup(basis)}")
     if report.topology is not None and report.topology.get("text") != report.reason:
         console.print(f"topology: {markup(report.topology['text'])}")
     if report.job is not None:  # where it ran (--on): the job id and where to look
@@ -189,9 +205,9 @@ def render_verify(report: VerifyReport, file: TextIO | None = None) -> None:
                       + f"; see {markup(str(job['where']))}")
     for sentence in report.outside_recipe:  # before any verdict detail: it qualifies them all
         console.print(f"[yellow]outside the recipe[/yellow]: {markup(sentence)}")
-    for drift in report.drift:
-        tag = "[red]bits[/red]" if drift.impact == "bits" else "benign"
-        console.print(f"drift ({tag}): {markup(drift.reason)}")
+    for impact, reason in folded_drift(report.drift, verbose=verbose):
+        tag = "[red]bits[/red]" if impact == "bits" else "benign"
+        console.print(f"drift ({tag}): {markup(reason)}")
     if report.bits_drift and report.verdict != "identical":
         console.print("the environment drifted in ways that can change bits: "
                       "bit-exactness is not expected.")

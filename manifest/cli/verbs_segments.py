@@ -168,13 +168,13 @@ def add_resume_audit_options(p: argparse.ArgumentParser) -> None:
 
 
 def run_resume_audit(args: argparse.Namespace, command: list[str], rerun: object) -> int:
-    from manifest.capture.launcher import default_threads
     from manifest.capture.run import _config_int
     from manifest.cli.options import ReportFormat
     from manifest.config import load_config
     from manifest.errors import EXIT_FAILED, EXIT_OK
     from manifest.lab.resume import resume_audit
     from manifest.lab.runs import _command
+    from manifest.launch.runner import default_threads
 
     cwd = Path.cwd()
     table, origin = load_config(cwd)

@@ -43,7 +43,7 @@ from manifest.verify.pipeline import environment_drift, threads_drift
 from manifest.verify.report import Drift
 
 if TYPE_CHECKING:
-    from manifest.capture.launcher import LaunchSettings
+    from manifest.launch.runner import LaunchSettings
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
 

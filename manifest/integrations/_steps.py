@@ -2,7 +2,7 @@
 
 At the start of training the callback takes the run's id. Under ``manifest
 capture`` or a re-run (``verify``, ``explain``, ``lab``) that is the launcher's
-``MANIFEST_SEALED_RUN`` (``manifest.capture.launcher.launch_identity``: the recorded
+``MANIFEST_SEALED_RUN`` (``manifest.launch.runner.launch_identity``: the recorded
 code, the command as the manifest records it, secrets redacted, and the seed: the id
 ``manifest show`` prints as ``callbacks' run_id``, never a secret's hash), so a tracker
 sees one run_id for the captured run and every
@@ -58,8 +58,8 @@ class StepRecorder:
     def start(self, model: Any) -> dict[str, str]:
         import os
 
-        from manifest.capture.launcher import SEALED_RUN_VAR
         from manifest.launch.recipe import trail
+        from manifest.launch.runner import SEALED_RUN_VAR
 
         self.sealed = os.environ.get(SEALED_RUN_VAR) or None
         if self.snapshot and self.sealed is None and self.manifest is None:

@@ -130,7 +130,7 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
                  seed: int, threads: int, rerun: RerunOptions,
                  progress: Callable[[str], None] | None = None,
                  show_plan: Callable[[RerunPlan], None] | None = None) -> ResumeAudit:
-    from manifest.capture.launcher import LaunchSettings
+    from manifest.launch.runner import LaunchSettings
     from manifest.rerun.dispatch import executor_for
     from manifest.rerun.executor import confined_hint
     from manifest.rerun.plan import plan_command

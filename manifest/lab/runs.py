@@ -44,7 +44,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from manifest.capture.launcher import LaunchSettings, default_threads
 from manifest.capture.run import _config_int, build_run_manifest
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, NoVerdictError, UsageError
@@ -63,6 +62,7 @@ from manifest.lab.report import (
     TensorDiff,
     WallStats,
 )
+from manifest.launch.runner import LaunchSettings, default_threads
 from manifest.models import Manifest
 from manifest.ops.catalogue import base_name, load_table
 from manifest.redact import redact_argv
@@ -70,8 +70,8 @@ from manifest.rerun.plan import RerunOptions
 from manifest.verdicts import BASES, Findings, judge, lab_outcome, nothing_compared_reason
 
 if TYPE_CHECKING:
-    from manifest.capture.launcher import LaunchResult
     from manifest.capture.snapshot import Snapshot
+    from manifest.launch.runner import LaunchResult
     from manifest.rerun.executor import Executor
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace

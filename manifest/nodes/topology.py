@@ -21,7 +21,7 @@ to start unless ``NCCL_ALGO`` is one of :data:`DETERMINISTIC_ALGOS` (and
 turns off flash attention and fused cross-entropy); its MCore helpers set
 ``Ring`` and ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``. The launcher's recipe
 sets the same two where the user did not
-(``manifest.capture.launcher.RECIPE_NCCL``); the ranks record what they saw
+(``manifest.launch.runner.RECIPE_NCCL``); the ranks record what they saw
 (``command.topology.nccl``).
 """
 
@@ -136,7 +136,7 @@ def topology_from_records(records: list[dict[str, Any]]) -> Topology | None:
 def segments_from(earlier: list[dict[str, Any]], last: list[dict[str, Any]],
                   error: str | None) -> list[Segment] | None:
     """The attempts of an elastic run in order (None when it never restarted)."""
-    from manifest.capture.launcher import restart_of
+    from manifest.launch.runner import restart_of
 
     if not earlier:
         return None

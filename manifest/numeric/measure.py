@@ -10,7 +10,7 @@ count (2 → 1, or 1 → 2), each compared with the base step by step
   generator (``fresh_seeds``), never 1…N: whoever wrote the script cannot know which
   perturbations its envelope will see.
 * **No marker.** A run learns its perturbation from the launcher's private file, which
-  every run gets, the real run included (``manifest.capture.launcher.PRIVATE_FILE``):
+  every run gets, the real run included (``manifest.launch.runner.PRIVATE_FILE``):
   argv and the environment of an envelope run are the real run's, and the thread-count
   run differs only in its thread variables. (Code written to find its own perturbation,
   by reading the launcher's private directory or by re-drawing its own initial weights
@@ -44,7 +44,7 @@ from manifest.models import Envelope, NumericPoint
 from manifest.numeric.envelope import ULP_LABEL, measure_envelope
 
 if TYPE_CHECKING:
-    from manifest.capture.launcher import LaunchResult, LaunchSettings
+    from manifest.launch.runner import LaunchResult, LaunchSettings
 
 SEED_RANGE = 2**31 - 1
 """One-ULP seeds are drawn from 1 … 2**31 - 1 (``torch.Generator.manual_seed`` takes them)."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from manifest.capture.launcher import LaunchResult, LaunchSettings
+    from manifest.launch.runner import LaunchResult, LaunchSettings
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
 
@@ -66,7 +66,7 @@ class LocalExecutor:
 
     def run(self, plan: RerunPlan, workspace: Workspace, settings: LaunchSettings,
             env: dict[str, str], *, writable: Sequence[Path] = ()) -> LaunchResult:
-        from manifest.capture.launcher import run_under_launcher
+        from manifest.launch.runner import run_under_launcher
         from manifest.rerun.environment import argv_to_run
 
         argv = argv_to_run(plan.argv)

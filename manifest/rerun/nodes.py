@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from manifest.capture.launcher import LaunchResult, LaunchSettings
+    from manifest.launch.runner import LaunchResult, LaunchSettings
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
 

@@ -38,7 +38,7 @@ from manifest.nodes.plan import NodeRun
 from manifest.trust import TrustDecision, escape_text, quote_arg
 
 if TYPE_CHECKING:
-    from manifest.capture.launcher import LaunchSettings
+    from manifest.launch.runner import LaunchSettings
     from manifest.models import Manifest
     from manifest.rerun.cluster.options import ClusterOptions
 
@@ -287,7 +287,7 @@ def refuse_oversized(recorded: Manifest) -> None:
 
 def recorded_settings(recorded: Manifest, threads: int | None = None) -> LaunchSettings:
     """The launcher settings a manifest was recorded under (``threads`` overrides)."""
-    from manifest.capture.launcher import LaunchSettings, launch_identity
+    from manifest.launch.runner import LaunchSettings, launch_identity
 
     argv = list(recorded.command.argv) if recorded.command else []
     return LaunchSettings(

@@ -116,9 +116,9 @@ def _files_under(directory: Path) -> dict[str, str]:
 
 def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
     """Check, run and describe one bundle (the result document)."""
-    from manifest.capture.launcher import LaunchSettings
     from manifest.capture.run import digest_outputs
     from manifest.errors import NoVerdictError
+    from manifest.launch.runner import LaunchSettings
     from manifest.rerun.cluster.bundle import TREE, check_bundle
     from manifest.rerun.executor import LocalExecutor
     from manifest.rerun.workspace import Workspace

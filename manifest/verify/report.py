@@ -91,7 +91,7 @@ class VerifyReport:
     (``manifest.nodes.layout.Relation``: same, equivalent, changed-layout, changed-world-size)."""
     outside_recipe: list[str] = field(default_factory=list)
     """Python processes that ran outside the recipe, in the recorded run or the re-run
-    (``manifest.capture.outside.outside_recipe``): the verdict speaks only for the
+    (``manifest.launch.outside.outside_recipe``): the verdict speaks only for the
     processes the launcher prepared."""
     numeric: dict[str, Any] | None = None
     """Where bits could not be expected: the numeric trails judged against a noise envelope

@@ -25,7 +25,7 @@ from manifest.verify.report import Drift, Machine, Verdict, VerifyOptions, Verif
 from manifest.weights.compare import compare_artifacts
 
 if TYPE_CHECKING:
-    from manifest.capture.launcher import LaunchResult, LaunchSettings
+    from manifest.launch.runner import LaunchResult, LaunchSettings
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
 
@@ -41,7 +41,7 @@ def _recorded_ops_window(recorded: Manifest) -> dict[str, Any] | None:
 
 def _first_op_difference(recorded: Manifest, result: Any, store: BlobStore) -> Any:
     """The first op where the re-run computes differently from the stored stream."""
-    from manifest.capture.launcher import stream_ranks
+    from manifest.launch.runner import stream_ranks
     from manifest.ops.findings import first_op_difference
     from manifest.ops.stream import parse_stream
 
@@ -100,7 +100,7 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     report.drift.extend(Drift(path, "bits", text) for path, text in read_changes(recorded, new))
     report.drift.extend(Drift(path, "benign", text)
                         for path, text in reads_not_compared(recorded, new))
-    from manifest.capture.outside import outside_recipe
+    from manifest.launch.outside import outside_recipe
 
     # A process outside the recipe, then or now: the verdict cannot speak for it.
     report.outside_recipe = list(dict.fromkeys(

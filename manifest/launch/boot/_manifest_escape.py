@@ -12,7 +12,7 @@ case it is; the launcher's audit hook asks it for every process a prepared
 process starts (``_manifest_observe``), and the capture asks it for the
 command itself. What it cannot see (a shell script's own lines) is left to
 the parent's watch over the processes that left no record
-(``manifest.capture.outside``).
+(``manifest.launch.outside``).
 
 The description keeps the interpreter, its options and the script or module
 name, never the script's arguments: a token on a command line must not

@@ -14,9 +14,9 @@ Per-process record (JSON, written atomically at exit to
     {"pid", "start_ns", "argv0", "rank", "local_rank", "world_size",
      "seed", "torch_imported", "numpy_imported", "flags", "pythonhashseed",
      "cuda_runtime", "cudnn", "nccl", "devices", "at_start", "at_exit",
-     "trail", "log", "errors", "modules", "fp32_precision",
+     "trail", "log", "errors", "modules", "fp32_precision", "recording_ns",
      "opened", "reseeds", "switches", "loaders", "unaccounted", "outside",
-     "launch_env", "backend", "device"}
+     "launch_env", "backend", "device", "environ", "environ_dropped"}
 
 Each worker (a fork, a multiprocessing child) also leaves ``worker-<pid>`` there
 the moment it starts (``note_worker``): one killed later writes no record.
@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
     from manifest.launch.boot import _manifest_checkpoints as checkpoints
+    from manifest.launch.boot import _manifest_environ as envreads
     from manifest.launch.boot import _manifest_observe as observe
     from manifest.launch.boot import _manifest_rng as rng
     from manifest.launch.boot import _manifest_switches as switches
@@ -70,6 +71,7 @@ if TYPE_CHECKING:  # mypy checks the calls between these modules through the pac
 else:
     try:  # under the launcher this directory is on sys.path; as a package module otherwise
         import _manifest_checkpoints as checkpoints
+        import _manifest_environ as envreads
         import _manifest_observe as observe
         import _manifest_rng as rng
         import _manifest_switches as switches
@@ -78,6 +80,7 @@ else:
         from _manifest_state import state as _state
     except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
         from manifest.launch.boot import _manifest_checkpoints as checkpoints
+        from manifest.launch.boot import _manifest_environ as envreads
         from manifest.launch.boot import _manifest_observe as observe
         from manifest.launch.boot import _manifest_rng as rng
         from manifest.launch.boot import _manifest_switches as switches
@@ -149,10 +152,11 @@ def _numeric(step: int, groups: list[list[Any]], loss: Any, into: list[Any]) -> 
 
 def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """``perturb``: the state moved by one ULP before the first update (an envelope run)."""
-    if not _state["perturbed"]:
+    seed = (_state["config"] or {}).get("perturb")
+    if seed is not None and not _state["perturbed"]:
         _state["perturbed"] = True
         trail.perturb_one_ulp([p for g in trail.optimizer_groups(optimizer) for p in g],
-                              int((_state["config"] or {})["perturb"]))
+                              int(seed))
 
 
 def _on_backward(tensors: Any) -> None:
@@ -228,8 +232,9 @@ def _install_step_hook(torch: Any) -> None:
     )
 
     register_optimizer_step_post_hook(_after_optimizer_step)
-    if (_state["config"] or {}).get("perturb") is not None:
-        register_optimizer_step_pre_hook(_before_optimizer_step)
+    # Registered in every run (a no-op without a perturbation): the hook table must not
+    # tell an envelope run from the real one.
+    register_optimizer_step_pre_hook(_before_optimizer_step)
     _install_backward_hook(torch)
     raw = os.environ.get("MANIFEST_OPS")
     if raw:
@@ -309,6 +314,18 @@ def _on_numpy(module: ModuleType) -> None:
     _state["record"]["numpy_imported"] = True
 
 
+def _install_precision(precision: str) -> None:
+    try:
+        import _manifest_precision  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover - as a package module (the recipe API)
+        from manifest.launch.boot import _manifest_precision
+    try:
+        _manifest_precision.install(precision)
+    except Exception as exc:  # recorded; the run then is not the one asked for
+        _note_error(f"precision emulation failed: {type(exc).__name__}: {exc}")
+    _state["record"]["emulate"] = _manifest_precision.installed()
+
+
 def _on_torch(module: ModuleType) -> None:
     config = _state["config"]
     record = _state["record"]
@@ -332,6 +349,8 @@ def _on_torch(module: ModuleType) -> None:
     checkpoints.on_torch(module, _write_record)
     if config.get("trail", "sampled") or os.environ.get("MANIFEST_OPS"):
         _install_step_hook(module)
+    if config.get("emulate"):  # another device's matmul precision (_manifest_precision)
+        _install_precision(str(config["emulate"]))
     if os.environ.get("MANIFEST_AUDIT"):  # manifest lab's op audit (_manifest_audit)
         import _manifest_audit  # type: ignore[import-not-found]
 
@@ -362,6 +381,7 @@ def _write_record() -> None:
         else:
             record["steps"] = _state["steps"]
         record["numeric"] = list(_state["numeric"])
+        record["recording_ns"] = _state.get("recording_ns", 0)  # _manifest_trail._timed
         record["auto_trail"] = list(_state["auto_trail"])
         record["log"] = list(_state["log"])
         if _state["ops"] is not None:
@@ -409,6 +429,25 @@ def _excepthook_wrapper(
     return hook
 
 
+PRIVATE_FILE = "launch-private"
+"""``manifest.launch.runner.PRIVATE_FILE``: every run's private settings, in the records
+directory, the same name and length in every run; nothing of it enters the environment."""
+
+
+def _private_settings() -> dict[str, Any]:
+    """The run's private settings (an envelope run's ``perturb`` seed); {} when absent."""
+    directory = os.environ.get(RECORDS_VAR)
+    if not directory:
+        return {}
+    try:
+        with open(os.path.join(directory, PRIVATE_FILE), encoding="utf-8") as fh:
+            loaded = json.loads(fh.read(4096))
+    except (OSError, ValueError):
+        return {}
+    seed = loaded.get("perturb") if isinstance(loaded, dict) else None
+    return {"perturb": seed} if isinstance(seed, int) and not isinstance(seed, bool) else {}
+
+
 def install() -> None:
     """Prepare this process (called from sitecustomize); a no-op without config."""
     raw = os.environ.get(CONFIG_VAR)
@@ -418,6 +457,8 @@ def install() -> None:
         config = json.loads(raw)
     except ValueError:
         return
+    config.pop("perturb", None)  # only ever from the private file, never the environment
+    config.update(_private_settings())
     _state["config"] = config
     _state["record"] = {
         "pid": os.getpid(),
@@ -443,6 +484,8 @@ def install() -> None:
         "exception": None,
     }
     observe.install(_state["record"], config.get("root"), sys.modules[__name__])
+    # The variables the script's own code reads (_manifest_environ), never their values.
+    envreads.install(_state["record"], observe._obs["code_skip"], observe._where)
     with observe.launching():
         rng.seed_python(process_seed(config))
     observe.note_launch_state(["python"])

@@ -13,7 +13,7 @@ are read here. ``manifest.nodes.topology`` turns them into the manifest's
 
 The NCCL variables a deterministic run depends on are read here too, as the
 worker sees them: the recipe sets ``NCCL_ALGO`` where the user did not
-(``manifest.capture.launcher``), a user may set the others.
+(``manifest.launch.runner``), a user may set the others.
 
 The backend is read when the script calls ``init_process_group`` (a script
 usually destroys the group before exit), the device at exit, without

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from manifest.errors import NoVerdictError
 
 if TYPE_CHECKING:
-    from manifest.capture.launcher import LaunchResult, LaunchSettings
+    from manifest.launch.runner import LaunchResult, LaunchSettings
     from manifest.rerun.cluster.bundle import Bundle
     from manifest.rerun.cluster.options import ClusterOptions
     from manifest.rerun.plan import RerunPlan
@@ -345,7 +345,7 @@ class ClusterExecutor:
 
     def _result(self, doc: dict[str, Any], job: Submission, name: str, workspace: Workspace,
                 writable: Sequence[Path], figures: RunFigures) -> LaunchResult:
-        from manifest.capture.launcher import LaunchResult
+        from manifest.launch.runner import LaunchResult
         from manifest.models import Artifact
 
         seen = str(workspace.mount_at)

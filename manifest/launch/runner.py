@@ -14,7 +14,7 @@ manifest (``manifest.capture.run``):
    ``sitecustomize`` in any process that keeps it, so a command that replaces
    ``PYTHONPATH`` is still prepared. A Python process that escapes both
    (``python -S``, ``env -i python``) is named in ``LaunchResult.outside``
-   (``manifest.capture.outside``).
+   (``manifest.launch.outside``).
 2. The child's stdout is sent to our stderr, so stdout carries only the
    manifest.
 3. Each prepared process writes a JSON record (and, with an op window, an
@@ -73,11 +73,18 @@ def launch_identity(commit: str | None, diff_digest: str | None, argv: list[str]
     imported and the machine, known only at its end, so a callback cannot log it).
     ``manifest show`` prints it beside the run_id, so a tracker's entry leads to the
     manifest.
+
+    The argv is the one the manifest records: redacted (``manifest.redact.redact_argv``,
+    which leaves an already redacted argv as it is). So the capture (raw argv), every re-run
+    and ``show`` (the recorded argv) give the same id, and no secret enters it: hashed from
+    the raw argv, ``--api-key=A`` and ``--api-key=B`` gave two ids, and a low-entropy key
+    could be guessed offline from a logged one (issue 38).
     """
     from manifest.canonical import blake3_name, canonical_bytes
+    from manifest.redact import redact_argv
 
     return blake3_name(canonical_bytes({"commit": commit, "diff_digest": diff_digest,
-                                        "argv": list(argv), "seed": seed}))
+                                        "argv": redact_argv(argv), "seed": seed}))
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,12 @@ class LaunchSettings:
     numeric: bool = True
     """The numeric trail beside the step trail (loss, norms, projections per step)."""
     perturb: int | None = None
-    """An envelope run: move the state one ULP (this seed) before the first update."""
+    """An envelope run: move the state one ULP (this seed) before the first update. Given to
+    the child in the private file (``PRIVATE_FILE``), never in its environment."""
+    emulate: str | None = None
+    """``tf32`` or ``bf16``: the run emulates that matmul precision on CPU
+    (``launch/boot/_manifest_precision``): an envelope run at a re-run's precision, or
+    ``verify --emulate`` standing in for another device. None: float32 as the run asks."""
     sealed: str | None = None
     """``launch_identity`` of this run, given to the child as ``MANIFEST_SEALED_RUN``: the
     id the integration callbacks log, the same in the capture and every re-run."""
@@ -115,8 +127,9 @@ class LaunchSettings:
             "trail": "" if self.trail == "off" else self.trail,
             "root": self.root,
             **({} if self.numeric else {"numeric": False}),
-            **({} if self.perturb is None else {"perturb": self.perturb}),
+            **({} if self.emulate is None else {"emulate": self.emulate}),
         })
+        write_private(records_dir, self.perturb)
         env.pop("MANIFEST_OPS", None)
         if self.ops is not None:
             env["MANIFEST_OPS"] = json.dumps({"dir": str(records_dir), **self.ops})
@@ -134,6 +147,25 @@ class LaunchSettings:
         return env
 
 
+PRIVATE_FILE = "launch-private"
+"""The launcher's private settings file in the records directory: what must not show in
+the environment or argv. Every run gets it, with the same name and the same length
+(``PRIVATE_BYTES``), the real run included: its perturbation (an envelope run's one-ULP
+seed, ``null`` in the real run) is no marker a script can read from ``os.environ``,
+``sys.argv`` or ``/proc/self/environ`` (issue 36: ``MANIFEST_LAUNCH`` carried it, and a
+script that scaled its learning rate only in those runs inflated its own envelope)."""
+PRIVATE_BYTES = 64
+
+
+def write_private(records_dir: Path, perturb: int | None) -> None:
+    """The private settings of one run (``PRIVATE_FILE``), padded to ``PRIVATE_BYTES``."""
+    text = json.dumps({"perturb": perturb})
+    if len(text) > PRIVATE_BYTES:  # a seed is at most 2**53-1: 33 bytes with its key
+        raise UsageError(f"perturbation seed {perturb} is too large.")
+    path = Path(records_dir) / PRIVATE_FILE
+    path.write_text(text.ljust(PRIVATE_BYTES), encoding="utf-8")
+
+
 @dataclass(frozen=True)
 class LaunchResult:
     exit_code: int
@@ -147,7 +179,7 @@ class LaunchResult:
     """Top-level modules imported by any process."""
     started_ns: int = 0
     outside: list[dict[str, str]] = field(default_factory=list)
-    """Python processes that ran outside the recipe (``manifest.capture.outside``)."""
+    """Python processes that ran outside the recipe (``manifest.launch.outside``)."""
     workers: int = 0
     """Worker processes started (forks, multiprocessing children), each counted at its start."""
     attempts: list[dict[str, Any]] = field(default_factory=list)
@@ -171,7 +203,7 @@ def run_under_launcher(
     ``wrap(argv, records_dir)`` returns the command line that actually runs
     (verify's sandbox: it must leave ``records_dir`` writable).
     """
-    from manifest.capture.outside import PythonWatch
+    from manifest.launch.outside import PythonWatch
 
     with tempfile.TemporaryDirectory(prefix="manifest-records-") as tmp, PythonWatch() as watch:
         env = settings.child_env(Path(tmp), base_env)
@@ -210,10 +242,10 @@ def run_under_launcher(
 
 def outside_found(argv: list[str], env: dict[str, str], watched: list[dict[str, str]],
                   records: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """Every lookout's findings (``manifest.capture.outside``): the command line itself,
+    """Every lookout's findings (``manifest.launch.outside``): the command line itself,
     the process tree, and each prepared process's audit of what it started."""
-    from manifest.capture.outside import COMMAND_LINE, merge_found
     from manifest.launch.boot._manifest_escape import describe_start
+    from manifest.launch.outside import COMMAND_LINE, merge_found
 
     top = describe_start(argv, env)
     if top is not None:
