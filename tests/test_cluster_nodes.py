@@ -227,3 +227,77 @@ def merged_of_records(records: list[Any]) -> bytes:
     from manifest.canonical import dumps
 
     return dumps(merge_nodes([(f"node{i}.json", m) for i, m in enumerate(records)]))
+
+
+def _forged(mine: Any, others: list[Any]) -> bytes:
+    """The reviewer's forgery: another run's merge (seed 99), its node_records list rewritten
+    to name ``mine`` (read from node-0.json by anyone who can read the directory), re-sealed.
+    The list is outside identity, so the seal is as valid as the merge's own."""
+    import json
+
+    from manifest.canonical import dumps, seal
+
+    doc = json.loads(merged_of_records(others))
+    doc["observed"]["node_records"] = [mine.digest, *doc["observed"]["node_records"][1:]]
+    return dumps(seal(doc))
+
+
+def test_a_resealed_merge_of_another_run_listing_node_0_s_digest_is_refused(
+        tmp_path: Path) -> None:
+    """Issue 36/38 review: a listed digest is no proof. The forgery is dropped while node 0
+    waits for node 1. Positive control: it loads as a valid sealed merge that lists node 0's
+    digest, which is all the previous check asked of it."""
+    from manifest.store import atomic_write
+
+    mine = node_record(0)
+    forged = _forged(mine, [node_record(i, changes={"randomness.seed": 99}) for i in (0, 1)])
+    loaded = load_manifest(forged)
+    assert mine.digest in (loaded.observed.node_records or []) and loaded.run_id != mine.run_id
+    thread, out = _gather_in_thread(mine, tmp_path)
+    _wait_for(tmp_path / record_name(0))
+    atomic_write(tmp_path / MERGED, forged)
+    thread.join()
+    error = out.get("error")
+    assert isinstance(error, ForeignMerge), out
+    assert error.exit_code == 2 and "\n" not in str(error)
+    assert "before the record of node 1 did, so no node of this launch merged it" in str(error)
+
+
+def test_node_0_checks_the_merge_s_content_against_the_records_beside_it(
+        tmp_path: Path) -> None:
+    """With every record in the directory, node 0 merges them again (its own as it holds it)
+    and takes run.json only when it is that merge, byte for byte. The honest merge is taken
+    (positive control); the seed-99 forgery and the honest merge with one output's digest
+    changed and re-sealed, both listing node 0's digest, are refused with one sentence."""
+    import json
+
+    from manifest.canonical import dumps, seal
+    from manifest.nodes.gather import take_merge
+
+    mine, theirs = node_record(0), node_record(1)
+    for i, record in enumerate((mine, theirs)):
+        (tmp_path / record_name(i)).write_bytes(dumps(record))
+    honest = merged_of_records([mine, theirs])
+    doc = json.loads(honest)
+    doc["outputs"]["artifacts"][0]["digest"] = "blake3:" + "ab" * 32
+    edited = dumps(seal(doc))
+    cases = {"honest": honest, "another run": _forged(mine, [
+        node_record(i, changes={"randomness.seed": 99}) for i in (0, 1)]), "edited": edited}
+    for data in cases.values():
+        assert mine.digest in (load_manifest(data).observed.node_records or [])
+    (tmp_path / MERGED).write_bytes(honest)
+    taken = take_merge(tmp_path / MERGED, mine, 0, 2).run_id
+    assert taken == load_manifest(honest).run_id
+    for name in ("another run", "edited"):
+        (tmp_path / MERGED).write_bytes(cases[name])
+        with pytest.raises(ForeignMerge) as refused:
+            take_merge(tmp_path / MERGED, mine, 0, 2)
+        assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
+        assert "lists node 0's record but is not the merge of this launch's records" in (
+            str(refused.value)), name
+    # node-0.json rewritten by another writer does not move the check: node 0 merges the
+    # record it holds, so the forgery stays refused and the honest merge stays taken.
+    (tmp_path / record_name(0)).write_bytes(dumps(node_record(0, changes={
+        "randomness.seed": 99})))
+    (tmp_path / MERGED).write_bytes(honest)
+    assert take_merge(tmp_path / MERGED, mine, 0, 2).run_id == taken

@@ -99,14 +99,16 @@ def test_drawn_segments_print_their_nonce_and_a_seed_repeats_them(faulty_run: Pa
     code, doc = _segments(faulty_run, "--segments", "1", "--seed", str(nonce))
     assert [s["start"] for s in doc["segments"]] == [start]
     assert (doc["chosen_by"], doc["seed"]) == ("--seed", nonce)
-    assert doc["p_catch_tampered_stretch"] == 0.25 and code == out.returncode
+    # Repeated from a seed the user gave: whoever gave it chose, so no chance is claimed.
+    assert doc["p_catch_tampered_stretch"] is None and doc["p_catch_single_bad_step"] is None
+    assert code == out.returncode
 
 
 @pytest.mark.slow
 def test_a_planted_fault_past_the_first_step_is_not_called_a_resume_bug(
         faulty_run: Path) -> None:
-    """Positive control of the resume-point test below: the fault at step 23 of the stretch
-    from step 15 differs without the resume-point sentence."""
+    """Positive control of the resume-point tests below: the fault at step 23 of the stretch
+    from step 15 differs without the resume-point hint."""
     code, doc = _segments(faulty_run, "--at", "23")
     [seg] = doc["segments"]
     assert code == 1 and seg["first_divergent_step"] == 23
@@ -132,8 +134,46 @@ def test_a_script_that_forgets_its_momentum_parts_at_the_resume_point(tmp_path: 
     code, doc = _segments(repo, "--at", "6")
     [seg] = doc["segments"]
     assert code == 1 and seg["verdict"] == "differs" and seg["first_divergent_step"] == 5
-    assert seg["reason"].startswith("parts at the resume point"), seg
+    assert_hedged(seg["reason"], 4)
     assert "manifest lab --resume-at 4 -- python train.py --steps 8" in seg["reason"]
+
+
+@pytest.mark.slow
+def test_a_fault_planted_at_a_stretch_s_first_step_is_not_called_a_resume_bug(
+        tmp_path: Path) -> None:
+    """The review's case: a fault at step 5 at capture (the example nudged there), a
+    checkpoint at step 4 that is faithful, verified without the fault. The stretch parts at
+    its first step exactly as the forgetful script's above, so the report may only hint: it
+    still says differs, and the resume is a condition, not the cause."""
+    repo = segments_run(tmp_path, steps=8, every=4, nudge_at=5, out="out")
+    code, doc = _segments(repo, "--at", "6")
+    [seg] = doc["segments"]
+    assert code == 1 and seg["verdict"] == "differs" and seg["first_divergent_step"] == 5
+    assert_hedged(seg["reason"], 4)
+
+
+def assert_hedged(reason: str, step: int) -> None:
+    """The resume-point hint is conditional: it names where the runs part, says the checkpoint
+    forgot state only *if* the whole run re-runs identically, and names the audit. The
+    sentence this turn replaced asserted the cause ("parts at the resume point: … already
+    differs, which is what a checkpoint that forgot some state gives") and fails here."""
+    head = (f"the runs part at the resume point (step {step}): if the whole run re-runs "
+            "identically, the checkpoint forgot some state")
+    assert reason.startswith(head), reason
+    assert reason.index("if the whole run re-runs identically") < reason.index("forgot")
+    assert f"manifest lab --resume-at {step} -- " in reason and reason.endswith("names it")
+
+
+def test_the_resume_point_hint_is_a_condition_not_a_cause() -> None:
+    from manifest.verify.stretches import parts_at_resume
+
+    assert_hedged(parts_at_resume(long_run(), 4), 4)
+    asserted = ("parts at the resume point: the first step after resuming from step 4 already "
+                "differs, which is what a checkpoint that forgot some state (optimizer, RNG, "
+                "sampler, scheduler) gives; manifest lab --resume-at 4 -- python x names the "
+                "forgotten state")
+    with pytest.raises(AssertionError):  # positive control: the old wording is refused
+        assert_hedged(asserted, 4)
 
 
 @pytest.mark.slow
@@ -171,8 +211,10 @@ def test_resume_template_needs_its_placeholder(tmp_path: Path) -> None:
 
 def long_run(every: int = 10, total: int = 600, argv_word: str | None = None,
              numeric: list[NumericPoint] | None = None,
-             envelope: Envelope | None = None) -> Manifest:
-    """The golden manifest as a run of ``total`` steps with a checkpoint every ``every``."""
+             envelope: Envelope | None = None, kept: int | None = None) -> Manifest:
+    """The golden manifest as a run of ``total`` steps with a checkpoint every ``every``,
+    each kept (with a digest), or only the last ``kept`` of them (the others saved again to
+    the same file later, as a script that writes ``ckpt/latest.pt`` leaves them)."""
     doc: dict[str, Any] = json.loads(GOLDEN.read_bytes())
     if argv_word is not None:
         doc["command"]["argv"].append(argv_word)
@@ -181,9 +223,15 @@ def long_run(every: int = 10, total: int = 600, argv_word: str | None = None,
                      for s in range(1, total + 1)]
     if numeric is not None:
         proc["numeric"] = [p.model_dump(mode="json") for p in numeric]
+    steps = list(range(every, total, every))
+    lost = set(steps[:len(steps) - kept]) if kept is not None else set()
     doc["outputs"]["checkpoints"] = [
-        {"step": s, "path": f"out/ckpt/step-{s}.pt", "artifact": None, "lost": "not kept"}
-        for s in range(every, total, every)]
+        {"step": s, "path": f"out/ckpt/step-{s}.pt", "lost": "saved again later",
+         "artifact": None} if s in lost else
+        {"step": s, "path": f"out/ckpt/step-{s}.pt", "lost": None,
+         "artifact": {"path": f"out/ckpt/step-{s}.pt", "digest": "blake3:" + f"{s:064x}",
+                      "bytes": 100, "format": "torch", "tensors": None}}
+        for s in steps]
     if envelope is not None:
         doc["outputs"]["envelope"] = envelope.model_dump(mode="json")
     return seal(doc)
@@ -418,3 +466,112 @@ def test_strict_refuses_on_drift_before_replaying(faulty_run: Path) -> None:
     assert code == 3, doc
     assert doc["segments"] == [] and doc["verdict"] == "no-verdict"
     assert any("threads 2 → 1" in d or "threads" in d for d in doc["drift"]), doc
+
+
+# ------------------------------------------- what can be replayed, and who chose (fast)
+
+
+def _report(run: Manifest, choice: Choice, verdict: str = "identical") -> Any:
+    """The report verify_segments builds for ``choice``, each chosen stretch given ``verdict``
+    (the replays themselves are the slow tests above)."""
+    from manifest.verify.segments import SegmentResult, SegmentsReport
+    from manifest.verify.stretches import not_kept, total_steps
+
+    report = SegmentsReport(file="run.json", run_id=run.run_id,
+                            total_steps=total_steps(run), stretches=choice.of,
+                            chosen_by=choice.chosen_by, seed=choice.seed,
+                            unreplayable=choice.unreplayable)
+    lost = not_kept(choice)
+    if lost is not None:
+        report.notes.append(lost)
+    report.segments = [SegmentResult(s.start, s.end, s.checkpoint.path if s.checkpoint else None,
+                                     verdict=verdict, steps_compared=1)
+                       for s in choice.stretches]
+    return report
+
+
+def test_a_stretch_whose_checkpoint_was_not_kept_counts_for_no_chance() -> None:
+    """The review's train3.py: every checkpoint saved to one file, so of the stretches from
+    step 0, 2, 4 and 6 of 8 only the first can be replayed. The draw is made among what can
+    be replayed, the tampered-stretch chance is a share of that, and the report says how
+    many stretches can never be (the chance used to read 25% over all four)."""
+    from manifest.cli.verbs_segments import segments_text
+
+    latest = long_run(every=2, total=8, kept=0)
+    choice = choose(latest, segments=3, at=None)
+    assert choice.of == 4 and choice.replayable == 1
+    assert [(s.start, s.end) for s in choice.stretches] == [(0, 2)]
+    assert [s.start for s in choice.unreplayable] == [2, 4, 6]
+    report = _report(latest, choice)
+    doc = report.to_json()
+    assert doc["p_catch_tampered_stretch"] == 1.0 and doc["replayable_stretches"] == 1
+    assert doc["p_catch_single_bad_step"] == 0.25  # 2 of 8 steps: 6 are never checked
+    assert [u["start"] for u in doc["unreplayable_stretches"]] == [2, 4, 6]
+    text = segments_text(report)
+    assert ("3 of 4 stretches start from a checkpoint that was not kept: a tampered stretch "
+            "there is never caught") in text
+    assert "tampered stretch: 100.0% of the 1 stretch that can be replayed" in text
+    assert "the 6 steps of stretches that cannot be replayed are never checked" in text
+    # --at names one anyway: it is replayed as asked (a no-verdict naming the checkpoint).
+    named = choose(latest, segments=None, at=[5])
+    assert [s.start for s in named.stretches] == [4] and not named.stretches[0].replayable
+    # Positive control: the same run with every checkpoint kept draws among all four.
+    kept = choose(long_run(every=2, total=8), segments=3, at=None)
+    assert kept.replayable == kept.of == 4 and not kept.unreplayable
+    whole = _report(long_run(every=2, total=8), kept)
+    assert whole.to_json()["p_catch_tampered_stretch"] == 0.75 and not whole.notes
+    assert "cannot be replayed" not in segments_text(whole)
+
+
+def test_the_chances_over_what_can_be_replayed_match_a_simulation() -> None:
+    """10 stretches of 10 steps, the first 5 checkpoints lost: a draw of 3 catches a tampered
+    replayable stretch 3 times in 5, a uniformly placed bad step 30 times in 100, and a
+    tampered stretch from a lost checkpoint never. Checked against simulated adversaries."""
+    import random
+
+    run = long_run(every=10, total=100, kept=4)
+    choice = choose(run, segments=3, at=None)
+    assert (choice.of, choice.replayable) == (10, 5)
+    odds = chances(choice, choice.stretches, 100)
+    assert odds is not None and odds.unchecked_steps == 50
+    assert odds.tampered_stretch == pytest.approx(3 / 5)
+    assert odds.single_bad_step == pytest.approx(0.3)
+    rng = random.Random(0)
+    trials = 4000
+    replayable = [s for s in stretches_of(run) if s.replayable]
+    lost = [s for s in stretches_of(run) if not s.replayable]
+    hits = {"replayable": 0, "lost": 0, "step": 0}
+    for _ in range(trials):
+        drawn_now = choose(run, segments=3, at=None, seed=rng.randrange(2**53)).stretches
+        hits["replayable"] += rng.choice(replayable) in drawn_now
+        hits["lost"] += rng.choice(lost) in drawn_now
+        bad = rng.randrange(1, 101)
+        hits["step"] += any(s.start < bad <= s.end for s in drawn_now)
+    # 4000 trials: a binomial's standard deviation at p = 0.6 is 0.0077; 4 of them.
+    assert abs(hits["replayable"] / trials - odds.tampered_stretch) < 0.031
+    assert abs(hits["step"] / trials - odds.single_bad_step) < 0.03
+    assert hits["lost"] == 0
+
+
+def test_a_choice_repeated_from_a_given_seed_claims_no_chance() -> None:
+    """``--seed S``: whoever gave S (the run's author, perhaps) chose the stretches. The same
+    stretches as the fresh draw that printed S, and no chance: the report says the choice was
+    repeated, and the JSON's chances are null. Positive control: the fresh draw claims both."""
+    from manifest.cli.verbs_segments import segments_text
+
+    run = long_run(every=10, total=40)
+    fresh = choose(run, segments=2, at=None)
+    assert fresh.seed is not None
+    repeated = choose(run, segments=2, at=None, seed=fresh.seed)
+    assert repeated.stretches == fresh.stretches and repeated.chosen_by == "--seed"
+    assert chances(repeated, repeated.stretches, 40) is None
+    doc = _report(run, repeated).to_json()
+    assert doc["p_catch_single_bad_step"] is None and doc["p_catch_tampered_stretch"] is None
+    text = segments_text(_report(run, repeated))
+    assert (f"repeated from --seed {fresh.seed}: whoever gave the seed chose the stretches, "
+            "so no chance of catching anything applies") in text
+    assert "\n  chance of catching" not in text  # no line claims one
+    claimed = _report(run, fresh).to_json()
+    assert claimed["p_catch_single_bad_step"] == 0.5
+    assert claimed["p_catch_tampered_stretch"] == 0.5
+    assert "chance of catching a tampered stretch: 50.0% (" in segments_text(_report(run, fresh))

@@ -25,16 +25,21 @@ with the recorded checkpoint placed where the run wrote it:
 Which stretches, and what a check of them is worth, is
 ``manifest.verify.stretches``: ``--at STEP…`` names them; ``--segments N``
 draws N from a fresh nonce the verifier makes and prints (``--seed`` repeats
-it), never from anything the run's author controls. A single bad step (a
+it), never from anything the run's author controls, and only among the
+stretches that can be replayed (a stretch whose starting checkpoint was not
+kept never can: the report says how many there are). A single bad step (a
 flipped bit, a wrong batch) at step ``b`` is caught when ``b`` lies in a
 replayed stretch, since the replay starts from the run's own state before ``b``
-and recomputes ``b`` honestly. The report gives, for a random draw, the chance
-of catching one bad step and one tampered stretch, names a stretch that moved
-the parameters too little to be strong evidence, and says what the replays cost
-against the recorded run's wall time. A stretch whose replay parts from the
-recorded run at its very first step points at the resume, not at the run: it
-says "parts at the resume point" and names ``manifest lab --resume-at K``, which
-names the state the checkpoint forgot.
+and recomputes ``b`` honestly. The report gives, for a draw from a fresh nonce
+only, the chance of catching one bad step and one tampered stretch, names a
+stretch that moved the parameters too little to be strong evidence, and says
+what the replays cost against the recorded run's wall time.
+
+A stretch that parts at its very first step is ``differs`` with a hint, never a
+cause (``stretches.parts_at_resume``): a checkpoint that forgot some state and a
+bad step right after the checkpoint look the same from the stretch alone (the
+example with a fault planted at step 5, and one that forgets its momentum,
+both part at step 5 from the checkpoint at 4), so it names the resume audit.
 
 A checkpoint that is missing, changed since capture, or was never kept (saved
 again at a later step) makes its stretch ``no-verdict`` with the reason
@@ -59,8 +64,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK, UsageError
+from manifest.errors import UsageError
 from manifest.models import Manifest
+from manifest.verdicts import VERDICTS, Findings, Verdict, judge
 from manifest.verify.conventions import (
     NO_TEMPLATE,
     PLACEHOLDER,
@@ -75,6 +81,8 @@ from manifest.verify.stretches import (
     Weight,
     chances,
     choose,
+    not_kept,
+    parts_at_resume,
     resume_name,
     total_steps,
     unusable,
@@ -128,6 +136,8 @@ class SegmentsReport:
     """``nonce`` (a fresh one the verifier made), ``--seed`` or ``--at`` (the user's choice)."""
     seed: int | None = None
     """What a random draw was made from: ``--seed`` with it repeats the choice."""
+    unreplayable: tuple[Stretch, ...] = ()
+    """The run's stretches whose starting checkpoint was not kept: never replayed."""
     segments: list[SegmentResult] = field(default_factory=list)
     recorded_wall_s: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -151,13 +161,15 @@ class SegmentsReport:
 
     @property
     def chances(self) -> Chances | None:
-        """For a random draw only (see ``manifest.verify.stretches.chances``)."""
-        if self.seed is None:
-            return None
+        """For a draw from a fresh nonce only (see ``manifest.verify.stretches.chances``)."""
         checked = [Stretch(s.start, s.end, None) for s in self.segments
                    if s.verdict != "no-verdict"]
-        return chances(Choice([], self.stretches, self.chosen_by, self.seed), checked,
-                       self.total_steps)
+        return chances(Choice([], self.stretches, self.chosen_by, self.seed,
+                              self.unreplayable), checked, self.total_steps)
+
+    @property
+    def replayable(self) -> int:
+        return self.stretches - len(self.unreplayable)
 
     @property
     def weak(self) -> list[SegmentResult]:
@@ -178,7 +190,7 @@ class SegmentsReport:
 
     @property
     def exit_code(self) -> int:
-        return {"identical": EXIT_OK, "differs": EXIT_FAILED}.get(self.verdict, EXIT_NO_VERDICT)
+        return VERDICTS[Verdict(self.verdict)][0]
 
     def to_json(self) -> dict[str, Any]:
         odds = self.chances
@@ -191,6 +203,11 @@ class SegmentsReport:
                 else round(odds.single_bad_step, 6),
                 "p_catch_tampered_stretch": None if odds is None
                 else round(odds.tampered_stretch, 6),
+                "replayable_stretches": self.replayable,
+                "unreplayable_stretches": [
+                    {"start": s.start, "end": s.end,
+                     "checkpoint": s.checkpoint.path if s.checkpoint else None}
+                    for s in self.unreplayable],
                 "weak_evidence": [s.start for s in self.weak],
                 "recorded_wall_s": self.recorded_wall_s,
                 "spent_wall_s": round(self.spent_wall_s, 3),
@@ -250,7 +267,11 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
     chosen = choice.stretches
     report = SegmentsReport(file=file, run_id=recorded.run_id,
                             total_steps=total_steps(recorded), stretches=choice.of,
-                            chosen_by=choice.chosen_by, seed=choice.seed)
+                            chosen_by=choice.chosen_by, seed=choice.seed,
+                            unreplayable=choice.unreplayable)
+    lost = not_kept(choice)
+    if lost is not None:
+        report.notes.append(lost)
     compute = recorded.observed.compute
     report.recorded_wall_s = compute.wall_s if compute is not None else recorded.observed.duration_s
     if recorded.outputs.status != "ok":
@@ -464,23 +485,15 @@ def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
         ctx.recorded, outcomes, stretch.start, stretch.end)
     result.end_checkpoints = end_checkpoints(ctx.recorded, stretch.end, ctx.original_cwd,
                                               ready.workspace.cwd, ran.tables)
-    if result.first_divergent_step is not None or not all(result.end_checkpoints.values()):
-        result.verdict = "differs"
-        if ck is not None and result.first_divergent_step == stretch.start + 1:
-            result.reason = parts_at_resume(ctx.recorded, stretch.start)
-    elif result.steps_compared == 0 and not result.end_checkpoints:
-        result.reason = "nothing compared: no trail point or checkpoint in the stretch"
-    else:
-        result.verdict = "identical"
+    judged = judge(Findings(outputs=list(result.end_checkpoints.values()),
+                            trail_steps=result.steps_compared,
+                            trail_parts_at=result.first_divergent_step),
+                   nothing="nothing compared: no trail point or checkpoint in the stretch")
+    if judged.verdict is Verdict.NOTHING_COMPARED:  # a stretch's no-verdict, with the reason
+        result.reason = judged.reason
+        return
+    result.verdict = judged.verdict.value
+    if (judged.verdict is Verdict.DIFFERS and ck is not None
+            and result.first_divergent_step == stretch.start + 1):
+        result.reason = parts_at_resume(ctx.recorded, stretch.start)
 
-
-def parts_at_resume(recorded: Manifest, step: int) -> str:
-    """Why a replay that parts at its first step points at the resume, not at the run, and
-    the command that names what the checkpoint forgot (``manifest.lab.resume``)."""
-    import shlex
-
-    assert recorded.command is not None
-    return (f"parts at the resume point: the first step after resuming from step {step} "
-            "already differs, which is what a checkpoint that forgot some state (optimizer, "
-            "RNG, sampler, scheduler) gives; manifest lab --resume-at "
-            f"{step} -- {shlex.join(recorded.command.argv)} names the forgotten state")

@@ -7,24 +7,44 @@ user). ``--segments N`` draws N of them, uniformly without replacement, with
 (53 bits of ``os.urandom``, so ``--seed`` can repeat it and JSON keeps it exact),
 printed in the report; ``--seed S`` repeats a choice. Nothing the run's author
 controls enters the draw: not the run_id, the argv or any manifest field, only
-how many stretches there are. Until this turn the seed was the run_id's first
+how many stretches there are and which of them can be replayed (below; an
+author who drops a checkpoint does not steer the draw off its stretch, the
+report names that stretch as never caught). Until this turn the seed was the run_id's first
 64 bits. Everyone who checked a run then replayed the same stretches, and the
 author knew them before publishing. Adding an ignored argv word and re-sealing
 moved the draw off a planted bad stretch in 1 to 4 tries (issue 38).
 Proof-of-Learning's spoofing attacks (Fang et al. 2023) rely on exactly such
 a predictable choice.
 
-**What a check is worth** (:func:`chances`). Only a random draw has a chance; a
-choice made by the user has none. Two numbers, each with its assumption:
+**What can be replayed.** A stretch starts from its checkpoint, so one whose
+checkpoint was not kept (``Checkpoint.artifact`` None: the script saved every
+checkpoint to one file, ``ckpt/latest.pt``, and only the last survived) can
+never be replayed: a tampered stretch there is never caught, whatever the draw.
+The draw is made among the stretches that can be replayed
+(:attr:`Choice.replayable`), and the report names how many cannot ("3 of 4
+stretches start from a checkpoint that was not kept"). Until this turn the
+draw and the chance counted them as well: on such a run of 4 stretches with
+only the last checkpoint kept, a draw of 3 replayed at most one, and the
+chance of catching a tampered stretch read 25% where no tampering of 3 of the
+4 stretches could ever be seen.
+
+**What a check is worth** (:func:`chances`). Only a draw from a fresh nonce has a
+chance. A choice made by the user (``--at``) has none, and neither has a draw
+repeated from ``--seed S``: whoever gave S (the run's author, perhaps) chose
+the stretches, so the report says the choice was repeated and claims nothing.
+Two numbers, each with its assumption:
 
 * *a single bad step*, at a uniformly random step and independent of the draw:
-  caught when it lies in a replayed stretch, so the chance is the share of steps
-  replayed with a verdict;
+  caught when it lies in a replayed stretch, so the chance is the share of all
+  the run's steps replayed with a verdict (the steps of a stretch that cannot
+  be replayed are never checked, and count against it);
 * *a tampered stretch*: an adversary who cannot predict the nonce tampers one
-  whole stretch. The draw picks each stretch with the same chance, whatever its
-  length, so a short stretch is no safer: n replayed of m gives n/m. This is
-  the number an adversary faces. The step share can be far higher: one
-  200-step stretch of three can hold 90% of the steps.
+  whole stretch that can be replayed. The draw picks each such stretch with
+  the same chance, whatever its length, so a short stretch is no safer: n
+  replayed of k replayable gives n/k. This is the number an adversary faces
+  there; a stretch that cannot be replayed is named apart, never caught. The
+  step share can be far higher: one 200-step stretch of three can hold 90% of
+  the steps.
 
 **Weak evidence** (:func:`weigh`). A replay proves that the stretch's updates
 were computed as recorded. If the stretch barely moved the parameters, it
@@ -72,6 +92,11 @@ class Stretch:
     end: int
     checkpoint: Checkpoint | None
     """Where it resumes from; None for a stretch from step 0."""
+
+    @property
+    def replayable(self) -> bool:
+        """Whether its start is there to resume from: step 0, or a checkpoint that was kept."""
+        return self.checkpoint is None or self.checkpoint.artifact is not None
 
 
 def resume_name(checkpoint: Checkpoint) -> str:
@@ -137,10 +162,30 @@ class Choice:
     """``nonce`` (a fresh one), ``--seed`` or ``--at``."""
     seed: int | None
     """What the draw was made from (None for ``--at``)."""
+    unreplayable: tuple[Stretch, ...] = ()
+    """The run's stretches that start from a checkpoint that was not kept."""
 
     @property
     def random(self) -> bool:
-        return self.seed is not None
+        """Drawn from a fresh nonce: the only choice a chance of catching is claimed for."""
+        return self.chosen_by == "nonce" and self.seed is not None
+
+    @property
+    def replayable(self) -> int:
+        """How many of the run's stretches can be replayed (what a draw is made among)."""
+        return self.of - len(self.unreplayable)
+
+
+def not_kept(choice: Choice) -> str | None:
+    """The sentence a report gives when some stretches can never be replayed."""
+    lost = choice.unreplayable
+    if not lost:
+        return None
+    steps = sum(s.end - s.start for s in lost)
+    return (f"{len(lost)} of {choice.of} stretches start from a checkpoint that was not kept: "
+            f"a tampered stretch there is never caught, and their {steps} steps are never "
+            f"checked (those starting at step {', '.join(str(s.start) for s in lost[:8])}"
+            + (f" and {len(lost) - 8} more" if len(lost) > 8 else "") + ")")
 
 
 def choose(recorded: Manifest, *, segments: int | None, at: list[int] | None,
@@ -158,6 +203,7 @@ def choose(recorded: Manifest, *, segments: int | None, at: list[int] | None,
             "so it has no stretches to replay, only the whole run.",
             hint="Verify it whole (leave out --segments/--at), or capture a run that saves "
                  "checkpoints as it trains.")
+    lost = tuple(s for s in all_stretches if not s.replayable)
     if at:
         total = total_steps(recorded)
         chosen: list[Stretch] = []
@@ -167,11 +213,15 @@ def choose(recorded: Manifest, *, segments: int | None, at: list[int] | None,
             hit = next(s for s in all_stretches if s.start < step <= s.end)
             if hit not in chosen:
                 chosen.append(hit)
-        return Choice(sorted(chosen, key=lambda s: s.start), len(all_stretches), "--at", None)
+        return Choice(sorted(chosen, key=lambda s: s.start), len(all_stretches), "--at", None,
+                      lost)
     how = "--seed" if seed is not None else "nonce"
     seed = fresh_nonce() if seed is None else seed
-    picks = drawn(seed, len(all_stretches), segments or 3)
-    return Choice([all_stretches[i] for i in picks], len(all_stretches), how, seed)
+    # Drawn among the stretches that can be replayed (step 0's always can): a pick of one
+    # whose checkpoint is gone would only be a no-verdict.
+    among = [s for s in all_stretches if s.replayable]
+    picks = drawn(seed, len(among), segments or 3)
+    return Choice([among[i] for i in picks], len(all_stretches), how, seed, lost)
 
 
 # ------------------------------------------------------------------ chances
@@ -180,18 +230,26 @@ def choose(recorded: Manifest, *, segments: int | None, at: list[int] | None,
 @dataclass(frozen=True)
 class Chances:
     single_bad_step: float
-    """A bad step at a uniformly random step: the share of steps replayed with a verdict."""
+    """A bad step at a uniformly random step of the whole run: the share of its steps
+    replayed with a verdict."""
     tampered_stretch: float
-    """One whole stretch tampered by someone who cannot predict the draw: replayed / stretches."""
+    """One whole stretch that can be replayed, tampered by someone who cannot predict the
+    draw: replayed with a verdict / replayable."""
+    replayable: int
+    """Of how many stretches ``tampered_stretch`` is a share."""
+    unchecked_steps: int
+    """Steps in stretches that cannot be replayed: a bad step there is never caught."""
 
 
 def chances(choice: Choice, checked: list[Stretch], total: int) -> Chances | None:
-    """What a random draw is worth (None for a choice the user made: ``--at``). ``checked``:
-    the chosen stretches that reached a verdict."""
-    if not choice.random or total <= 0 or choice.of <= 0:
+    """What a draw from a fresh nonce is worth (None for a choice the user made, ``--at``, or
+    repeated from a seed the user gave, ``--seed``). ``checked``: the chosen stretches that
+    reached a verdict."""
+    if not choice.random or total <= 0 or choice.replayable <= 0:
         return None
     steps = sum(s.end - s.start for s in checked)
-    return Chances(steps / total, len(checked) / choice.of)
+    return Chances(steps / total, len(checked) / choice.replayable, choice.replayable,
+                   sum(s.end - s.start for s in choice.unreplayable))
 
 
 # ------------------------------------------------------------------ weighing
@@ -260,3 +318,20 @@ def weigh(recorded: Manifest, stretch: Stretch) -> Weight | None:
                       f"{WELL_ABOVE:g}× above what rounding alone does")
     return Weight(False, ratio, f"over {span} the parameters moved {ratio:.3g}× the "
                   f"envelope's bound at step {bound.step}")
+
+
+# ------------------------------------------------------------------ reading
+
+
+def parts_at_resume(recorded: Manifest, step: int) -> str:
+    """A hint, never a cause, for a replay that parts at its first step: a checkpoint that
+    forgot some state and a bad step right after the checkpoint both do
+    (``manifest.verify.segments``); the resume audit (``manifest.lab.resume``) tells them
+    apart."""
+    import shlex
+
+    assert recorded.command is not None
+    return (f"the runs part at the resume point (step {step}): if the whole run re-runs "
+            "identically, the checkpoint forgot some state (optimizer, RNG, sampler, "
+            f"scheduler) — manifest lab --resume-at {step} -- "
+            f"{shlex.join(recorded.command.argv)} names it")
