@@ -6,12 +6,15 @@ machine's load hits all three alike, and prints the median time per step:
 
 * bare: the peer;
 * trail: with the launcher's per-optimizer-step parameter fingerprint
-  (``optimizer_fingerprint``: an integer sum over each parameter's bit view
+  (``optimizer_fingerprint``: two int32 sums over each parameter group's bits
   on its device, one transfer per step), as every capture now records;
 * ops: inside the op recorder (``_manifest_ops``), fingerprinting every aten
   op's inputs and outputs, as ``manifest explain`` does for one step.
 
     python benchmarks/trail_overhead.py [--steps 60] [--rounds 7] [--threads 1]
+
+The trail's cost on larger models (1 M and 25 M parameters), with the numeric trail and
+against the implementation before issue 40, is ``benchmarks/step_cost.py``.
 """
 
 from __future__ import annotations

@@ -526,6 +526,10 @@ class ProcessOutcome(Model):
     rank: Count
     at_exit: RngFingerprints | None
     trail: list[TrailPoint] = Field(default_factory=list)
+    trail_scheme: str | None = later(
+        "how the launcher's automatic step trail was fingerprinted ('word-sums-32'); absent "
+        "where the script's own manifest.trail() made it, and in manifests made before the "
+        "marker, whose automatic fingerprints a re-run cannot reproduce")
     # Left out of the document when absent, so manifests without it keep their bytes.
     ops: OpStreamRef | None = Field(default=None, exclude_if=lambda v: v is None)
     numeric: list[NumericPoint] | None = later(

@@ -84,12 +84,19 @@ _HARMLESS_FIRST = frozenset({"max", "min", "num", "n", "no", "use", "total", "pa
 (``--max-tokens``, ``--pad-token``, ``--no-auth``); ``private`` alone is not secret."""
 
 
+_SHELL_DIRECTORIES = frozenset({"PWD", "OLDPWD"})
+"""The shell's working-directory variables (POSIX): ``pwd`` is a password only in other
+names (``DB_PWD``, ``--pwd``)."""
+
+
 def _components(name: str) -> list[str]:
     return [c for c in re.split(r"[-_.\s]+", name.lower().lstrip("-")) if c]
 
 
 def is_secret_name(name: str) -> bool:
     """Whether a flag, variable or parameter name says its value is a secret."""
+    if name in _SHELL_DIRECTORIES:
+        return False
     parts = _components(name)
     if not parts:
         return False

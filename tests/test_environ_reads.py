@@ -26,11 +26,19 @@ import blake3
 import pytest
 
 from manifest.canonical import seal
-from manifest.capture.environ import environ_reads, read_changes
-from manifest.capture.launcher import LaunchSettings
+from manifest.capture.environ import (
+    NOT_RECORDED,
+    environ_reads,
+    environ_recorded,
+    keyed_reads,
+    read_changes,
+    reads_not_compared,
+)
 from manifest.diff.engine import diff_manifests
-from manifest.diff.rules import Impact
+from manifest.diff.rules import REFINED, Impact
+from manifest.launch.runner import LaunchSettings
 from manifest.models import Manifest
+from manifest.redact import is_secret_name
 from tests.golden.diff import make_pairs
 from tests.runs import make_repo, manifest_cli
 
@@ -39,7 +47,7 @@ import _manifest_environ as _hook
 _seen = set()
 _inner = _hook._original
 def _naive(self, key):
-    _seen.add(key)
+    _seen.add(key.decode() if isinstance(key, bytes) else key)
     return _inner(self, key)
 _hook._original = _naive
 """
@@ -62,6 +70,13 @@ def digest_of(value: str) -> bytes:
 
 def _launched(tmp_path: Path, body: str, env: dict[str, str]) -> tuple[dict[str, Any], set[str]]:
     """Run ``body`` under the real launcher: (its record's ``environ``, what the twin saw)."""
+    record, seen = _launched_record(tmp_path, body, env)
+    return record["environ"], seen
+
+
+def _launched_record(tmp_path: Path, body: str,
+                     env: dict[str, str]) -> tuple[dict[str, Any], set[str]]:
+    """Run ``body`` under the real launcher: (its whole record, what the twin saw)."""
     records = tmp_path / "records"
     records.mkdir()
     script = tmp_path / "script.py"
@@ -74,7 +89,7 @@ def _launched(tmp_path: Path, body: str, env: dict[str, str]) -> tuple[dict[str,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     [record] = [json.loads(p.read_text()) for p in records.glob("*.json")]
-    return record["environ"], set(json.loads((tmp_path / "seen.json").read_text()))
+    return record, set(json.loads((tmp_path / "seen.json").read_text()))
 
 
 def _line_of(body: str, text: str) -> int:
@@ -142,11 +157,18 @@ def test_a_secret_looking_name_keeps_no_digest_and_others_compared_elsewhere_go(
     assert kept["HF_TOKEN"].set is True
 
 
-def _with_reads(reads: dict[str, Any], keyed: dict[str, Any] | None = None) -> Manifest:
+def _with_reads(reads: dict[str, Any] | None, keyed: dict[str, Any] | None = None, *,
+                marker: bool = True, dropped: int = 0) -> Manifest:
+    """A manifest whose rank 0 read ``reads``; ``reads=None, marker=False`` is one made
+    before the launcher recorded reads, ``reads=None, marker=True`` one that read none."""
     doc = copy.deepcopy(make_pairs.base())
-    doc["determinism"]["processes"][0]["environ"] = reads
+    if reads:
+        doc["determinism"]["processes"][0]["environ"] = reads
     if keyed is not None:
         doc["outputs"]["processes"][0]["secret_reads"] = keyed
+    if marker:
+        doc["outputs"]["processes"][0]["environ_recorded"] = {
+            "names": len(reads or {}), "dropped": dropped}
     return seal(doc)
 
 
@@ -197,6 +219,165 @@ def test_keyed_secret_digests_stay_outside_identity_and_benign_in_diff() -> None
     assert read_changes(a, elsewhere) == []
 
 
+# ------------------------------------------------ review of the first release (issue 36/6)
+
+
+def test_a_manifest_made_before_reads_were_recorded_gives_no_bits_cause() -> None:
+    """An absent ``environ`` means "not recorded", not "none read": verify and diff say so
+    once, benign. The control: a manifest that recorded reading none, against a re-run
+    that read LRSCALE, is still a bits cause (its code took another path)."""
+    old = _with_reads(None, marker=False)
+    again = _with_reads({"LRSCALE": _read("2")})
+    assert read_changes(old, again) == []
+    [(path, text)] = reads_not_compared(old, again)
+    assert path == "determinism.processes[0].environ"
+    assert "not compared" in text and text.endswith("the recorded run did not")
+    [line] = diff_manifests(old, again).differences
+    assert (line.path, line.impact) == ("determinism.processes[0].environ", Impact.BENIGN)
+    assert "not compared: one run did not record" in line.reason
+    # A re-run that read nothing either: said once too (the marker's own line).
+    [quiet] = diff_manifests(old, _with_reads(None)).differences
+    assert quiet.impact is Impact.BENIGN and quiet.path.endswith("environ_recorded")
+
+    assert REFINED["environ-not-recorded"].why == NOT_RECORDED  # one sentence, two readers
+    none_read = _with_reads(None)  # recorded, and read none
+    [(_, cause)] = read_changes(none_read, again)
+    assert cause == "LRSCALE was read only by the re-run (at train.py:4): the code took " \
+        "another path"
+    assert reads_not_compared(none_read, again) == []
+    lines = {(d.path, d.impact) for d in diff_manifests(none_read, again).differences}
+    assert lines == {("determinism.processes[0].environ", Impact.BITS),
+                     ("outputs.processes[0].environ_recorded.names", Impact.BENIGN)}
+
+
+def test_a_secret_shaped_value_keeps_no_plain_digest_whatever_its_name(
+        tmp_path: Path) -> None:
+    """DATABASE_URL has no secret's name, but its userinfo is one: the launcher asks the
+    project's redactor, and capture keeps only the keyed digest. The control: LRSCALE's
+    plain digest is kept (a grep for a digest would find it)."""
+    url = f"postgresql://alice:{SECRET}@db.internal/prod"
+    body = """\
+import os
+url = os.environ["DATABASE_URL"]
+hub = os.environ.get("HUB")
+scale = os.environ.get("LRSCALE")
+"""
+    raw, _ = _launched(tmp_path, body, {"DATABASE_URL": url, "LRSCALE": "1",
+                                        "HUB": "https://bob@hub.example/x"})
+    assert not is_secret_name("DATABASE_URL") and not is_secret_name("HUB")
+    assert raw["DATABASE_URL"]["secret"] is True and raw["HUB"]["secret"] is True
+    assert "secret" not in raw["LRSCALE"]
+    kept = environ_reads(raw)
+    assert kept is not None
+    assert kept["DATABASE_URL"].digest is None and kept["HUB"].digest is None
+    assert kept["LRSCALE"].digest == "blake3:" + digest_of("1").decode()
+    keyed = keyed_reads(raw)
+    assert keyed is not None and set(keyed) == {"DATABASE_URL", "HUB"}
+    stored = json.dumps({k: v.model_dump() for k, v in kept.items()}).encode()
+    assert digest_of(url) not in stored and digest_of("1") in stored
+
+
+def test_reads_through_a_thin_indirection_are_the_scripts_and_expanduser_is_not(
+        tmp_path: Path) -> None:
+    """A bound ``__getitem__`` called directly, ``map``, ``operator.itemgetter`` (C
+    callables: the frame that called in is the script's) and the substitution helpers
+    ``expandvars`` and ``string.Template`` count, at the script's line; ``expanduser``
+    reading HOME does not (module docstring of ``_manifest_environ``). The twin saw every
+    one of them reach ``__getitem__``, HOME included."""
+    body = """\
+import os, operator, string
+a = os.environ.__getitem__("VIA_DUNDER")
+b = list(map(os.environ.__getitem__, ["VIA_MAP"]))
+c = operator.itemgetter("VIA_ITEMGETTER")(os.environ)
+d = os.path.expandvars("$VIA_EXPANDVARS/x")
+e = string.Template("$VIA_TEMPLATE").substitute(os.environ)
+f = string.Template("$VIA_SAFE $NOT_SET_ANYWHERE").safe_substitute(os.environ, k=1)
+g = os.environb.get(b"VIA_BYTES")
+home = os.path.expanduser("~")
+whole = dict(os.environ)
+spread = {**os.environ}
+every = list(map(os.environ.__getitem__, os.environ))
+"""
+    names = ["VIA_DUNDER", "VIA_MAP", "VIA_ITEMGETTER", "VIA_EXPANDVARS", "VIA_TEMPLATE",
+             "VIA_SAFE", "VIA_BYTES"]
+    reads, seen = _launched(tmp_path, body, {n: n.lower() for n in names} | {"BULK": "b"})
+    assert {"HOME", "BULK", *names} <= seen  # the control: each reached __getitem__
+    for name in names:
+        assert reads[name]["site"] == f"script.py:{_line_of(body, name)}", name
+        assert reads[name]["digest"] == "blake3:" + digest_of(name.lower()).decode()
+    assert reads["NOT_SET_ANYWHERE"]["set"] is False  # safe_substitute asked for it
+    assert set(reads) == {*names, "NOT_SET_ANYWHERE"}  # no HOME, no bulk copy
+
+
+COUNTED = """\
+import _manifest_environ as _h
+_calls = [0]
+_note = _h._note
+def _counted(*args):
+    _calls[0] += 1
+    return _note(*args)
+_h._note = _counted
+"""
+
+
+def test_names_past_the_limit_are_counted_so_the_list_says_it_is_incomplete(
+        tmp_path: Path) -> None:
+    """The first MAX_READS names are kept; the others, each read twice, are counted once."""
+    body = """\
+import os
+os.environ.get("LRSCALE")
+for i in range(300):
+    os.environ.get(f"MANY_{i}")
+    os.environ.get(f"MANY_{i}")
+"""
+    record, _ = _launched_record(tmp_path, body, {"LRSCALE": "1"})
+    reads = record["environ"]
+    assert len(reads) == 256 and "LRSCALE" in reads and "MANY_254" in reads  # the control
+    assert "MANY_255" not in reads
+    assert record["environ_dropped"] == 300 - 255
+    kept = environ_recorded(record)
+    assert kept is not None and (kept.names, kept.dropped) == (256, 45)
+    full = _with_reads(None, dropped=45)
+    assert reads_not_compared(_with_reads(None), _with_reads(None)) == []  # the control
+    [(path, text)] = reads_not_compared(full, _with_reads(None))
+    assert path == "outputs.processes[0].environ_recorded.dropped"
+    assert text.startswith("rank 0 of the recorded run read 45 variables past the "
+                           "launcher's limit")
+
+
+def test_repeated_reads_stop_before_the_frame_walk(tmp_path: Path) -> None:
+    """A bytes key and a library's read are settled once: 2,000 repeated reads reach the
+    hook's frame walk (``_note``) at most twice more, not 2,000 times (the control: the
+    first reads do reach it)."""
+    body = COUNTED + """\
+import os
+os.environb.get(b"LRSCALE")
+os.path.expanduser("~")
+first = _calls[0]
+for _ in range(1000):
+    os.environb.get(b"LRSCALE")
+    os.path.expanduser("~")
+with open("calls.txt", "w") as fh:
+    fh.write(f"{first} {_calls[0]}")
+"""
+    _launched(tmp_path, body, {"LRSCALE": "1"})
+    first, total = map(int, (tmp_path / "calls.txt").read_text().split())
+    assert first >= 2  # the control: LRSCALE's first read and HOME's were walked
+    assert total - first <= 2  # today's hook walked the frames 3,000 more times
+
+
+def test_pwd_is_the_working_directory_not_a_password() -> None:
+    assert not is_secret_name("PWD") and not is_secret_name("OLDPWD")
+    assert is_secret_name("DB_PWD") and is_secret_name("--pwd")  # the control
+    record = {name: {"site": "t.py:1", "set": True,
+                     "digest": "blake3:" + digest_of("/home/u/proj").decode()}
+              for name in ("PWD", "DB_PWD")}
+    kept = environ_reads(record)
+    assert kept is not None
+    assert kept["PWD"].digest == record["PWD"]["digest"]
+    assert kept["DB_PWD"].digest is None
+
+
 # ------------------------------------------------------------------ end to end
 
 TRAIN = """\
@@ -205,6 +386,7 @@ import torch
 
 scale = float(os.environ.get("LRSCALE", "1.0"))
 token = os.environ.get("HF_TOKEN")
+database = os.environ.get("DATABASE_URL")
 torch.manual_seed(0)
 w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 8))
 opt = torch.optim.SGD([w], lr=0.1 * scale)
@@ -238,14 +420,15 @@ def _diff(repo: Path, a: str, b: str) -> tuple[int, list[dict[str, Any]]]:
 def test_a_variable_the_script_read_is_a_bits_cause_for_diff_and_verify(
         tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", {"train.py": TRAIN}, example=False)
-    base = {"HF_TOKEN": SECRET}
+    url = f"postgresql://alice:{SECRET}@db.internal/prod"
+    base = {"HF_TOKEN": SECRET, "DATABASE_URL": url}
     one, a = _capture(repo, "a.json", {**base, "LRSCALE": "1"})
     # torch reads KINETO_USE_DAEMON at import (torch/profiler/__init__.py): set only here.
     _, b = _capture(repo, "b.json", {**base, "LRSCALE": "1", "KINETO_USE_DAEMON": ""})
     _, c = _capture(repo, "c.json", {**base, "LRSCALE": "2"})
 
     reads = _reads_of(a)
-    assert set(reads) == {"HF_TOKEN", "LRSCALE"}
+    assert set(reads) == {"HF_TOKEN", "LRSCALE", "DATABASE_URL"}
     assert reads["LRSCALE"]["site"] == "train.py:4"
 
     # Same value (and another value of a variable only torch read): no line, same run_id.
@@ -268,7 +451,9 @@ def test_a_variable_the_script_read_is_a_bits_cause_for_diff_and_verify(
     for blob in stored:
         assert SECRET.encode() not in blob
         assert digest_of(SECRET) not in blob
+        assert digest_of(url) not in blob  # a secret by its shape, not its name
     assert reads["HF_TOKEN"] == {"site": "train.py:5", "set": True, "digest": None}
+    assert reads["DATABASE_URL"] == {"site": "train.py:6", "set": True, "digest": None}
 
     # verify: the same value gives no such line; another value is named as the cause.
     agree = manifest_cli("verify", "a.json", cwd=repo, env={**base, "LRSCALE": "1"})
@@ -285,4 +470,5 @@ def test_a_variable_the_script_read_is_a_bits_cause_for_diff_and_verify(
     assert ("drift (bits): HF_TOKEN, read by train.py:5, has another value in the re-run "
             "(compared by a digest keyed on this machine): the run's inputs differ") in said
     [process] = a["outputs"]["processes"]
-    assert set(process["secret_reads"]) == {"HF_TOKEN"}
+    assert set(process["secret_reads"]) == {"HF_TOKEN", "DATABASE_URL"}
+    assert process["environ_recorded"] == {"names": 3, "dropped": 0}

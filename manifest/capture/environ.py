@@ -13,7 +13,11 @@ fresh port per torchrun), and this tool's own ``MANIFEST_*``.
 
 **Secrets.** A name that looks like a secret's (``HF_TOKEN``,
 ``WANDB_API_KEY``: :func:`manifest.redact.is_secret_name`, the project's one
-rule) keeps in identity its site and whether it was set, never a plain
+rule; ``PWD`` is the working directory), or a value that the same redactor would
+change (``DATABASE_URL=postgresql://alice:hunter2@db/prod``: URL userinfo, token
+shapes, secret-named query parameters, the value of a secret-named variable;
+checked in the run's process, which alone sees the value: ``"secret": true`` in
+its record), keeps in identity its site and whether it was set, never a plain
 digest: a blake3 of a low-entropy secret (a 6-character password of
 lower-case letters and digits is 36^6 ≈ 2·10^9 guesses, within one GPU's
 reach) gives the secret back to anyone who holds the manifest. Its value is
@@ -36,6 +40,16 @@ Reads by libraries (``os.path.expanduser`` reading ``HOME``, torch reading
 ``TORCH_HOME``) never count, nor do the variables above that vary per
 launch (``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``), so the
 example training scripts keep their run_ids (none reads a variable of its own).
+Which reads count, and what is not seen, is the launcher hook's docstring.
+
+**Not recorded is not "none read".** The field is left out while empty, so a
+manifest made before the launcher recorded reads looks like one that read
+none. ``outputs.processes[*].environ_recorded`` (outside identity) says the
+launcher recorded them, and how many names it dropped past its limit of 256;
+reads are compared only for ranks both manifests recorded, and verify says
+once, ``benign``, when one did not (:func:`unrecorded_on_one_side`; the first
+release named every variable of such a re-run "read only by the re-run", a
+false ``bits`` cause).
 """
 
 from __future__ import annotations
@@ -43,7 +57,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from manifest.models import EnvRead, KeyedRead, Manifest
+from manifest.models import EnvRead, EnvReadsRecorded, KeyedRead, Manifest
 
 _ELSEWHERE_PREFIXES = ("MANIFEST_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "NCCL_")
 _ADDRESSES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
@@ -60,11 +74,18 @@ def compared_elsewhere(name: str) -> bool:
             or name in NCCL_VARS or name in _ADDRESSES or name.startswith(_ELSEWHERE_PREFIXES))
 
 
+def is_secret(name: str, item: dict[str, Any]) -> bool:
+    """Whether a read's value is a secret: by its name (:func:`manifest.redact.is_secret_name`)
+    or by its shape, which the launcher checked with the same redactor in the run's process
+    (``"secret": true``: a value ``redact_text`` or ``redact_url`` would change)."""
+    from manifest.redact import is_secret_name
+
+    return is_secret_name(name) or item.get("secret", False) is not False
+
+
 def environ_reads(raw: Any) -> dict[str, EnvRead] | None:
     """A process record's ``environ`` as manifest entries (None when nothing counts)."""
     from pydantic import ValidationError
-
-    from manifest.redact import is_secret_name
 
     if not isinstance(raw, dict):
         return None
@@ -72,13 +93,28 @@ def environ_reads(raw: Any) -> dict[str, EnvRead] | None:
     for name, item in raw.items():
         if not isinstance(name, str) or not isinstance(item, dict) or compared_elsewhere(name):
             continue
-        digest = None if is_secret_name(name) else item.get("digest")
+        digest = None if is_secret(name, item) else item.get("digest")
         try:
             out[name] = EnvRead(site=str(item.get("site")), set=bool(item.get("set")),
                                 digest=digest)
         except ValidationError:
             continue
     return dict(sorted(out.items())) or None
+
+
+def environ_recorded(record: dict[str, Any]) -> EnvReadsRecorded | None:
+    """That a process record has its reads (the launcher recorded them), with the count of
+    names it dropped past its limit; None for a record without them."""
+    from pydantic import ValidationError
+
+    raw, dropped = record.get("environ"), record.get("environ_dropped")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return EnvReadsRecorded(names=len(raw), dropped=dropped if isinstance(
+            dropped, int) and not isinstance(dropped, bool) else 0)
+    except ValidationError:
+        return None
 
 
 KEY_NAME = "environ.key"
@@ -121,12 +157,10 @@ def keyed_reads(raw: Any) -> dict[str, KeyedRead] | None:
     of the value's plain one (module docstring); None when there are none, or no key."""
     import blake3
 
-    from manifest.redact import is_secret_name
-
     if not isinstance(raw, dict):
         return None
     plain = {name: item["digest"] for name, item in raw.items()
-             if isinstance(name, str) and isinstance(item, dict) and is_secret_name(name)
+             if isinstance(name, str) and isinstance(item, dict) and is_secret(name, item)
              and not compared_elsewhere(name) and isinstance(item.get("digest"), str)}
     if not plain:
         return None
@@ -138,6 +172,27 @@ def keyed_reads(raw: Any) -> dict[str, KeyedRead] | None:
         digest.encode(), key=key).hexdigest()) for name, digest in sorted(plain.items())}
 
 
+NOT_RECORDED = ("not compared: one run did not record the environment variables its code "
+                "read (made before the launcher recorded them)")
+"""The one sentence said when only one side recorded the reads (verify and diff)."""
+
+
+def recorded_ranks(m: Manifest) -> set[int]:
+    """The ranks whose environment reads this manifest recorded (possibly none read): the
+    marker says so, or reads were kept (the first release wrote no marker)."""
+    ranks = {p.rank for p in m.determinism.processes if p.environ is not None}
+    if m.outputs is not None:
+        ranks |= {p.rank for p in m.outputs.processes if p.environ_recorded is not None}
+    return ranks
+
+
+def unrecorded_on_one_side(a: Manifest, b: Manifest) -> set[int]:
+    """Ranks present in both whose reads only one of the two manifests recorded."""
+    ranks_a = {p.rank for p in a.determinism.processes}
+    ranks_b = {p.rank for p in b.determinism.processes}
+    return (ranks_a & ranks_b) & (recorded_ranks(a) ^ recorded_ranks(b))
+
+
 def _reads(m: Manifest) -> dict[int, dict[str, EnvRead]]:
     return {p.rank: p.environ or {} for p in m.determinism.processes}
 
@@ -145,12 +200,14 @@ def _reads(m: Manifest) -> dict[int, dict[str, EnvRead]]:
 def read_changes(recorded: Manifest, again: Manifest) -> list[tuple[str, str]]:
     """(path, sentence) for each variable the run read whose value the re-run did not see
     again: another value, set in one and unset in the other. A variable only one of them
-    read is named too (the other's code took another path)."""
+    read is named too (the other's code took another path). Only ranks whose reads both
+    manifests recorded are compared (:func:`reads_not_compared` says which are not)."""
     out: list[tuple[str, str]] = []
     now = _reads(again)
+    both = recorded_ranks(recorded) & recorded_ranks(again)
     for rank, reads in sorted(_reads(recorded).items()):
         other = now.get(rank)
-        if other is None:
+        if other is None or rank not in both:
             continue
         who = f"rank {rank}: " if len(now) > 1 else ""
         for name in sorted(reads.keys() | other.keys()):
@@ -173,6 +230,28 @@ def read_changes(recorded: Manifest, again: Manifest) -> list[tuple[str, str]]:
                 out.append((path, f"{who}{name}, read by {a.site}, has another value in the "
                                   "re-run: the run's inputs differ"))
     out.extend(_secret_changes(recorded, again, len(now) > 1))
+    return out
+
+
+def reads_not_compared(recorded: Manifest, again: Manifest) -> list[tuple[str, str]]:
+    """(path, sentence), benign: said once when some rank's reads only one manifest recorded
+    (one made before the launcher recorded them), and per rank whose reads went past the
+    launcher's limit (the names past it are not in the list, so not compared)."""
+    out: list[tuple[str, str]] = []
+    ranks = sorted(unrecorded_on_one_side(recorded, again))
+    if ranks:
+        which = "the re-run" if ranks[0] in recorded_ranks(recorded) else "the recorded run"
+        out.append((f"determinism.processes[{ranks[0]}].environ",
+                    f"environment variables read by the run's code: {NOT_RECORDED}; "
+                    f"{which} did not"))
+    for label, m in (("the recorded run", recorded), ("the re-run", again)):
+        for process in (m.outputs.processes if m.outputs is not None else []):
+            kept = process.environ_recorded
+            if kept is not None and kept.dropped:
+                out.append((f"outputs.processes[{process.rank}].environ_recorded.dropped",
+                            f"rank {process.rank} of {label} read {kept.dropped} variables "
+                            f"past the launcher's limit, besides the {kept.names} it kept: "
+                            "those are not compared"))
     return out
 
 

@@ -130,6 +130,8 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
             # automatic per-optimizer-step trail.
             trail=[TrailPoint(step=int(p["step"]), digest=p["digest"])
                    for p in r.get("trail") or r.get("auto_trail") or []],
+            trail_scheme=(r.get("auto_trail_scheme")
+                          if not r.get("trail") and r.get("auto_trail") else None),
             numeric=_items(NumericPoint, r.get("numeric")),
             recording=_recording(r),
             secret_reads=keyed_reads(r.get("environ")),

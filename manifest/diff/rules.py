@@ -438,6 +438,27 @@ RULES: Mapping[str, Rule] = {
                                                      _KEYED, show_values=False),
     "outputs.processes[*].secret_reads[*].digest": Rule(N, "rank {keys[0]} {key} keyed digest",
                                                         _KEYED, show_values=False),
+    "outputs.processes[*].trail_scheme": Rule(N, "rank {key} step trail fingerprint",
+                                              "how the trail was fingerprinted; the runs' "
+                                              "points are compared only when it is the same",
+                                              missing="absent"),
+    "outputs.processes[*].recording": Rule(N, "rank {key} cost of recording the trails",
+                                           "time spent recording, not what the run computed",
+                                           missing="absent", show_values=False),
+    "outputs.processes[*].recording.seconds": Rule(N, "rank {keys[0]} recording time (s)",
+                                                   "wall-clock time"),
+    "outputs.processes[*].recording.share": Rule(N, "rank {keys[0]} recording share of "
+                                                 "wall time", "wall-clock time"),
+    "outputs.processes[*].environ_recorded": Rule(
+        N, "rank {key} environment reads recorded", "whether the launcher recorded the "
+        "variables the run's code read (not in a manifest made before it did; then they are "
+        "not compared)", missing="not recorded", show_values=False),
+    "outputs.processes[*].environ_recorded.names": Rule(
+        N, "rank {keys[0]} environment variables kept", "a count: the list itself is "
+        "compared under determinism"),
+    "outputs.processes[*].environ_recorded.dropped": Rule(
+        N, "rank {keys[0]} environment variables read past the launcher's limit",
+        "not kept, so not compared: the list is incomplete"),
     "outputs.checkpoints": Rule(N, "checkpoints saved during training",
                                 "what the run saved on the way (verify --segments reads it); "
                                 "the step trail and the declared outputs decide",
@@ -446,6 +467,12 @@ RULES: Mapping[str, Rule] = {
                              "(capture --envelope), outside identity", missing="absent",
                              show_values=False),
     "outputs.envelope.runs": Rule(N, "noise envelope runs", "how the envelope was measured"),
+    "outputs.envelope.precision": Rule(N, "noise envelope precision", "the precision its runs "
+                                       "used: verify judges a re-run against the envelope "
+                                       "that covers its own", missing="fp32"),
+    "outputs.envelope.how": Rule(N, "noise envelope precision obtained", "measured on the "
+                                 "device or emulated on CPU: how the envelope was measured",
+                                 missing="absent"),
     "outputs.envelope.steps": Rule(N, "noise envelope", "another measurement of the same "
                                    "rounding noise", show_values=False),
     # ------------------------------------------------------------ observed
@@ -514,6 +541,12 @@ FALLBACK_RULE = Rule(B, "{path}", "not in the impact table, so assumed to change
 REFINED: Mapping[str, Rule] = {
     "package-not-imported": Rule(N, "package {key}", "installed, never imported by the run",
                                  missing="not installed"),
+    # The words are manifest.capture.environ.NOT_RECORDED's, which verify says (a test
+    # holds them equal; importing it here would load the models into this table).
+    "environ-not-recorded": Rule(N, "rank {key} environment variables read by the run's code",
+                                 "not compared: one run did not record the environment "
+                                 "variables its code read (made before the launcher "
+                                 "recorded them)", missing="not recorded"),
     "seed-overridden": Rule(N, "seed", "overridden: every generator it seeded was reseeded by "
                             "the script before its first draw or never drawn from"),
     "rank-seed-overridden": Rule(N, "rank {key} seed", "overridden: every generator it seeded "
@@ -526,8 +559,9 @@ REFINED: Mapping[str, Rule] = {
                             "equals its state at start", show_values=False),
 }
 """Labels that depend on both manifests, applied by ``manifest.diff.refine`` on top of
-:data:`RULES`: a package neither run imported (the installed set is kept, benign), and a
-seed the script's own seeding replaced before any draw (the call sites are named)."""
+:data:`RULES`: a package neither run imported (the installed set is kept, benign), a
+seed the script's own seeding replaced before any draw (the call sites are named), and
+environment reads that only one run recorded (``manifest.diff.envreads``)."""
 
 SUMMARY_FIELDS: Mapping[str, str] = {"env.packages_digest": "env.packages["}
 """Summary field -> path prefix of the facts it summarises (listed only if those are equal)."""

@@ -139,6 +139,10 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                 "(--fetch-outputs for max |Δ|)"))
         report.artifacts.append(delta)
     report.trail_compared, report.first_divergent_step = first_divergent_step(recorded, new)
+    if unlike_trails(recorded, new):
+        report.notes.append("the recorded step trail was fingerprinted another way (an older "
+                            "manifest version) than the re-run's, so the trails were not "
+                            "compared point for point; the outputs decide")
     if result.op_streams:
         # ``blobs``: the local store, overlaid with a pack's op streams when verifying one.
         report.first_divergent_op = _first_op_difference(recorded, result, blobs)
@@ -364,11 +368,23 @@ def _size_of_difference(report: VerifyReport) -> str:
 # ----------------------------------------------------------------- compare
 
 
+def unlike_trails(recorded: Manifest, new: Manifest) -> bool:
+    """Whether some rank's trail was fingerprinted another way in the re-run."""
+    assert recorded.outputs is not None and new.outputs is not None
+    schemes = {p.rank: p.trail_scheme for p in new.outputs.processes if p.trail}
+    return any(p.trail and p.rank in schemes and schemes[p.rank] != p.trail_scheme
+               for p in recorded.outputs.processes)
+
+
 def first_divergent_step(recorded: Manifest, new: Manifest) -> tuple[bool, int | None]:
-    """(whether trails could be compared, first step whose fingerprint differs)."""
+    """(whether trails could be compared, first step whose fingerprint differs). A rank
+    whose two trails were fingerprinted differently (``trail_scheme``: a manifest made by
+    an older launcher) is not compared: its points cannot agree, whatever the weights."""
     assert recorded.outputs is not None
     assert new.outputs is not None
-    old = {p.rank: {t.step: t.digest for t in p.trail} for p in recorded.outputs.processes}
+    schemes = {p.rank: p.trail_scheme for p in new.outputs.processes}
+    old = {p.rank: {t.step: t.digest for t in p.trail} for p in recorded.outputs.processes
+           if p.trail_scheme == schemes.get(p.rank, p.trail_scheme)}
     now = {p.rank: {t.step: t.digest for t in p.trail} for p in new.outputs.processes}
     compared = False
     first: int | None = None

@@ -228,7 +228,10 @@ def compare_trails(recorded: Manifest, new: list[Any], start: int,
                    end: int) -> tuple[int, int | None]:
     """(recorded points compared, first step where a rank's point differs or is absent)."""
     assert recorded.outputs is not None
-    old = _trails(recorded.outputs.processes)
+    schemes = {o.rank: o.trail_scheme for o in new}
+    # a rank fingerprinted another way (an older manifest) cannot agree point for point
+    old = _trails([o for o in recorded.outputs.processes
+                   if o.trail_scheme == schemes.get(o.rank, o.trail_scheme)])
     again = _trails(new)
     compared = 0
     first: int | None = None

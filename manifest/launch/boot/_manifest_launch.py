@@ -15,7 +15,7 @@ Per-process record (JSON, written atomically at exit to
      "seed", "torch_imported", "numpy_imported", "flags", "pythonhashseed",
      "cuda_runtime", "cudnn", "nccl", "devices", "at_start", "at_exit",
      "trail", "log", "errors", "modules", "fp32_precision", "recording_ns",
-     "opened", "reseeds", "switches", "loaders", "unaccounted", "outside",
+     "auto_trail_scheme", "opened", "reseeds", "switches", "loaders", "unaccounted", "outside",
      "launch_env", "backend", "device", "environ", "environ_dropped"}
 
 Each worker (a fork, a multiprocessing child) also leaves ``worker-<pid>`` there
@@ -383,6 +383,7 @@ def _write_record() -> None:
         record["numeric"] = list(_state["numeric"])
         record["recording_ns"] = _state.get("recording_ns", 0)  # _manifest_trail._timed
         record["auto_trail"] = list(_state["auto_trail"])
+        record["auto_trail_scheme"] = trail.AUTO_SCHEME
         record["log"] = list(_state["log"])
         if _state["ops"] is not None:
             _state["ops"].finish()

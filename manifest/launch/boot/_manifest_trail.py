@@ -12,20 +12,31 @@ the first step where two runs part from these points.
 
 Two fingerprints because they cost differently: ``parameters_fingerprint``
 hashes every byte of the state_dict on the host (exact, a copy per CUDA
-tensor); ``optimizer_fingerprint`` sums the parameters' bit views on their own
-device and fetches them, one int64 per parameter, in one transfer per device,
-which is what makes a point at every step affordable (see benchmarks/trail_overhead.py).
+tensor); ``optimizer_fingerprint`` sums the parameters' bits as int32 words on
+their own device, two integers per parameter group fetched in one transfer per
+device, which is what makes a point at every step affordable.
+
+What recording costs (issue 40, ``benchmarks/step_cost.py``, one thread, thread CPU
+time, paired and interleaved): on a 1.07 M-parameter nanoGPT-shaped model the
+fingerprint plus numeric point took 1.13× a bare step before (int64 copies for the
+squared sum, a float64 matmul against dense directions, fresh float64 copies whose
+page faults cost more than the arithmetic) and 1.007× now, 1.20× and 0.993× on a
+25.5 M one; the recording's own time is now 1.9% and 1.6% of the step (the fingerprint
+alone 0.8% and 0.5%). Both read each parameter's bytes once per step, into buffers
+made at the first step and kept with the views that fill them (``_plan``).
 
 Standard library at import; torch is taken from ``sys.modules`` when called.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
+import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
     from manifest.launch.boot._manifest_rng import blake3_hex
@@ -40,6 +51,22 @@ else:
 
 
 # ------------------------------------------------------------- fingerprints
+
+_F = TypeVar("_F")
+
+
+def _timed(fn: _F) -> _F:
+    """Adds the wall time of every call to ``state["recording_ns"]``: what recording cost
+    this process, written to its record at exit and shown by ``manifest show``."""
+    @functools.wraps(fn)  # type: ignore[arg-type]
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)  # type: ignore[operator]
+        finally:
+            _state["recording_ns"] = _state.get("recording_ns", 0) + time.perf_counter_ns() - began
+    return timed  # type: ignore[return-value]
+
 
 
 def _tensor_bytes(t: Any) -> bytes:
@@ -78,66 +105,157 @@ def trail_points() -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------ automatic trail
 
-_INT_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+_WORD_VIEW = {1: "int8", 2: "int16"}
+
+WORDS = 1 << 18
+"""Words gathered and reduced at a time on the CPU: a 1 MiB int32 buffer, reused every step,
+that stays in a core's L2 cache while it is summed, squared and summed again;
+``FUSED_WORDS`` off the CPU, where each launch, not memory, is the cost."""
+FUSED_WORDS = 1 << 24
+
+_MASK32 = (1 << 32) - 1
 
 
-SQUARE_CHUNK = 1 << 24
-"""Elements squared at a time: the int64 copy the second sum needs stays under 128 MiB."""
+AUTO_SCHEME = "word-sums-32"
+"""How :func:`optimizer_fingerprint` fingerprints a step, recorded beside the trail
+(``ProcessOutcome.trail_scheme``): a manifest whose automatic trail was made another way
+(none recorded: before this marker) cannot be compared with a re-run's point for point."""
 
 
-def optimizer_fingerprint(optimizer: Any) -> str | None:
-    """blake3 of (dtype, shape) and two integer sums over the bit view of every parameter.
+@_timed
+def optimizer_fingerprint(optimizer: Any, *, words: int | None = None) -> str | None:
+    """blake3 of (dtype, shape) of every parameter and, per parameter group, two integer
+    sums over the int32 words of its parameters' bits: ``Σ w`` and ``Σ w²``, both mod 2^32.
 
-    The sums run on the device the parameters live on and come back in one
-    transfer per device. The plain sum moves by one for a 1-ULP change, but two
-    changes that compensate (+1 ULP in one weight, -1 in another, as a planted
-    ULP's gradients made at the next update on this machine) left it, and the
-    trail, unchanged for two steps. The sum of the squared bit patterns moves
-    for those: +k at x_i and -k at x_j change it by 2k(x_i - x_j + k).
+    A 4- or 8-byte element is read as one or two int32 words; a 1- or 2-byte element is
+    widened to one. ``Σ w`` moves by k for a k-ULP change in one weight. Two changes that
+    compensate (+1 ULP in one weight, -1 in another, as a planted ULP's gradients made at
+    the next update on this machine) leave it unchanged, and ``Σ w²`` catches them: +k at
+    w_i and -k at w_j move it by 2k(w_i - w_j + k), zero mod 2^32 only when w_j = w_i + k
+    (the two weights traded values) or w_i - w_j + k = ±2^31, which takes a positive and a
+    negative weight of adjacent magnitudes. One change alone moves it by 2kw + k², odd for
+    odd k: never zero.
+
+    Each parameter's bytes are read once: copied, ``words`` at a time (``WORDS`` on the
+    CPU, ``FUSED_WORDS`` elsewhere), into one cached int32 buffer per device that is
+    summed, squared in place and summed again, wrapping in int32; no int64 copy is made.
+    On a GPU that is a handful of launches per group, not per parameter, and every sum
+    comes back in one transfer per device per step. The sums are exact integers mod 2^32,
+    so the buffer size, the device and the reduction order never change the digest.
     """
     torch = sys.modules["torch"]
     header: list[str] = []
-    by_device: dict[str, list[Any]] = {}
-    cache = _state.setdefault("bit_views", {})
+    sums: list[tuple[int, Any]] = []  # (group, [Σw, Σw²] int32 tensor on its device)
     with torch.no_grad():
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                # The flat integer view shares the parameter's storage, so it is
-                # made once and follows in-place updates; a parameter whose
-                # storage was swapped (p.data = …) gets a new one.
-                key = id(p)
-                hit = cache.get(key)
-                if hit is None or hit[0]() is not p or hit[1] != p.data_ptr():
-                    hit = (weakref.ref(p), p.data_ptr(), _bit_view(torch, p.detach()),
-                           f"{p.dtype}{list(p.shape)}")
-                    cache[key] = hit
-                header.append(hit[3])
-                view = hit[2]
-                if view is None and p.numel() and not p.is_contiguous():
-                    view = _bit_view(torch, p.detach().contiguous())  # a copy: not cached
-                if view is not None:
-                    sums = by_device.setdefault(str(view.device), [])
-                    sums.append(view.sum(dtype=torch.int64))
-                    squares = None
-                    for chunk in view.split(SQUARE_CHUNK):
-                        part = chunk.to(torch.int64).square_().sum()
-                        squares = part if squares is None else squares + part
-                    sums.append(squares)
-    parts: list[bytes | memoryview] = [json.dumps(header).encode()]
-    for device in sorted(by_device):
-        parts.append(torch.stack(by_device[device]).cpu().numpy().tobytes())
-    return blake3_hex(parts)
+        for index, group in enumerate(optimizer.param_groups):
+            plan = _plan(("words", words), list(group["params"]), lambda ps: _word_plan(
+                torch, ps, words))
+            header.extend(plan[0])
+            for buf, chunks in plan[1]:
+                for width, pieces in chunks:
+                    into = buf[:width]
+                    if len(pieces) == 1 and pieces[0].dtype == torch.int32:
+                        # one run of a parameter: read where it is, squared into the buffer
+                        s1 = pieces[0].sum(dtype=torch.int32)
+                        squares = torch.mul(pieces[0], pieces[0], out=into)
+                    else:
+                        torch.cat(pieces, out=into)
+                        s1 = into.sum(dtype=torch.int32)
+                        squares = into.mul_(into)
+                    sums.append((index, torch.stack([s1, squares.sum(dtype=torch.int32)])))
+    totals = [[0, 0] for _ in optimizer.param_groups]
+    if sums:
+        devices: dict[Any, list[Any]] = {}
+        for _, pair in sums:
+            devices.setdefault(pair.device, []).append(pair)
+        fetched = {d: iter(torch.stack(v).cpu().tolist()) for d, v in devices.items()}
+        for index, pair in sums:
+            s1, s2 = next(fetched[pair.device])
+            totals[index][0] += s1
+            totals[index][1] += s2
+    packed = b"".join((t[0] & _MASK32).to_bytes(4, "little")
+                      + (t[1] & _MASK32).to_bytes(4, "little") for t in totals)
+    return blake3_hex([json.dumps(header).encode(), packed])
 
 
-def _bit_view(torch: Any, t: Any) -> Any:
-    """A flat integer view of ``t``'s storage (None when it has no such view)."""
-    if t.numel() == 0 or t.is_sparse or t.is_complex() or not t.is_contiguous():
+_PLANS = 64
+"""Plans kept (per parameter group and kind): the latest ones, for a handful of optimizers."""
+
+
+def _plan(kind: Any, params: list[Any], build: Any) -> Any:
+    """``build(params)``, made once and kept while the same tensors keep the same storage.
+
+    A plan holds views of the parameters (they follow in-place updates), so a step pays
+    for a few ops per chunk, not for slicing and viewing every parameter again; a
+    parameter whose storage was swapped (``p.data = …``) gets a new plan. A group with a
+    non-contiguous parameter is planned at every call: its flat view is a copy, which a
+    kept plan would read stale."""
+    if not all(p.is_contiguous() for p in params):
+        return build(params)
+    cache = _state.setdefault("plans", {})
+    key = (kind, tuple(id(p) for p in params))
+    stamp = [p.data_ptr() for p in params]
+    hit = cache.get(key)
+    if hit is None or hit[0] != stamp or any(ref() is not p for ref, p in zip(hit[1], params,
+                                                                             strict=True)):
+        cache.pop(key, None)
+        while len(cache) >= _PLANS:
+            cache.pop(next(iter(cache)))
+        hit = cache[key] = (stamp, [weakref.ref(p) for p in params], build(params))
+    return hit[2]
+
+
+def _chunked(pieces: list[Any], size: int) -> list[tuple[int, list[Any]]]:
+    """``pieces`` (flat tensors) cut into runs of at most ``size`` elements."""
+    out: list[tuple[int, list[Any]]] = []
+    run: list[Any] = []
+    filled = 0
+    for piece in pieces:
+        start = 0
+        while start < piece.numel():
+            take = min(int(piece.numel()) - start, size - filled)
+            run.append(piece[start:start + take])
+            start += take
+            filled += take
+            if filled == size:
+                out.append((filled, run))
+                run, filled = [], 0
+    if run:
+        out.append((filled, run))
+    return out
+
+
+def _word_plan(torch: Any, params: list[Any], words: int | None) -> Any:
+    """(header, [(int32 buffer, [(width, word views)])] per device) of one group."""
+    header = [f"{p.dtype}{list(p.shape)}" for p in params]
+    by_device: dict[Any, list[Any]] = {}
+    for p in params:
+        view = _words(torch, p.detach())
+        if view is not None:
+            by_device.setdefault(view.device, []).append(view)
+    buffers = _state.setdefault("word_buffers", {})
+    devices = []
+    for device, views in by_device.items():
+        size = words or (WORDS if device.type == "cpu" else FUSED_WORDS)
+        size = max(1, min(size, sum(int(v.numel()) for v in views)))
+        buf = buffers.get(device)
+        if buf is None or buf.numel() < size:
+            buf = buffers[device] = torch.empty(size, dtype=torch.int32, device=device)
+        devices.append((buf, _chunked(views, size)))
+    return header, devices
+
+
+def _words(torch: Any, t: Any) -> Any:
+    """``t``'s bits as a flat tensor of words: int32 in place for 4- and 8-byte elements,
+    int8/int16 (widened where summed) for 1- and 2-byte ones; None for an empty or sparse
+    tensor. A non-contiguous parameter is copied first (rare: optimizers keep them dense)."""
+    if t.numel() == 0 or t.is_sparse:
         return None
+    if not t.is_contiguous():
+        t = t.contiguous()
     flat = t.view(-1)
     width = flat.element_size()
-    if width in _INT_VIEW and flat.is_floating_point():
-        flat = flat.view(getattr(torch, _INT_VIEW[width]))
-    return flat
+    return flat.view(torch.uint8).view(getattr(torch, _WORD_VIEW.get(width, "int32")))
 
 
 def keep_point(step: int, mode: Any) -> bool:
@@ -154,96 +272,179 @@ def keep_point(step: int, mode: Any) -> bool:
 # The digests above say whether two runs hold the same bits; they cannot say how
 # far apart two runs are. The numeric trail can, without saving a checkpoint: at
 # the same steps, the loss the script last passed to backward() and, per
-# parameter group, the group's L2 norm and its projection on PROJECTIONS fixed
-# random directions. Projections are linear, so the difference of two runs'
-# projections is the projection of the difference of their parameters, and
-# mean((r_i . d)^2) estimates |d|^2 for directions of unit variance: the
-# numeric trail measures the parameter distance between two runs, step by step
-# (``manifest.numeric.envelope`` turns it into a verdict).
+# parameter group, the group's L2 norm and a count sketch of its parameters
+# (SKETCH values). A count sketch is linear, so the difference of two runs'
+# sketches is the sketch of the difference of their parameters, and
+# mean_m (v_m(a) - v_m(b))^2 estimates |a - b|^2: the numeric trail measures the
+# parameter distance between two runs, step by step (``manifest.numeric.envelope``
+# turns it into a verdict).
 #
-# Parameters are flattened together in buckets (``BUCKET``); each direction over a
-# bucket of n elements, seen as an r x c matrix (c = ceil(sqrt(n))), is the outer
-# product a (x) b of a length-r and a length-c Gaussian vector (zero mean, unit
-# variance, so E[(a (x) b . d)^2] = |d|^2 still holds): stored it costs about
-# 2 sqrt(n) floats per direction, not n, and the projection is one matmul. The
-# directions come from a private generator seeded by the bucket's position, never
-# the script's generators, so the trail changes no random state and is the same in
-# every run of the same code.
-# Sums run in float64: a projection computed in float32 would itself round by
-# about 1e-7 of the norm, more than the distance a thread count makes at step 1.
+# The sketch: element e of the group (its parameters flattened in order) sits in
+# hash block e // BLOCK at position j = e % BLOCK. It is multiplied by a seeded
+# random sign s(j) (one table of BLOCK signs) and added to bucket j % SKETCH;
+# each block's SKETCH bucket sums then go, with a seeded sign per block, to a
+# seeded permutation of the SKETCH values. Values are scaled by sqrt(SKETCH), so
+# E[mean_m v_m^2] = |x|^2 and the variance of that estimate is about 2/SKETCH of
+# its square, as with SKETCH dense Gaussian projections. It reads each element
+# once (a copy into a cached buffer, a sign multiply, a widening copy, a dot and a
+# sum) where the dense projections it replaced did a float64 matmul against 4
+# directions on fresh float64 copies: 13.5 ms → 1.9 ms per point on a 0.47 M-parameter
+# GPT (same run, loaded box). Its estimate of the distance is also closer: on the
+# calibration models, |estimate/exact - 1| has median 0.09 (90th percentile 0.18)
+# against 0.38 (0.80) for the 4 dense directions (benchmarks/step_cost.py
+# --sketch-error). No per-element randomness is stored
+# beyond the BLOCK signs, and it never touches the script's generators: the trail
+# changes no random state and is the same in every run of the same code.
+# Sums run in float64: a sum computed in float32 would itself round by about 1e-7
+# of the norm, more than the distance a thread count makes at step 1.
+# Points of the dense sketch (4 values per group, manifests before this one) and
+# of this one have different lengths, which ``step_distance`` refuses to compare.
 
-PROJECTIONS = 4
+SKETCH = 16
 
-BUCKET = 1 << 24
-"""Parameters are projected in buckets of up to this many elements, flattened together:
-a handful of tensor ops per bucket instead of per parameter (on the bundled example's
-10-parameter CNN that took the trail from +2 ms to a fraction of it per step), and a
-float64 copy of at most 128 MiB at a time (one larger parameter is a bucket alone)."""
+BLOCK = 1 << 16
+"""Elements per hash block: the sign table's length (512 KiB of float64)."""
 
+CHUNK = 1 << 18
+"""Elements copied to float64 at a time on the CPU (a 2 MiB buffer, reused every step);
+``FUSED_CHUNK`` off the CPU, where one launch per chunk is the cost, not memory."""
+FUSED_CHUNK = 1 << 24
 
-def _directions(torch: Any, size: int, index: int, device: Any) -> tuple[Any, Any]:
-    """Direction factors for a bucket of ``size`` elements seen as a ``rows × cols`` matrix
-    (``cols`` = ceil(sqrt(size)), zero-padded): ``a`` (rows × k), ``b`` (cols × k)."""
-    cols = max(1, math.isqrt(size - 1) + 1) if size > 1 else 1
-    rows = -(-size // cols)
-    gen = torch.Generator().manual_seed(0x6D616E69 + index)
-    a = torch.randn(rows, PROJECTIONS, generator=gen, dtype=torch.float64)
-    b = torch.randn(cols, PROJECTIONS, generator=gen, dtype=torch.float64)
-    return a.to(device), b.to(device)
+_TABLE = 4096
+"""Blocks per seeded table of block permutations and signs (tables are never resized, so
+a block's permutation does not depend on how many blocks the model has)."""
 
 
-def _buckets(params: list[Any]) -> list[list[Any]]:
-    out: list[list[Any]] = []
-    size = 0
-    for p in params:
-        if not p.is_floating_point() or p.numel() == 0 or p.is_sparse:
-            continue
-        if (not out or size + p.numel() > BUCKET or out[-1][0].device != p.device
-                or out[-1][0].dtype != p.dtype):
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += p.numel()
+def _block_table(torch: Any, table: int) -> tuple[Any, Any]:
+    gen = torch.Generator().manual_seed(0x736B6574 + table)
+    perm = torch.rand(_TABLE, SKETCH, generator=gen).argsort(1).argsort(1)  # inverse
+    sign = torch.where(torch.rand(_TABLE, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+    return perm, sign
+
+
+def _tables(torch: Any, blocks: int, device: Any) -> tuple[Any, Any, Any]:
+    """(element signs (BLOCK), inverse block permutations (blocks × SKETCH), block signs)."""
+    cache = _state.setdefault("sketch_tables", {})
+    hit = cache.get(device)
+    if hit is None or hit[1].shape[0] < blocks:
+        gen = torch.Generator().manual_seed(0x6D616E69)
+        signs = torch.where(torch.rand(BLOCK, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+        parts = [_block_table(torch, t) for t in range(-(-max(blocks, 1) // _TABLE))]
+        hit = cache[device] = (signs.to(device), torch.cat([p for p, _ in parts]).to(device),
+                               torch.cat([s for _, s in parts]).to(device))
+    signs, inverse, block_sign = hit
+    return signs, inverse, block_sign
+
+
+def _sketch_plan(torch: Any, params: list[Any], chunk: int | None) -> list[Any]:
+    """Per device holding part of the group: its chunks (width, pieces that fill it exactly,
+    zeros where another device's elements are or to round the last block up to SKETCH,
+    whether they are staged in float32) and its blocks' tables. A chunk starts on a block;
+    only the last one may end inside a block (a 4 k-parameter model is not padded to 64 k)."""
+    flat = [p.detach().reshape(-1) for p in params
+            if p.is_floating_point() and p.numel() and not p.is_sparse]
+    blocks = -(-sum(int(p.numel()) for p in flat) // BLOCK)
+    spans: dict[Any, list[tuple[int, Any]]] = {}  # device → (first element, flat parameter)
+    offset = 0
+    for p in flat:
+        spans.setdefault(p.device, []).append((offset, p))
+        offset += int(p.numel())
+    plans = []
+    for device, parts in spans.items():
+        size = max(BLOCK, (chunk or (CHUNK if device.type == "cpu" else FUSED_CHUNK))
+                   // BLOCK * BLOCK)
+        first = parts[0][0] // BLOCK
+        end = parts[-1][0] + int(parts[-1][1].numel())
+        width = -(-(end - first * BLOCK) // SKETCH) * SKETCH
+        pieces: list[Any] = []
+        at = first * BLOCK
+        for start, p in parts:
+            if start > at:
+                pieces.append(torch.zeros(start - at, device=device))
+            pieces.append(p)
+            at = start + int(p.numel())
+        pieces.append(torch.zeros(first * BLOCK + width - at, device=device))
+        chunks = []
+        for n, run in _chunked(pieces, size):
+            stage = all(x.dtype in (torch.float32, torch.bfloat16, torch.float16) for x in run)
+            chunks.append((n, run, stage))
+        signs, inverse, block_sign = _tables(torch, blocks, device)
+        buffers = _state.setdefault("sketch_buffers", {})
+        bufs = buffers.get(device)
+        if bufs is None or bufs[0].numel() < min(size, width):
+            bufs = buffers[device] = (torch.empty(min(size, width), dtype=torch.float64,
+                                                  device=device),
+                                      torch.empty(min(size, width), device=device))
+        nb = -(-width // BLOCK)
+        plans.append((bufs, chunks, signs, signs.to(torch.float32),
+                      inverse[first:first + nb], block_sign[first:first + nb, None]))
+    return plans
+
+
+def _group_sketch(torch: Any, params: list[Any], chunk: int | None) -> list[Any]:
+    """Per device: a tensor [|x|^2, v_1 … v_SKETCH] of this group's elements on it."""
+    out = []
+    for (wide, narrow), chunks, signs, signs32, inverse, block_sign in _plan(
+            ("sketch", chunk), params, lambda ps: _sketch_plan(torch, ps, chunk)):
+        squares: list[Any] = []
+        sums: list[Any] = []
+        for width, pieces, stage in chunks:
+            view = wide[:width]
+            full = width // BLOCK * BLOCK  # whole blocks; the rest is the last block's head
+            # ±1 times a float32 is exact: signs in float32, then one widening copy
+            signed, sign = (narrow[:width], signs32) if stage else (view, signs)
+            if full == width and len(pieces) == 1 and pieces[0].dtype == signed.dtype:
+                # one run of a parameter: signed where it is, no copy first
+                torch.mul(pieces[0].view(-1, BLOCK), sign, out=signed.view(-1, BLOCK))
+            elif full:
+                torch.cat(pieces, out=signed)
+                signed[:full].view(-1, BLOCK).mul_(sign)
+            else:
+                torch.cat(pieces, out=signed)
+            if width > full:
+                signed[full:].mul_(sign[:width - full])
+            if stage:
+                view.copy_(signed)
+            squares.append(torch.dot(view, view))
+            if full:
+                sums.append(view[:full].view(-1, BLOCK // SKETCH, SKETCH).sum(1))
+            if width > full:
+                sums.append(view[full:].view(1, -1, SKETCH).sum(1))
+        # value m takes, from each block b, bucket inverse[b, m] times the block's sign
+        values = (torch.cat(sums).gather(1, inverse) * block_sign).sum(0)
+        out.append(torch.cat([torch.stack(squares).sum().reshape(1), values]))
     return out
 
 
-def numeric_point(groups: list[list[Any]], loss: Any) -> dict[str, Any] | None:
-    """``{"loss", "loss_eps", "groups": [[norm, proj_1, …], …]}`` of ``groups``' parameters.
+@_timed
+def numeric_point(groups: list[list[Any]], loss: Any, *,
+                  chunk: int | None = None) -> dict[str, Any] | None:
+    """``{"loss", "loss_eps", "groups": [[norm, v_1, …, v_SKETCH], …]}`` of ``groups``.
 
     ``loss_eps`` is the machine epsilon of the loss's dtype: a loss is a rounded number,
-    and two runs a rounding apart may differ in it by that much, relatively."""
+    and two runs a rounding apart may differ in it by that much, relatively. ``chunk``:
+    elements copied to float64 at a time (the values do not depend on it beyond float64
+    rounding); one transfer per device per step brings every group's numbers back."""
     torch = sys.modules["torch"]
-    cache = _state.setdefault("directions", {})
-    rows: list[Any] = []
     with torch.no_grad():
-        index = 0
-        for params in groups:
-            total: Any = None
-            for bucket in _buckets(params):
-                index += 1
-                flat = torch.cat([p.detach().reshape(-1) for p in bucket]).to(torch.float64)
-                size = flat.numel()
-                key = (index, size, str(flat.device))
-                hit = cache.get(key)
-                if hit is None:
-                    hit = cache[key] = _directions(torch, size, index, flat.device)
-                a, b = hit
-                padded = torch.nn.functional.pad(flat, (0, a.shape[0] * b.shape[0] - size))
-                proj = ((padded.view(a.shape[0], b.shape[0]) @ b) * a).sum(0)
-                row = torch.cat([torch.dot(flat, flat).reshape(1), proj])
-                total = row if total is None else total + row.to(total.device)
-            rows.append(total)
-        device = next((r.device for r in rows if r is not None), None)
-        out = [r.to(device) if r is not None else torch.zeros(PROJECTIONS + 1,
-               dtype=torch.float64, device=device) for r in rows] if device is not None else []
+        per_group = [_group_sketch(torch, params, chunk) for params in groups]
+        by_device: dict[Any, list[Any]] = {}
+        for rows in per_group:
+            for row in rows:
+                by_device.setdefault(row.device, []).append(row)
+        fetched = {d: iter(torch.stack(r).cpu().tolist()) for d, r in by_device.items()}
         values: list[list[float]] = []
-        if out:
-            values = torch.stack(out).cpu().tolist()
+        for rows in per_group:
+            total = [0.0] * (SKETCH + 1)
+            for row in rows:
+                total = [a + b for a, b in zip(total, next(fetched[row.device]), strict=True)]
+            values.append(total)
         lost = eps = None
         if loss is not None:
-            lost = float(loss.detach().to(torch.float64).cpu().reshape(-1)[0])
+            lost = float(loss.detach().reshape(-1)[0])  # exact: any float fits a double
             eps = float(torch.finfo(loss.dtype).eps) if loss.is_floating_point() else None
-    groups_out = [[math.sqrt(v[0]), *v[1:]] for v in values]
+    scale = math.sqrt(SKETCH)
+    groups_out = [[math.sqrt(v[0]), *(x * scale for x in v[1:])] for v in values]
     if lost is not None and not math.isfinite(lost):
         lost = None
     if any(not math.isfinite(x) for g in groups_out for x in g):
