@@ -14,7 +14,7 @@ context 64, batch 16, AdamW), on CPU. Printed: ms per step and numeric/bare, pai
 round (median, min, max).
 
 Part 2, calibration (``--calibrate``): the planted set of ``tests/test_numeric.py`` (two
-models on one thread, envelope from 3 one-ULP runs and threads 1 → 3, 4 rounding-only
+models on one thread, envelope from DEFAULT_RUNS one-ULP runs and threads 1 → 3, 4 rounding-only
 re-runs and 12 planted changes each); prints false ``equivalent`` (must be 0), false
 ``differs`` and the step each planted change was caught at.
 
@@ -154,6 +154,7 @@ def overhead(steps: int, rounds: int) -> None:
 
 def calibrate() -> None:
     from manifest.models import NumericPoint
+    from manifest.numeric.calibration import DEFAULT_RUNS
     from manifest.numeric.envelope import judge, measure_envelope
     from tests.numeric_runs import train as run
     from tests.test_numeric import BASE_THREADS, PLANTED, ROUNDING_ONLY
@@ -165,7 +166,8 @@ def calibrate() -> None:
             return [NumericPoint.model_validate(p) for p in run(kind, **kw)]
 
         base = points()
-        env = measure_envelope(base, [(f"1 ULP (seed {s})", points(perturb=s)) for s in (1, 2, 3)]
+        env = measure_envelope(base, [(f"1 ULP (seed {s})", points(perturb=s))
+                                      for s in range(1, DEFAULT_RUNS + 1)]
                                + [("threads 1 → 3", points(threads=3))])
         for name, kw in ROUNDING_ONLY.items():
             rounding += 1
@@ -187,6 +189,7 @@ def plot(path: str) -> None:
     and three planted changes (docs/concepts/equivalent.md)."""
     from manifest.cli.render_envelope import envelope_png
     from manifest.models import NumericPoint
+    from manifest.numeric.calibration import DEFAULT_RUNS
     from manifest.numeric.envelope import measure_envelope, step_distance
     from tests.numeric_runs import train as run
 
@@ -194,7 +197,8 @@ def plot(path: str) -> None:
         return [NumericPoint.model_validate(p) for p in run("transformer", **kw)]
 
     base = points()
-    env = measure_envelope(base, [(f"1 ULP (seed {s})", points(perturb=s)) for s in (1, 2, 3)]
+    env = measure_envelope(base, [(f"1 ULP (seed {s})", points(perturb=s))
+                                      for s in range(1, DEFAULT_RUNS + 1)]
                            + [("threads 2 → 1", points(threads=1))])
     curves = {}
     for label, kw in (("threads 4 (rounding only, not in the envelope)", {"threads": 4}),
@@ -220,6 +224,7 @@ def devices() -> None:
     import torch
 
     from manifest.models import NumericPoint
+    from manifest.numeric.calibration import DEFAULT_RUNS
     from manifest.numeric.envelope import judge, measure_envelope
     from tests.numeric_runs import train as run
 
@@ -237,7 +242,8 @@ def devices() -> None:
 
         for home, away in (("cpu", other), (other, "cpu")):
             base = points(device=home)
-            runs = [(f"1 ULP (seed {s})", points(device=home, perturb=s)) for s in (1, 2, 3)]
+            runs = [(f"1 ULP (seed {s})", points(device=home, perturb=s))
+                    for s in range(1, DEFAULT_RUNS + 1)]
             if home == "cpu":
                 runs.append(("threads 1 → 3", points(device=home, threads=3)))
             env = measure_envelope(base, runs)
@@ -245,7 +251,8 @@ def devices() -> None:
             print(f"{kind:<11} {away} run vs {home} envelope: {verdict.verdict:<10} "
                   f"{verdict.sentence()}")
         base = points()
-        env = measure_envelope(base, [(f"1 ULP (seed {s})", points(perturb=s)) for s in (1, 2, 3)]
+        env = measure_envelope(base, [(f"1 ULP (seed {s})", points(perturb=s))
+                                      for s in range(1, DEFAULT_RUNS + 1)]
                                + [("threads 1 → 3", points(threads=3))])
         for plant in planted:
             verdict = judge(base, points(device=other, plant=plant), env)

@@ -1,12 +1,13 @@
 """Real CPU training, in this process, that records the launcher's numeric trail.
 
-The calibration set of issue 28: two tiny models (the bundled example's CNN and a
-third-party-style Transformer encoder with Adam), trained for a few dozen steps
-with the launcher's own trail functions (``_manifest_trail.numeric_point`` after
-each optimizer step, ``perturb_one_ulp`` before the first), so a test can make a
-dozen runs in seconds without a process each. ``plant`` names one real change:
+The calibration set of issues 28 and 36: three tiny models (the bundled example's CNN, a
+third-party-style Transformer encoder with Adam, a GRU language model with Adam),
+trained for a few dozen steps with the launcher's own trail functions
+(``_manifest_trail.numeric_point`` after each optimizer step, ``perturb_one_ulp``
+before the first), so a test can make a dozen runs in seconds without a process each.
+``plant`` names one real change:
 
-* ``lr`` (×1.01 from step 1), ``loss`` (×1.001), ``dropout`` (p + 0.05),
+* ``lr`` (×1.01 from step 1), ``lr1e-3`` (×1.001), ``loss`` (×1.001), ``dropout`` (p + 0.05),
   ``shard`` (another slice of the data), ``swap@k`` (step k trains on another
   batch), ``bias@k`` (1e-3 added to one weight before step k's forward),
   ``wd`` (weight decay 1e-4), ``clip`` (gradient norm clipped at 1.0),
@@ -20,7 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-PLANTS = ("lr", "loss", "dropout", "shard", "wd", "clip")
+KINDS = ("cnn", "transformer", "gru")
+"""``cnn``: the bundled example's SmallCNN (BatchNorm, dropout, SGD with momentum);
+``transformer``: one encoder layer (Adam); ``gru``: a one-layer GRU language model (Adam)."""
+SEQUENCE = ("transformer", "gru")
+LR = {"lr": 1.01, "lr1e-3": 1.001}
+PLANTS = ("lr", "lr1e-3", "loss", "dropout", "shard", "wd", "clip")
 AT_K = ("swap", "bias", "skip", "labels")
 
 
@@ -39,6 +45,19 @@ def _model(torch: Any, kind: str, dropout: float) -> Any:
                 return self.head(self.layer(self.embed(x)))
 
         return Tiny()
+    if kind == "gru":
+        class Recurrent(torch.nn.Module):  # type: ignore[misc]
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(32, 32)
+                self.rnn = nn.GRU(32, 48, batch_first=True)
+                self.drop = nn.Dropout(dropout)
+                self.head = nn.Linear(48, 32)
+
+            def forward(self, x: Any) -> Any:
+                return self.head(self.drop(self.rnn(self.embed(x))[0]))
+
+        return Recurrent()
     import sys
     from pathlib import Path
 
@@ -70,15 +89,15 @@ def train(kind: str = "transformer", *, steps: int = 30, threads: int = 2,
     try:
         torch.manual_seed(0)
         model = _model(torch, kind, dropout + (0.05 if name == "dropout" else 0.0))
-        if kind == "transformer":
+        if kind in SEQUENCE:
             data = torch.randint(0, 32, (1024, 12))
             targets = (data + 1) % 32
-            opt: Any = torch.optim.Adam(model.parameters(), lr=1e-3 * (1.01 if name == "lr" else 1),
+            opt: Any = torch.optim.Adam(model.parameters(), lr=1e-3 * LR.get(name, 1.0),
                                         weight_decay=1e-4 if name == "wd" else 0.0)
         else:
             data = torch.randn(1024, 1, 16, 16)
             targets = (data.mean(dim=(1, 2, 3)) * 10).long().clamp(-4, 5) + 4
-            opt = torch.optim.SGD(model.parameters(), lr=0.05 * (1.01 if name == "lr" else 1),
+            opt = torch.optim.SGD(model.parameters(), lr=0.05 * LR.get(name, 1.0),
                                   momentum=0.9,
                                   weight_decay=1e-4 if name == "wd" else 0.0)
         model = model.to(device)

@@ -13,5 +13,6 @@ outside it about 1 time in 1/ALPHA."""
 
 DEFAULT_RUNS = 6
 """One-ULP runs an envelope measures by default (capture, lab, verify --envelope): the
-t margin falls from 5.1 sd at 4 runs to 3.6 at 6 and 3.2 at 8 (benchmarks/calibration.py
-measured the first-step resolution against run count; see the module docstring)."""
+t margin (99.5%, half of ALPHA per test) falls from 6.5 sd at 4 runs to 4.4 at 6 and
+3.7 at 8; at 4, one replayed envelope in 40 let a planted change through, at 6 none
+(``manifest.numeric.calibration``'s docstring, benchmarks/calibration.py)."""

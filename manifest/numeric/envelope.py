@@ -14,19 +14,12 @@ Distances (``step_distance``), between two numeric-trail points of the same step
 
 The envelope is every rounding-only run's distance from the base run at every step: runs
 whose state was moved by one ULP before the first update (each with its own seed), and
-runs under another thread count. Its bound at step t is
-
-    bound(t) = spread × max over runs and steps s ≤ t of distance(s)
-
-* The running maximum, because rounding error grows by chaos (the design's table: 1,000×
-  over 40 steps) and a quieter step in the measured runs is luck, not a tighter tolerance.
-* ``spread``: how much the one-ULP runs of different seeds differ in size at the first
-  step (largest over smallest). One more run from the same noise (the re-run on another
-  machine) lands beyond the measured maximum about 1 time in (runs + 1); the measured
-  runs' own spread says how far beyond. Both factors are measured on the run judged: no
-  tolerance is a constant of this code (STYLE 17).
-* The loss is a rounded number: two runs a rounding apart may differ in it by one unit of
-  its dtype (``loss_eps``, relative), so the loss bound is never below ``spread × eps``.
+runs under another thread count. Its bound at each step comes from a model of that noise
+with a stated false-``differs`` rate (``calibration.calibrate``: the one-ULP runs' mean
+log running maximum, plus a Student-t prediction margin fitted on each run's
+leave-one-out excess; ``ALPHA`` = 1%). The old bound (spread × running maximum of 4
+runs) was exceeded by a fifth draw about 1 time in 5: 3 false ``differs`` in 6 honest
+thread-count re-runs of the bundled example (issue 36).
 
 Measured on CPU (tests/numeric_runs.py, a Transformer encoder layer with Adam, 30 steps):
 a one-ULP perturbation gives 6e-8 at step 1 and 1e-5 at step 30, threads 2 → 1 gives
@@ -42,6 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from manifest.models import Envelope, EnvelopeStep, NumericPoint
+from manifest.numeric.calibration import (
+    ULP_LABEL,
+    Bound,
+    Calibration,
+    calibrate,
+    check_envelope,
+    resolution,
+)
+
+__all__ = ["ULP_LABEL", "Bound", "Calibration", "Judgement", "bounds", "judge",
+           "measure_envelope", "milestones", "rounding_only", "spread", "step_distance"]
 
 Verdict = Literal["equivalent", "differs", "not-compared"]
 
@@ -95,9 +99,10 @@ def _finite(x: float) -> float:
 
 
 def spread(envelope: Envelope) -> float:
-    """How much one-ULP perturbations of different seeds differ in size at the envelope's
-    first step, before chaos picks among them: the largest over the smallest of those runs'
-    distances, in the group where that ratio is largest (1 with fewer than two such runs).
+    """Descriptive (``show``): how much one-ULP perturbations of different seeds differ
+    in size at the envelope's first step, before chaos picks among them: the largest over
+    the smallest of those runs' distances, in the group where that ratio is largest (1
+    with fewer than two such runs). The bound no longer uses it (``calibrate``).
 
     Not the spread at later steps: there one perturbation may have flipped a discrete
     event (a ReLU, a max-pool's argmax) and its run left the others by 1000×; the running
@@ -115,19 +120,8 @@ def spread(envelope: Envelope) -> float:
     return worst
 
 
-ULP_LABEL = "1 ULP"
-"""How ``measure`` names a run whose state was moved one ULP (``1 ULP (seed N)``)."""
-
-
-@dataclass(frozen=True)
-class Bound:
-    step: int
-    loss: float
-    groups: list[float]
-
-
 def bounds(envelope: Envelope, loss_eps: float = 0.0) -> list[Bound]:
-    """The bound at every step of the envelope, in step order (see the module docstring).
+    """The bound at every step of the envelope, in step order (``calibration.calibrate``).
 
     The loss of step t is computed on the state after step t - 1, and the envelope's
     perturbation enters with the first update, after step 1's forward: the envelope's loss
@@ -136,18 +130,7 @@ def bounds(envelope: Envelope, loss_eps: float = 0.0) -> list[Bound]:
     of a Transformer layer ``equivalent`` to its CPU run, but also a GPU run with 1e-3
     added to one weight at step 5 (benchmarks/numeric_trail.py --devices), and a false
     ``equivalent`` is the one error this verdict must not make."""
-    ordered = sorted(envelope.steps, key=lambda s: s.step)
-    factor = spread(envelope)
-    out: list[Bound] = []
-    group_max: list[float] = []
-    for i, step in enumerate(ordered):
-        ahead = ordered[: i + 2]
-        loss_max = max([loss_eps, *(d for s in ahead for d in s.loss)])
-        if not group_max:
-            group_max = [0.0] * len(step.groups)
-        group_max = [max([m, *d]) for m, d in zip(group_max, step.groups, strict=False)]
-        out.append(Bound(step.step, factor * loss_max, [factor * m for m in group_max]))
-    return out
+    return calibrate(envelope, loss_eps).bounds
 
 
 @dataclass
@@ -166,6 +149,13 @@ class Judgement:
     """``equivalent``: the largest distance/bound over every step and quantity (≤ 1)."""
     reason: str | None = None
     runs: list[str] = field(default_factory=list)
+    one_in: float | None = None
+    """A rounding-only re-run falls outside the bound about 1 time in this many."""
+    resolution: float | None = None
+    """The smallest relative parameter change at the first step the bound would see."""
+    source: str | None = None
+    """Whose envelope decided (``Calibration.source``)."""
+    notes: list[str] = field(default_factory=list)
 
     @property
     def times_outside(self) -> float | None:
@@ -173,16 +163,29 @@ class Judgement:
             return None
         return math.inf if self.bound == 0 else self.distance / self.bound
 
+    def confidence(self) -> str | None:
+        """``a rounding-only re-run falls outside this bound about 1 time in N``."""
+        if self.one_in is None:
+            return None
+        return (f"a rounding-only re-run falls outside this bound about 1 time in "
+                f"{self.one_in:.3g}")
+
     def sentence(self) -> str:
+        sure = self.confidence()
         if self.verdict == "differs" and self.first_step is not None:
             times = self.times_outside
             far = "∞" if times is None or math.isinf(times) else f"{times:.3g}"
+            if self.distance is None or self.bound is None:
+                return f"step {self.first_step}: {self.reason or self.where}"
             return (f"step {self.first_step}: {self.where} is {self.distance:.3g} from the "
-                    f"recorded run, {far}× the envelope's {self.bound:.3g}")
+                    f"recorded run, {far}× the envelope's {self.bound:.3g}"
+                    + (f" ({sure})" if sure else ""))
         if self.verdict == "equivalent":
+            seen = (f"; it would see a relative parameter change of {self.resolution:.2g} "
+                    "at the first step" if self.resolution is not None else "")
             return (f"all {self.steps_compared} steps inside the envelope (closest: "
                     f"{self.closest:.2g} of the bound; envelope from {len(self.runs)} "
-                    f"rounding-only runs)")
+                    f"rounding-only runs" + (f"; {sure}" if sure else "") + seen + ")")
         return self.reason or self.verdict
 
     def to_json(self) -> dict[str, Any]:
@@ -190,21 +193,47 @@ class Judgement:
                 "first_step": self.first_step, "where": self.where,
                 "distance": self.distance, "bound": self.bound, "closest": self.closest,
                 "reason": self.reason, "envelope_runs": self.runs,
+                "one_in": self.one_in, "resolution": self.resolution,
+                "envelope_source": self.source, "notes": self.notes,
                 "sentence": self.sentence()}
 
 
 def judge(recorded: Sequence[NumericPoint], rerun: Sequence[NumericPoint],
-          envelope: Envelope | None) -> Judgement:
-    """``equivalent`` when every step the two trails share lies inside ``envelope``;
-    ``differs`` at the first step outside; ``not-compared`` with a reason otherwise."""
-    if envelope is None or not envelope.steps:
-        return Judgement("not-compared", reason="the run has no noise envelope "
-                         "(capture --envelope N, or manifest lab --envelope N, measures one)")
+          envelope: Envelope | None, *, calibration: Calibration | None = None) -> Judgement:
+    """``equivalent`` when every step the two trails share lies inside the bound;
+    ``differs`` at the first step outside; ``not-compared`` with a reason otherwise.
+
+    The bound is ``calibration`` when given (the verifier's, ``calibration.narrow``),
+    else ``envelope``'s own (``calibrate``); an envelope with problems
+    (``check_envelope``) is refused: no bound, no verdict."""
+    if calibration is None:
+        if envelope is None or not envelope.steps:
+            return Judgement("not-compared", reason="the run has no noise envelope "
+                             "(capture --envelope N, or manifest lab --envelope N, "
+                             "measures one)")
+        problems = check_envelope(envelope)
+        if problems:
+            return Judgement("not-compared", reason=f"the noise envelope is refused: "
+                             f"{problems[0]}", runs=list(envelope.runs), notes=problems)
     if not recorded or not rerun:
         return Judgement("not-compared", reason="no numeric trail in "
                          + ("the recorded run" if not recorded else "the re-run"))
     eps = max((p.loss_eps for p in recorded if p.loss_eps), default=0.0)
-    limit = bounds(envelope, eps)
+    if calibration is None:
+        assert envelope is not None
+        calibration = calibrate(envelope, eps)
+    limit = calibration.bounds
+    if not limit:
+        return Judgement("not-compared", reason="the noise envelope has no steps")
+    context: dict[str, Any] = {
+        "runs": list(calibration.runs), "one_in": calibration.one_in,
+        "resolution": resolution(calibration), "source": calibration.source,
+        "notes": list(calibration.notes)}
+    width = len(limit[0].groups)
+    if any(len(p.groups) != width for p in recorded):
+        return Judgement("not-compared", reason=(
+            f"the noise envelope covers {width} parameter group(s), the recorded trail "
+            f"{len(recorded[0].groups)}"), **context)
     again = {p.step: p for p in rerun}
     shared = [p for p in recorded if p.step in again]
     if not shared:
@@ -214,10 +243,10 @@ def judge(recorded: Sequence[NumericPoint], rerun: Sequence[NumericPoint],
     # is judged from t0 on against the envelope's curve from its start.
     parted = next((p.step for p in shared if p != again[p.step]), None)
     if parted is None:
-        return Judgement("equivalent", len(shared), closest=0.0, runs=list(envelope.runs),
-                         reason="the numeric trails are the same, number for number")
+        return Judgement("equivalent", len(shared), closest=0.0,
+                         reason="the numeric trails are the same, number for number",
+                         **context)
     first = limit[0].step
-    loss_ceiling = max(b.loss for b in limit)
     closest = 0.0
     compared = 0
     uncovered: list[int] = []
@@ -235,29 +264,35 @@ def judge(recorded: Sequence[NumericPoint], rerun: Sequence[NumericPoint],
         if measured is None:
             return Judgement("differs", compared, point.step, "the parameter groups",
                              reason="the re-run's parameter groups are not the recorded ones",
-                             runs=list(envelope.runs))
+                             **context)
         loss, groups = measured
         # The loss is one number, a noisy reading of where the state stands: once the runs
         # have parted it may show any distance rounding showed at any step (the loss
         # distances of the envelope's runs jump between 0 and 10 units of the loss's
         # rounding from one step to the next). Only at the step they part is it held to
         # that step's bound: what catches a changed batch, label or loss scale there.
-        loss_edge = bound.loss if point.step == parted else loss_ceiling
+        # Later it is also allowed as far as the parameters are: a loss is a function of
+        # them, and its reading has heavy tails (one-ULP seed 6 of 24, Transformer, 200
+        # steps: 5.4e-6 at step 195 where its parameters were 1.3e-5 apart and every
+        # other seed's loss stayed below 3.4e-7; a loss ceiling fitted on 6 runs called
+        # it differs in 14 of 345 honest re-runs).
+        loss_edge = (bound.loss if point.step == parted
+                     else max([calibration.loss_ceiling, *bound.groups]))
         checks = [("loss", loss, loss_edge)] + [
             (f"parameter group {i}", d, b) for i, (d, b) in enumerate(
-                zip(groups, bound.groups, strict=False))]
+                zip(groups, bound.groups, strict=True))]
         for where, distance, edge in checks:
             if distance > edge:
                 return Judgement("differs", compared, point.step, where, distance, edge,
-                                 runs=list(envelope.runs))
+                                 **context)
             if edge > 0:
                 closest = max(closest, distance / edge)
     if uncovered:
         return Judgement("not-compared", compared, reason=(
             f"inside the envelope up to step {uncovered[0] - 1}, but the envelope (steps "
             f"{first}–{limit[-1].step}) does not reach {len(uncovered)} later step(s): "
-            "measure it over the whole run"), runs=list(envelope.runs))
-    return Judgement("equivalent", compared, closest=closest, runs=list(envelope.runs))
+            "measure it over the whole run"), **context)
+    return Judgement("equivalent", compared, closest=closest, **context)
 
 
 def milestones(envelope: Envelope) -> list[Bound]:
