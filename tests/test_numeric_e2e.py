@@ -183,8 +183,15 @@ def test_hand_updated_weights_count_backward_calls_as_steps(repo: Path) -> None:
     # explain finds the step too (it answered "the command ran no optimizer step" before)
     proc = manifest_cli("explain", str(path), "--threads", "2", "--json", cwd=repo)
     report = json.loads(proc.stdout)
-    assert (report["verdict"], report["first_step"]) == ("parted", 1), proc.stderr.decode()
-    assert report["findings"] and report["findings"][0]["op"].startswith("aten::")
+    # Whether this script parts at 1 and 2 threads is the machine's: MKL's split of tanh
+    # gave another first half in about 1 process of 5 on one box, identical bits in every
+    # run on another. The subject is that explain finds the 12 backward() updates as steps,
+    # either way, instead of "the command ran no optimizer step".
+    assert report["verdict"] in ("parted", "agree"), proc.stderr.decode()
+    assert report["steps_run"] == 12, report
+    if report["verdict"] == "parted":
+        assert 1 <= report["first_step"] <= 12
+        assert report["findings"] and report["findings"][0]["op"].startswith("aten::")
 
 
 def test_gradient_accumulation_counts_optimizer_steps_not_backward_calls(repo: Path) -> None:

@@ -18,12 +18,18 @@ from manifest.models import Envelope
 
 def envelope_lines(envelope: Envelope) -> list[str]:
     """The envelope in a few lines: how it was measured, its bound at milestone steps."""
-    from manifest.numeric.envelope import milestones, spread
+    from manifest.numeric.calibration import calibrate, resolution
+    from manifest.numeric.envelope import milestones
 
-    factor = spread(envelope)
+    fitted = calibrate(envelope)
+    seen = resolution(fitted)
     runs = "; ".join(envelope.runs)
     lines = [f"noise envelope: {len(envelope.runs)} rounding-only runs ({runs}), "
-             f"{len(envelope.steps)} steps, spread ×{factor:.3g}"]
+             f"{len(envelope.steps)} steps; a rounding-only re-run falls outside about 1 "
+             f"time in {fitted.one_in:.0f} (margin ×{fitted.margin:.3g} over the runs' mean "
+             f"curve)" + ("" if seen is None else
+                          f"; smallest change seen at the first step: {seen:.2g} (relative)")]
+    lines.extend(f"  note: {note}" for note in fitted.notes)
     for bound in milestones(envelope):
         lines.append(f"  step {bound.step:>6}: parameters {max(bound.groups, default=0.0):.2g}, "
                      f"loss {bound.loss:.2g} (relative)")

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.canonical import load_manifest
-from manifest.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
 from manifest.models import Manifest
 from manifest.ops.findings import Finding, compare_streams
 from manifest.ops.stream import OpStream, parse_stream, streams_in
 from manifest.rerun.plan import RerunOptions
 from manifest.rerun.workspace import repo_root_of, store_for
+from manifest.verdicts import EXPLAIN_VERDICTS
 from manifest.verify.pipeline import environment_drift, threads_drift
 from manifest.verify.report import Drift
 
@@ -92,11 +92,8 @@ class ExplainReport:
 
     @property
     def exit_code(self) -> int:
-        if self.verdict == "agree":
-            return EXIT_OK
-        if self.verdict == "parted":
-            return EXIT_FAILED
-        return EXIT_NO_VERDICT
+        """From the one table of every verb's verdicts (``manifest.verdicts``)."""
+        return EXPLAIN_VERDICTS.get(self.verdict, EXPLAIN_VERDICTS["no-verdict"])[0]
 
     def to_json(self) -> dict[str, Any]:
         return {
