@@ -256,6 +256,29 @@ def _read(path: str | Path, kind: InputKind, *, missing_ok: bool) -> bytes | Non
     return data
 
 
+def _open_looked_at(name: str, before: os.stat_result, label: str, rule: _Rule,
+                    dir_fd: int | None) -> tuple[int, os.stat_result]:
+    """An fd on ``name`` opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO never waits for a
+    writer, a link swapped in since the ``lstat`` is refused) and ``fstat``-ed: it must be
+    the regular file that was looked at (``before``: same device and inode)."""
+    flags = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:  # ELOOP: a link swapped in after the lstat
+        raise rule.error(f"{label} changed while it was checked ({_reason(exc)}); "
+                         "refusing to read it.") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (before.st_dev,
+                                                                       before.st_ino):
+            raise rule.error(f"{label} changed while it was checked; refusing to read it.")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
 def open_regular_at(dir_fd: int, name: str, kind: InputKind, *, shown: str | None = None,
                     missing_ok: bool = False) -> tuple[int, os.stat_result] | None:
     """An fd open on the regular file ``name`` of the directory ``dir_fd``, never through a
@@ -285,18 +308,8 @@ def open_regular_at(dir_fd: int, name: str, kind: InputKind, *, shown: str | Non
                          "refusing to follow it.")
     if not stat.S_ISREG(before.st_mode):
         raise _refuse_type(label, before.st_mode, kind, False)
-    flags = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
-             | getattr(os, "O_CLOEXEC", 0))
+    fd, st = _open_looked_at(name, before, label, rule, dir_fd)
     try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
-    except OSError as exc:  # ELOOP: a link swapped in after the lstat
-        raise rule.error(f"{label} changed while it was checked ({_reason(exc)}); "
-                         "refusing to read it.") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (before.st_dev,
-                                                                       before.st_ino):
-            raise rule.error(f"{label} changed while it was checked; refusing to read it.")
         cap = cap_of(kind)
         if st.st_size > cap:
             raise rule.error(f"{label} is {st.st_size} bytes, over the "
@@ -366,18 +379,8 @@ def open_regular(path: str | Path, kind: InputKind, *, size: int | None = None,
         raise rule.error(f"cannot read {label}: {_reason(exc)}.") from exc
     if not stat.S_ISREG(before.st_mode):
         raise _refuse_type(label, before.st_mode, kind, linked)
-    flags = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
-             | getattr(os, "O_CLOEXEC", 0))
+    fd, st = _open_looked_at(real, before, label, rule, None)
     try:
-        fd = os.open(real, flags)
-    except OSError as exc:  # ELOOP: a link swapped in after the lstat
-        raise rule.error(f"{label} changed while it was checked ({_reason(exc)}); "
-                         "refusing to read it.") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (before.st_dev,
-                                                                       before.st_ino):
-            raise rule.error(f"{label} changed while it was checked; refusing to read it.")
         if size is not None and st.st_size != size:
             raise rule.error(f"{label} is {st.st_size:,} bytes, not the {size:,} recorded; "
                              "refusing to read it.")
