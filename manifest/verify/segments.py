@@ -228,8 +228,7 @@ def compare_trails(recorded: Manifest, new: list[Any], start: int,
                    end: int) -> tuple[int, int | None]:
     """(recorded points compared, first step where a rank's point differs or is absent)."""
     assert recorded.outputs is not None
-    schemes = {o.rank: o.trail_scheme for o in new}
-    # a rank fingerprinted another way (an older manifest) cannot agree point for point
+    schemes = {o.rank: o.trail_scheme for o in new}  # another way (older) never agrees
     old = _trails([o for o in recorded.outputs.processes
                    if o.trail_scheme == schemes.get(o.rank, o.trail_scheme)])
     again = _trails(new)
@@ -499,4 +498,3 @@ def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
     if (judged.verdict is Verdict.DIFFERS and ck is not None
             and result.first_divergent_step == stretch.start + 1):
         result.reason = parts_at_resume(ctx.recorded, stretch.start)
-

@@ -7,6 +7,10 @@ the moment the user's code imports them, so a process that never imports
 torch pays nothing for it. It is also the implementation behind the public
 recipe API (``manifest.launch.recipe``), so the launcher and a script that calls
 ``manifest.seed_everything`` apply exactly the same steps.
+Longer than 500 lines because each module this file imports is loaded, before user
+code, into every process of every run: its start-up hooks stay in one file, and the work
+that runs later lives beside it (``_manifest_trail``, ``_manifest_observe``,
+``_manifest_environ``, ``_manifest_checkpoints``).
 
 Per-process record (JSON, written atomically at exit to
 ``$MANIFEST_LAUNCH_RECORDS/<pid>.json``)::
