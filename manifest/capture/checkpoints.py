@@ -33,6 +33,7 @@ def _signature(path: Path, kind: str) -> list[int] | None:
 
 
 def _index_for(shard: Path) -> Path | None:
+    from manifest.errors import MalformedArtifactError
     from manifest.weights.bounds import WeightFileError
     from manifest.weights.sharded import INDEX_SUFFIX, weight_map
 
@@ -44,7 +45,7 @@ def _index_for(shard: Path) -> Path | None:
         try:
             if shard.name in set(weight_map(index).values()):
                 return index
-        except (OSError, WeightFileError):
+        except (OSError, WeightFileError, MalformedArtifactError):  # not a readable index
             continue
     return None
 

@@ -17,8 +17,8 @@ into its sealed manifest, and ``capture_from_cli`` orders the whole verb:
    (``manifest.capture.observed``), within a budget; the rest are named.
 
 Verify's re-run builds its manifest with the same ``build_run_manifest``, so
-the two records of a run are made by one function. Longer than 500 lines for that
-reason: the record-to-manifest steps both verbs share stay in the one module they call,
+the two records of a run are made by one function. Longer than 500 lines because of
+that: the record-to-manifest steps both verbs share stay in the one module they call,
 and what needs none of them lives beside it (``observed``, ``environ``, ``snapshot``).
 """
 

@@ -145,6 +145,7 @@ def _floats(tensor: RawTensor) -> Any:
 def output_distance(artifact: Artifact, recorded_file: Path, new_file: Path) -> OutputDistance:
     """``artifact`` as recorded (its file still holding the recorded tensors) against the
     re-run's file: relative L2 over the floating tensors, integer tensors equal."""
+    from manifest.errors import MalformedArtifactError
     from manifest.weights.bounds import WeightFileError
     from manifest.weights.raw import hash_bytes
     from manifest.weights.tables import open_tensors
@@ -159,7 +160,7 @@ def output_distance(artifact: Artifact, recorded_file: Path, new_file: Path) -> 
     try:
         old = open_tensors(recorded_file)
         new = open_tensors(new_file)
-    except (OSError, ValueError, WeightFileError) as exc:
+    except (OSError, ValueError, WeightFileError, MalformedArtifactError) as exc:
         out.problem = f"unreadable ({exc}): the outputs were not compared"
         return out
     try:
@@ -217,13 +218,14 @@ def trail_agrees(last: NumericPoint, recorded_file: Path) -> str:
     """Whether the recorded output's parameters are the trail's last point: the norm of the
     floating tensors (all of them, or without BatchNorm's running statistics) against the
     point's, within float64 summation error (n × eps: the sums differ only in order)."""
+    from manifest.errors import MalformedArtifactError
     from manifest.weights.bounds import WeightFileError
     from manifest.weights.tables import open_tensors
 
     target = math.sqrt(sum(g[0] ** 2 for g in last.groups if g))
     try:
         opened = open_tensors(recorded_file)
-    except (OSError, ValueError, WeightFileError):
+    except (OSError, ValueError, WeightFileError, MalformedArtifactError):
         return "could not be read to hold it to the numeric trail's last point"
     if opened is None:
         return "not a weight file: not held to the numeric trail's last point"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from manifest.errors import MalformedArtifactError
 from manifest.models import Artifact
 from manifest.weights.bounds import WeightFileError
 from manifest.weights.raw import RawTensor
@@ -180,8 +181,9 @@ def _numbers(
         if new is None:
             _close(old[0])
             return None
-    except (OSError, ValueError, WeightFileError):
-        return None  # the original output is unreadable now: name differences by digest
+    except (OSError, ValueError, WeightFileError, MalformedArtifactError):
+        # unreadable now (or the re-run's file stayed on a cluster): name differences by digest
+        return None
     try:
         assert recorded.tensors is not None
         out = []
