@@ -69,11 +69,12 @@ def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
     # here took 15 of 46 s of such a verify.
     base = recorded.model_copy(update={"outputs": None})
     doc = to_document(base)
+    nodes = doc["hardware"].get("nodes")
     doc["env"], doc["hardware"], _ = machine
     if recorded.env.imported is not None:  # what the run imported is not a fact of today
         doc["env"] = dict(doc["env"], imported=recorded.env.imported)
-    if recorded.hardware.nodes is not None:  # a merged run: this machine against node 0
-        doc["hardware"] = dict(doc["hardware"], nodes=to_document(base)["hardware"]["nodes"])
+    if nodes is not None:  # a merged run: this machine against node 0
+        doc["hardware"] = dict(doc["hardware"], nodes=nodes)
     today = seal(doc)
     return [
         Drift(d.path, d.impact.value, d.reason, d.change.value)
