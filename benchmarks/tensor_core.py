@@ -1,0 +1,222 @@
+"""Feasibility of exact CPU replay of an H100 tensor-core matmul (issue 37, item 4).
+
+A bit-exact CPU verify of a GPU run would have to compute each matmul as the tensor core
+does. Three published models, each stated by its authors to be bit-accurate against real
+GPUs, agree on Hopper's numerics (read from their code, not from memory):
+
+* Khattak & Mikaitis, "Accurate Models of NVIDIA Tensor Cores", arXiv 2512.07004
+  (github north-numerical-computing/MATLAB-tensor-core, ``models/H100TC.m``:
+  ``fma = 16`` for BF16 and ``fma = 8`` for TF32, ``neab = 2``, ``frmode = 'rz'``,
+  ``stkbitenabled = 0``, ``min_exp_limit = -133``; ``GEMM.m`` chains blocks through the
+  accumulator and converts TF32 inputs by round-toward-zero);
+* Xie et al., MMA-Sim, arXiv 2511.10909 (github microsoft/MMA-Sim,
+  ``mmasim/simulator/nv_ptx.py``: 25 fractional bits on Hopper, ``math.trunc`` on
+  alignment, round-toward-zero into float32, TF32 inputs ``x >> 13 << 13``);
+* Hawkeye, arXiv 2603.20421 (github badasherez/gpu-simulator, ``utils/utils.h``:
+  ``HOPPER_ACCUMULATOR_GROUP_SIZE = 17``, ``HOPPER_SIGNIFICAND_WIDTH = 26``).
+
+The model (``h100_mma``): inputs in the format (BF16 as given; FP32 → TF32 by dropping the
+low 13 bits); exact products; per block of B products along K (BF16 16, TF32 8) together
+with the running float32 accumulator c, every term aligned to the largest exponent among
+the products (exponent of a times exponent of b, the product's significand left in
+[1, 4)) and c, truncated toward zero to 25 fractional bits below it, no sticky bit,
+summed exactly, normalised once and rounded toward zero to float32; that result is c for
+the next block. Floor of the alignment exponent: -133.
+
+What this prints, on CPU:
+
+* how many outputs of one Linear layer (batch 32, 64 → 32: the Transformer's head) the
+  model changes against CPU float32 BLAS on the same rounded inputs: the bits an exact
+  replay must get right and plain float32 does not;
+* how sensitive those bits are to each parameter (block size, fractional bits, final
+  rounding): a model off by one parameter is wrong on that many outputs;
+* the model's cost per multiply-add against torch's matmul, and what a whole training
+  step of the bundled CNN and the Transformer would cost in matmuls alone.
+
+On a machine with CUDA it also computes the same products on the GPU (TF32: float32
+tensors with TF32 allowed; BF16: ``torch.mm`` with ``out_dtype=float32`` where this torch
+has it, and autocast's bf16 output of ``F.linear``) and prints how many output bits the
+model and CPU float32 each reproduce. That comparison is what decides feasibility; it
+needs a GPU and was not run in the task that wrote this (no device lent).
+
+    python benchmarks/tensor_core.py [--rounds 5] [--k 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+FRACTION_BITS = 25
+"""Hopper keeps 25 fractional bits below the block's largest exponent (MMA-Sim
+``"Hopper": 25``; K&M ``neab = 2`` over float32's 23)."""
+BLOCK = {"bf16": 16, "tf32": 8}
+"""Products per fused block on Hopper: BF16 mma k16 / wgmma k16; TF32 mma k8 / wgmma k8."""
+EXPONENT_FLOOR = -133
+
+
+def to_format(torch: Any, x: Any, fmt: str) -> Any:
+    """float32 ``x`` as the tensor core reads it: BF16 rounded to nearest even (a bf16
+    tensor is already rounded when made), TF32 truncated (the low 13 bits dropped)."""
+    if fmt == "bf16":
+        return x.to(torch.bfloat16).to(torch.float32)
+    return (x.contiguous().view(torch.int32) & ~((1 << 13) - 1)).view(torch.float32)
+
+
+def _exponent(torch: Any, x: Any) -> Any:
+    """floor(log2 |x|) of float64 ``x`` (exact: frexp), a very low value for zeros."""
+    _, exponent = torch.frexp(x)
+    return torch.where(x == 0, torch.full_like(exponent, -100_000), exponent - 1)
+
+
+def _round_toward_zero_f32(torch: Any, x: Any) -> Any:
+    """float64 ``x`` rounded toward zero to float32 (torch's cast rounds to nearest)."""
+    near = x.float()
+    over = near.double().abs() > x.abs()
+    toward = torch.nextafter(near, torch.zeros_like(near))
+    return torch.where(over, toward, near)
+
+
+def h100_mma(torch: Any, a: Any, b: Any, fmt: str, *, block: int | None = None,
+             fraction: int = FRACTION_BITS, final: str = "rz") -> Any:
+    """``a @ b`` (float32 (m, k) and (k, n), float32 out) as the model above computes it;
+    ``block``, ``fraction`` and ``final`` ('rz' or 'rn') are the model's parameters, for
+    the sensitivity rows (defaults: Hopper's)."""
+    block = block or BLOCK[fmt]
+    ar = to_format(torch, a, fmt).double()
+    br = to_format(torch, b, fmt).double()
+    m, k = ar.shape
+    n = br.shape[1]
+    ea = _exponent(torch, ar)
+    eb = _exponent(torch, br)
+    acc = torch.zeros(m, n, dtype=torch.float32)
+    for start in range(0, k, block):
+        stop = min(start + block, k)
+        products = ar[:, start:stop, None] * br[None, start:stop, :]  # exact in float64
+        exps = ea[:, start:stop, None] + eb[None, start:stop, :]
+        exps = torch.where(products == 0, torch.full_like(exps, -100_000), exps)
+        c = acc.double()
+        top = torch.maximum(exps.amax(dim=1), _exponent(torch, c))
+        top = top.clamp_min(EXPONENT_FLOOR)
+        quantum = torch.pow(2.0, (top - fraction).double())[:, None, :]
+        terms = torch.cat([products, c[:, None, :]], dim=1)
+        total = (torch.trunc(terms / quantum) * quantum).sum(dim=1)  # exact: < 2^53
+        acc = _round_toward_zero_f32(torch, total) if final == "rz" else total.float()
+    return acc
+
+
+def _compare(torch: Any, out: Any, reference: Any) -> tuple[float, float]:
+    """Share of outputs whose bits differ, and the largest difference in float32 ULPs."""
+    eps = torch.finfo(torch.float32).eps
+    ulp = ((out.double() - reference.double()).abs()
+           / (reference.double().abs().clamp_min(1e-30) * eps))
+    return (out != reference).float().mean().item(), ulp.max().item()
+
+
+def on_cpu(torch: Any, x: Any, w: Any) -> dict[str, Any]:
+    print("one Linear (32x64 @ 64x32), the H100 model against CPU float32 BLAS on the same "
+          "rounded inputs:")
+    models = {}
+    for fmt in ("bf16", "tf32"):
+        reference = to_format(torch, x, fmt) @ to_format(torch, w, fmt)
+        models[fmt] = h100_mma(torch, x, w, fmt)
+        changed, ulp = _compare(torch, models[fmt], reference)
+        print(f"  {fmt} (B={BLOCK[fmt]}, {FRACTION_BITS} fractional bits, RZ): {changed:6.1%} "
+              f"of outputs differ from CPU float32, up to {ulp:.1f} ULP")
+        for label, kwargs in (("block 4", {"block": 4}), ("block 8", {"block": 8}),
+                              ("block 16", {"block": 16}), ("24 fractional bits",
+                                                            {"fraction": 24}),
+                              ("final rounding to nearest", {"final": "rn"})):
+            variant = h100_mma(torch, x, w, fmt, **kwargs)
+            off, _ = _compare(torch, variant, models[fmt])
+            print(f"    {fmt} with {label:<26}: {off:6.1%} of outputs differ from the model")
+    return models
+
+
+def cost(torch: Any, x: Any, w: Any, rounds: int) -> None:
+    timings: dict[str, list[float]] = {"torch": [], "model": []}
+    xb, wb = to_format(torch, x, "bf16"), to_format(torch, w, "bf16")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(50):
+            xb @ wb
+        timings["torch"].append((time.perf_counter() - start) / 50)
+        start = time.perf_counter()
+        h100_mma(torch, x, w, "bf16")
+        timings["model"].append(time.perf_counter() - start)
+    macs = x.shape[0] * x.shape[1] * w.shape[1]
+    model_ns = statistics.median(timings["model"]) / macs * 1e9
+    torch_ns = statistics.median(timings["torch"]) / macs * 1e9
+    print(f"cost: the model {model_ns:.1f} ns per multiply-add against torch's "
+          f"{torch_ns:.2f} ns ({model_ns / torch_ns:.0f}x), median of {rounds} rounds")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("precision_bench",
+                                                  REPO / "benchmarks" / "precision.py")
+    assert spec is not None and spec.loader is not None
+    precision = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(precision)  # its multiply-add count of one training step
+    for kind in ("cnn", "transformer"):
+        macs_step = precision._macs_per_step(torch, kind)
+        print(f"  a {kind} training step ({macs_step / 1e6:.1f} M multiply-adds in matmuls "
+              f"and convolutions): about {macs_step * model_ns / 1e9:.2f} s in this model, "
+              "before the other ops a bit-exact replay would also have to model")
+
+
+def on_gpu(torch: Any, x: Any, w: Any, models: dict[str, Any]) -> None:
+    if not torch.cuda.is_available():
+        print("GPU: none here; the model's bits against an H100's: NOT measured")
+        return
+    name = torch.cuda.get_device_name()
+    xc, wc = x.cuda(), w.cuda()
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        tf32 = (xc @ wc).cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    outputs = {"tf32": tf32}
+    try:
+        outputs["bf16"] = torch.mm(xc.bfloat16(), wc.bfloat16(),
+                                   out_dtype=torch.float32).cpu()
+    except (TypeError, RuntimeError) as exc:
+        print(f"GPU bf16 with a float32 output: not available in this torch ({exc})")
+    for fmt, gpu in outputs.items():
+        reference = to_format(torch, x, fmt) @ to_format(torch, w, fmt)
+        off_model, ulp_model = _compare(torch, models[fmt], gpu)
+        off_cpu, ulp_cpu = _compare(torch, reference, gpu)
+        print(f"{name} {fmt}: the model differs from the GPU on {off_model:.1%} of outputs "
+              f"(up to {ulp_model:.1f} ULP); CPU float32 on {off_cpu:.1%} "
+              f"(up to {ulp_cpu:.1f} ULP)")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        linear = torch.nn.functional.linear(xc, wc.t()).float().cpu()
+    modelled = models["bf16"].to(torch.bfloat16).float()
+    print(f"{name} autocast bf16 Linear (bf16 output): the model's bits differ on "
+          f"{(modelled != linear).float().mean().item():.1%} of outputs")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--k", type=int, default=64, help="the inner dimension (default 64)")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x = torch.randn(32, args.k)
+    w = torch.randn(args.k, 32) / 8
+    models = on_cpu(torch, x, w)
+    cost(torch, x, w, args.rounds)
+    on_gpu(torch, x, w, models)
+
+
+if __name__ == "__main__":
+    main()
