@@ -1,37 +1,30 @@
 """Equivalent across device types on CPU (issue 37): calibration per precision pair,
-the emulation's cost per step, and a feasibility test of exact tensor-core replay.
+and the emulation's cost per step (the feasibility of exact tensor-core replay is
+``benchmarks/tensor_core.py``).
 
 Part 1, calibration. Per model family (tests/numeric_runs.py: the bundled example's CNN,
-a Transformer layer, a GRU; one thread) and per precision (TF32, bf16 autocast), a
-float32 base run and an envelope of DEFAULT_RUNS runs under the precision's CPU emulation
-(``launch/boot/_manifest_precision``), each with its own one-ULP seed, as the boot runs
-an envelope run (``numeric.precision``). Then, each under the same emulation:
+a Transformer layer, a GRU; one thread) and per precision (TF32, bf16 autocast): a
+float32 base run, its emulated twin (``numeric.twin``: the recipe once more under the
+precision's emulation, unperturbed), a pool of one-ULP emulated runs and one at threads 2.
+Several envelopes are drawn from the pool (DEFAULT_RUNS runs each, as capture makes one),
+measured against the twin; those ``check_twin`` refuses are counted and decide nothing.
+Against each envelope verify accepts, each under the same emulation:
 
-* honest re-runs: fresh one-ULP seeds at threads 1 and 2, rounding to nearest (as a
-  device does) → false ``differs``, against the product's envelope ("nearest": its runs
-  round to nearest too) and the measured alternative ("seeded": each envelope run its
-  own stochastic rounding, wider);
+* honest re-runs: fresh one-ULP seeds at threads 1 and 2 → false ``differs``, with the
+  closest one's distance over the bound;
 * planted changes: lr ×1.01, lr ×1.001, a swapped batch at step 5, a bias at step 5 →
-  false ``equivalent``, with the envelope's resolution beside it;
-* the control of the issue: the honest re-runs against the float32 envelope (one-ULP
-  runs, no emulation) → how often that calls rounding a change.
+  false ``equivalent``, with the smallest ratio over the bound; each twice: as the
+  twin's number for number up to the change (what an emulated re-run is), and parted
+  from the twin from step 1 by a fresh one-ULP seed (what a device re-run would be);
+* "unguarded": the same counts over every envelope, the refused ones too.
 
 Part 2, cost: ms per training step with and without the emulation (interleaved rounds,
 median), and the matmul work of one step (multiply-adds counted by a dispatch mode).
 
-Part 3, feasibility (``--tensor-core``): a CPU model of a tensor-core matmul for one
-Linear layer in Hawkeye's manner (arXiv 2603.20421): inputs rounded to the input format,
-exact products, summed in groups of G along K with every term aligned to the group's
-largest exponent and truncated to P bits, then added to the float32 accumulator.
-Hawkeye's H100 values of G and P were NOT found (its text was not reachable here beyond
-the abstract), so G and P are arguments, not claims; the comparison with an H100's
-output bits was NOT measured (no GPU in this task). Printed: how many output elements
-each (G, P) changes against CPU float32 on the same rounded inputs (the bits an exact
-replay must get right), and the cost per multiply-add, extrapolated to a training step.
+Part 3, the feasibility of exact tensor-core replay, is ``benchmarks/tensor_core.py``.
 
     python benchmarks/precision.py [--steps 20] [--honest 6] [--families cnn,transformer,gru]
     python benchmarks/precision.py --quick
-    python benchmarks/precision.py --tensor-core
 """
 
 from __future__ import annotations
@@ -56,59 +49,95 @@ def _pts(trail: list[dict[str, Any]]) -> list[Any]:
     return [NumericPoint.model_validate(p) for p in trail]
 
 
-def calibrate(families: list[str], steps: int, honest: int) -> None:
+def _ratio(verdict: Any) -> float:
+    """Distance over bound at the closest step (equivalent) or the first outside (differs)."""
+    if verdict.verdict == "equivalent":
+        return float(verdict.closest or 0.0)
+    times = verdict.times_outside
+    return float("nan") if times is None else float(times)
+
+
+def calibrate(families: list[str], steps: int, honest: int, pool: int,
+              envelopes: int) -> None:
+    import random
+
     from manifest.launch.boot._manifest_precision import emulating
     from manifest.numeric.calibration import DEFAULT_RUNS, resolution
     from manifest.numeric.envelope import ULP_LABEL, judge
     from manifest.numeric.precision import at_precision
+    from manifest.numeric.twin import check_twin
     from tests.numeric_runs import train
 
-    print(f"calibration: {steps} steps, envelopes of {DEFAULT_RUNS} emulated one-ULP runs, "
-          f"{honest} honest re-runs (fresh seeds, threads 1-2) per pair; 'nearest': the "
-          "product (every run rounds to nearest), 'seeded': each envelope run its own "
-          "stochastic rounding (the measured alternative)")
-    print(f"{'family':12} {'pair':10} {'false differs':>14} {'fp32 env':>9} "
-          f"{'false equiv':>12} {'resolution':>11}  planted: nearest ×bound | seeded")
+    print(f"calibration: {steps} steps; {envelopes} envelopes per pair, each {DEFAULT_RUNS} "
+          f"emulated one-ULP runs drawn from {pool} and one at threads 2, measured against "
+          f"the run's emulated twin; {honest} honest re-runs (fresh seeds, threads 1-2) and "
+          f"{len(PLANTED)} planted changes judged against each envelope verify accepts "
+          "(numeric.twin.check_twin); 'unguarded': every envelope, refused ones too; ratio = "
+          "distance / bound at the closest step (honest) or the first step outside (planted)")
+    print(f"{'family':12} {'pair':10} {'refused':>8} {'false differs':>14} {'false equiv':>12} "
+          f"{'closest honest':>15} {'smallest planted':>17} {'resolution':>11}  unguarded: "
+          "false differs, false equiv, smallest planted; planted runs parted from the twin "
+          "(a fresh one-ULP seed, as a device re-run is)")
     for kind in families:
         base = _pts(train(kind, steps=steps, threads=1))
-        fp32 = at_precision(base, [(f"{ULP_LABEL} (seed {s})",
-                                    _pts(train(kind, steps=steps, threads=1, perturb=s)))
-                                   for s in range(1, DEFAULT_RUNS + 1)], "fp32", "measured")
         for precision in ("tf32", "bf16"):
-            seeded_runs = []
-            for s in range(1, DEFAULT_RUNS + 1):
-                with emulating(precision, seed=s):
-                    seeded_runs.append((f"{ULP_LABEL} (seed {s})",
-                                        _pts(train(kind, steps=steps, threads=1, perturb=s))))
-            seeded = at_precision(base, seeded_runs, precision, "emulated")
             with emulating(precision):
-                nearest = at_precision(base, [
-                    (f"{ULP_LABEL} (seed {s})",
-                     _pts(train(kind, steps=steps, threads=1, perturb=s)))
-                    for s in range(1, DEFAULT_RUNS + 1)], precision, "emulated")
-                out = {"nearest": 0, "seeded": 0, "fp32": 0}
-                for i in range(honest):
-                    again = _pts(train(kind, steps=steps, threads=1 + i % 2, perturb=1000 + i))
-                    out["nearest"] += judge(base, again, nearest).verdict != "equivalent"
-                    out["seeded"] += judge(base, again, seeded).verdict != "equivalent"
-                    out["fp32"] += judge(base, again, fp32).verdict == "differs"
-                planted, wrong = [], {"nearest": 0, "seeded": 0}
-                for plant in PLANTED:
-                    again = _pts(train(kind, steps=steps, threads=1, plant=plant))
-                    said = []
-                    for name, envelope in (("nearest", nearest), ("seeded", seeded)):
-                        verdict = judge(base, again, envelope)
-                        wrong[name] += verdict.verdict == "equivalent"
-                        times = verdict.times_outside
-                        said.append("equiv" if verdict.verdict == "equivalent" else
-                                    f"{times:.3g}×" if times is not None else verdict.verdict)
-                    planted.append(f"{plant} {' | '.join(said)}")
-            res = [resolution(e) for e in (nearest, seeded)]
-            print(f"{kind:12} fp32→{precision:5} {out['nearest']:>4}/{honest} | "
-                  f"{out['seeded']}/{honest:<3} {out['fp32']:>5}/{honest:<3} "
-                  f"{wrong['nearest']:>4}/{len(PLANTED)} | {wrong['seeded']}/{len(PLANTED)} "
-                  f"{' | '.join('-' if r is None else format(r, '.2g') for r in res):>13}  "
-                  f"{'; '.join(planted)}")
+                twin = _pts(train(kind, steps=steps, threads=1))
+                runs = [(f"{ULP_LABEL} (seed {s})",
+                         _pts(train(kind, steps=steps, threads=1, perturb=s)))
+                        for s in range(1, pool + 1)]
+                threads = ("threads 1 → 2", _pts(train(kind, steps=steps, threads=2)))
+                again = [_pts(train(kind, steps=steps, threads=1 + i % 2, perturb=1000 + i))
+                         for i in range(honest)]
+                planted = [_pts(train(kind, steps=steps, threads=1, plant=p))
+                           for p in PLANTED]
+                # as a device re-run would: parted from the twin from step 1 on
+                parted = [_pts(train(kind, steps=steps, threads=1, plant=p, perturb=2000 + j))
+                          for j, p in enumerate(PLANTED)]
+            draw = random.Random(kind + precision)
+            counts = {"refused": 0, "differs": 0, "equiv": 0, "judged": 0,
+                      "u_differs": 0, "u_equiv": 0, "parted": 0, "u_parted": 0}
+            missed: set[str] = set()
+            closest, smallest, u_smallest = 0.0, float("inf"), float("inf")
+            shown: list[float] = []
+            for _ in range(envelopes):
+                chosen = [*draw.sample(runs, DEFAULT_RUNS), threads]
+                envelope = at_precision(base, chosen, precision, "emulated", twin=twin)
+                accepted = not check_twin(envelope, base)
+                counts["refused"] += not accepted
+                counts["judged"] += accepted
+                for trail in again:
+                    verdict = judge(twin, trail, envelope)
+                    counts["u_differs"] += verdict.verdict != "equivalent"
+                    if accepted:
+                        counts["differs"] += verdict.verdict != "equivalent"
+                        closest = max(closest, _ratio(verdict))
+                for trail in planted:
+                    verdict = judge(twin, trail, envelope)
+                    counts["u_equiv"] += verdict.verdict == "equivalent"
+                    ratio = _ratio(verdict) if verdict.verdict == "differs" else 0.0
+                    u_smallest = min(u_smallest, ratio)
+                    if accepted:
+                        counts["equiv"] += verdict.verdict == "equivalent"
+                        smallest = min(smallest, ratio)
+                for plant, trail in zip(PLANTED, parted, strict=True):
+                    verdict = judge(twin, trail, envelope)
+                    counts["u_parted"] += verdict.verdict == "equivalent"
+                    if accepted and verdict.verdict == "equivalent":
+                        counts["parted"] += 1
+                        missed.add(plant)
+                if accepted and (seen := resolution(envelope)) is not None:
+                    shown.append(seen)
+            n_h, n_p = honest * counts["judged"], len(PLANTED) * counts["judged"]
+            res = format(statistics.median(shown), ".2g") if shown else "-"
+            print(f"{kind:12} fp32→{precision:5} {counts['refused']:>4}/{envelopes:<3} "
+                  f"{counts['differs']:>7}/{n_h:<6} {counts['equiv']:>6}/{n_p:<5} "
+                  f"{closest:>15.3g} {smallest:>17.3g} {res:>11}  "
+                  f"{counts['u_differs']}/{honest * envelopes}, "
+                  f"{counts['u_equiv']}/{len(PLANTED) * envelopes}, {u_smallest:.3g}; "
+                  f"parted plants false equiv {counts['parted']}/{n_p} "
+                  f"({', '.join(sorted(missed)) or '-'}), unguarded "
+                  f"{counts['u_parted']}/{len(PLANTED) * envelopes}", flush=True)
 
 
 def cost(families: list[str], steps: int, rounds: int) -> None:
@@ -168,97 +197,28 @@ def _macs_per_step(torch: Any, kind: str) -> int:
     return count[0]
 
 
-# ------------------------------------------------------------- tensor-core model
-
-
-def tensor_core_matmul(torch: Any, a: Any, b: Any, *, fmt: str, group: int,
-                       bits: int) -> Any:
-    """``a @ b`` (float32 in and out) the way an aligned-accumulator tensor core computes
-    it: inputs rounded to ``fmt``; exact products (float64 holds a product of two ≤11-bit
-    mantissas exactly); per group of ``group`` products along K, together with the
-    running accumulator, every term aligned to the largest exponent and truncated toward
-    zero to ``bits`` bits below it; the group's sum then rounded to float32 (nearest
-    even) as the new accumulator."""
-    from manifest.launch.boot._manifest_precision import round_mantissa
-
-    ar = round_mantissa(a, fmt).double()
-    br = round_mantissa(b, fmt).double()
-    m, k = ar.shape
-    n = br.shape[1]
-    acc = torch.zeros(m, n, dtype=torch.float64)
-    for start in range(0, k, group):
-        terms = ar[:, start:start + group, None] * br[None, start:start + group, :]
-        terms = torch.cat([terms, acc[:, None, :]], dim=1)  # (m, g + 1, n)
-        top = terms.abs().amax(dim=1, keepdim=True)
-        exponent = torch.floor(torch.log2(torch.where(top > 0, top, torch.ones_like(top))))
-        quantum = torch.pow(2.0, exponent - bits + 1)
-        aligned = torch.trunc(terms / quantum) * quantum
-        acc = aligned.sum(dim=1).float().double()
-    return acc.float()
-
-
-def tensor_core(rounds: int) -> None:
-    import torch
-
-    from manifest.launch.boot._manifest_precision import round_mantissa
-
-    torch.manual_seed(0)
-    x = torch.randn(32, 64)  # one Linear layer: batch 32, 64 → 32 (the Transformer's head)
-    w = torch.randn(64, 32) / 8
-    print("\ntensor-core replay of one Linear (32×64 @ 64×32), CPU only; H100 bits: NOT "
-          "measured (no GPU); Hawkeye's H100 group size and bits: NOT found, swept here")
-    for fmt in ("bf16", "tf32"):
-        reference = round_mantissa(x, fmt) @ round_mantissa(w, fmt)  # CPU float32 BLAS
-        for group in (4, 8, 16):
-            for bits in (24, 25, 28):
-                out = tensor_core_matmul(torch, x, w, fmt=fmt, group=group, bits=bits)
-                ulp = (out - reference).abs() / torch.finfo(torch.float32).eps \
-                    / reference.abs().clamp_min(1e-30)
-                changed = (out != reference).float().mean().item()
-                print(f"  {fmt} G={group:<2} P={bits}: {changed:6.1%} of outputs differ from "
-                      f"CPU float32, up to {ulp.max().item():.1f} ULP")
-    timings: dict[str, list[float]] = {"torch": [], "model": []}
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(20):
-            round_mantissa(x, "bf16") @ round_mantissa(w, "bf16")
-        timings["torch"].append((time.perf_counter() - start) / 20)
-        start = time.perf_counter()
-        tensor_core_matmul(torch, x, w, fmt="bf16", group=16, bits=25)
-        timings["model"].append(time.perf_counter() - start)
-    macs = 32 * 64 * 32
-    model_ns = statistics.median(timings["model"]) / macs * 1e9
-    torch_ns = statistics.median(timings["torch"]) / macs * 1e9
-    print(f"  cost: model {model_ns:.1f} ns/MAC against torch's {torch_ns:.2f} ns/MAC "
-          f"({model_ns / torch_ns:.0f}×)")
-    for kind in ("cnn", "transformer"):
-        macs_step = _macs_per_step(torch, kind)
-        print(f"  a whole {kind} training step ({macs_step / 1e6:.1f} M MAC in matmuls and "
-              f"convolutions): about {macs_step * model_ns / 1e9:.2f} s in this model")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--honest", type=int, default=6)
+    parser.add_argument("--honest", type=int, default=30)
+    parser.add_argument("--pool", type=int, default=12, help="one-ULP runs to draw from")
+    parser.add_argument("--envelopes", type=int, default=8, help="envelopes per pair")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--families", default="cnn,transformer,gru")
     parser.add_argument("--quick", action="store_true",
                         help="one family, 10 steps, 2 honest re-runs, 3 rounds")
-    parser.add_argument("--tensor-core", action="store_true",
-                        help="only the feasibility part (one Linear layer)")
+    parser.add_argument("--no-cost", action="store_true", help="only the calibration")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
-    if args.tensor_core:
-        tensor_core(args.rounds)
-        return
     families = args.families.split(",")
     if args.quick:
-        families, args.steps, args.honest, args.rounds = ["transformer"], 10, 2, 3
-    calibrate(families, args.steps, args.honest)
-    cost(families, args.steps, args.rounds)
+        families, args.steps, args.honest, args.rounds = ["transformer"], 10, 4, 3
+        args.pool, args.envelopes = 8, 3
+    calibrate(families, args.steps, args.honest, args.pool, args.envelopes)
+    if not args.no_cost:
+        cost(families, args.steps, args.rounds)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,14 @@ Fields added after the first release are declared with :func:`later`: they
 default to ``None`` and are left out of the document while ``None``, so a
 manifest written before they existed keeps its exact bytes and ``run_id``
 (``tests/golden`` pins that).
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: with it every field's
+annotation is a string that pydantic compiles and evaluates when the class is
+made (~240 of them), which made importing this module take 15 ms instead of
+10 ms of the ~0.16 s of ``manifest capture`` (benchmarks/capture_latency.py);
+the JSON Schema is the same either way. So a field may name only a class
+defined above it.
+"""
 
 from typing import Annotated, Any, Literal
 
@@ -478,6 +483,15 @@ class Envelope(Model):
     how: Literal["measured", "emulated"] | None = later(
         "how that precision was obtained: on the device itself, or emulated on CPU "
         "(``launch/boot/_manifest_precision``)")
+    twin: list[NumericPoint] | None = later(
+        "the recorded run's emulated twin: its recipe run once more under the emulation of "
+        "``precision``, unperturbed (the numeric trail of the rank ``numeric.measure`` "
+        "reads). The envelope's runs are measured against it, and ``verify --emulate`` "
+        "judges a re-run against it, not the float32 trail (``numeric.twin``)")
+    twin_outputs: dict[str, float] | None = later(
+        "each declared output (its recorded path) → the twin's file's relative L2 distance "
+        "from the recorded file, tensor by tensor: how far verify widens the output's bound "
+        "when judging against the twin (``numeric.twin.output_bound``)")
 
 
 class OpStreamRef(Model):

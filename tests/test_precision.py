@@ -135,17 +135,22 @@ def test_choose_picks_the_coarser_precision_or_says_none_covers() -> None:
 
 @pytest.fixture(scope="module", params=["tf32", "bf16"])
 def setting(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """A float32 run, its float32 envelope, its emulated twin and the envelope of
+    DEFAULT_RUNS one-ULP emulated runs and one at threads 2 against the twin (capture's)."""
     precision = request.param
     base = _pts(train("transformer", steps=STEPS, threads=1))
     fp32 = at_precision(base, [(f"{ULP_LABEL} (seed {s})",
                                 _pts(train("transformer", steps=STEPS, threads=1, perturb=s)))
                                for s in range(1, DEFAULT_RUNS + 1)], "fp32", "measured")
     with emulating(precision):  # as the boot runs an envelope run
+        twin = _pts(train("transformer", steps=STEPS, threads=1))
         runs = [(f"{ULP_LABEL} (seed {s})",
                  _pts(train("transformer", steps=STEPS, threads=1, perturb=s)))
                 for s in range(1, DEFAULT_RUNS + 1)]
-    return {"precision": precision, "base": base, "fp32": fp32,
-            "env": at_precision(base, runs, precision, "emulated")}
+        runs.append(("threads 1 → 2", _pts(train("transformer", steps=STEPS, threads=2))))
+    return {"precision": precision, "base": base, "fp32": fp32, "twin": twin,
+            "env": at_precision(base, runs, precision, "emulated", twin=twin),
+            "before": at_precision(base, runs, precision, "emulated")}
 
 
 def _rerun(precision: str, **kw: Any) -> list[NumericPoint]:
@@ -155,28 +160,116 @@ def _rerun(precision: str, **kw: Any) -> list[NumericPoint]:
 
 @pytest.mark.parametrize("honest", [{"threads": 2}, {"threads": 1, "perturb": 101},
                                     {"threads": 2, "perturb": 102}])
-def test_an_emulated_rerun_is_equivalent_at_its_precision_and_not_at_fp32(
+def test_an_emulated_rerun_is_equivalent_to_the_twin_and_not_at_fp32(
         setting: dict[str, Any], honest: dict[str, Any]) -> None:
     rerun = _rerun(setting["precision"], **honest)
-    verdict = judge(setting["base"], rerun, setting["env"])
+    verdict = judge(setting["twin"], rerun, setting["env"])
     assert verdict.verdict == "equivalent", verdict.sentence()
-    # the positive control: the float32 envelope calls the precision's rounding a change
+    # the positive controls: the float32 envelope calls the precision's rounding a change,
+    # and so does the twin's envelope held to the float32 trail (the twin is what cancels it)
     assert judge(setting["base"], rerun, setting["fp32"]).verdict == "differs"
+    assert judge(setting["base"], rerun, setting["env"]).verdict == "differs"
 
 
-@pytest.mark.parametrize("plant", ["lr", "swap@5"])
-def test_planted_changes_differ_under_the_emulation(setting: dict[str, Any],
-                                                    plant: str) -> None:
-    verdict = judge(setting["base"], _rerun(setting["precision"], threads=1, plant=plant),
-                    setting["env"])
+@pytest.mark.parametrize("plant", ["lr", "lr1e-3", "swap@5", "bias@5"])
+def test_planted_changes_differ_against_the_twin(setting: dict[str, Any], plant: str) -> None:
+    rerun = _rerun(setting["precision"], threads=1, plant=plant)
+    verdict = judge(setting["twin"], rerun, setting["env"])
     assert verdict.verdict == "differs", verdict.sentence()
 
 
+def test_a_hostile_twin_is_refused(setting: dict[str, Any]) -> None:
+    """A carried twin is the author's numbers: one that is not the recorded run's twin in
+    shape or start is refused. Positive control: judged against a twin that is the planted
+    run's own trail one step out of place, the planted run would be ``equivalent``."""
+    from manifest.numeric.twin import check_twin, unparted
+
+    env, base = setting["env"], setting["base"]
+    honest = check_twin(env, base)  # the honest twin passes, unless its runs split
+    assert honest == [] or (unparted(env) and "never left the twin" in honest[0]), honest
+    planted = _rerun(setting["precision"], threads=1, plant="lr")
+    shifted = [p.model_copy(update={"step": p.step + 1}) for p in planted]
+    unsafe = env.model_copy(update={"twin": planted})
+    assert judge(planted, planted, unsafe).verdict == "equivalent"  # what a bad twin does
+    refused = check_twin(env.model_copy(update={"twin": shifted}), base)
+    assert refused == ["the twin's steps are not the recorded trail's"]
+    twin = setting["twin"]
+    nan = [twin[0].model_copy(update={"loss": math.nan}), *twin[1:]]
+    fewer = [p.model_copy(update={"groups": p.groups[:-1]}) for p in twin]
+    far = [p.model_copy(update={"groups": [[g[0] * 1.5, *(x * 1.5 for x in g[1:])]
+                                           for g in p.groups]}) for p in twin]
+    cases = {"not finite": {"twin": nan}, "other parameter groups": {"twin": fewer},
+             "twin starts": {"twin": far}, "no steps": {"twin": []},
+             "finite and not negative": {"twin_outputs": {"out/model.safetensors": -1.0}}}
+    for said, update in cases.items():
+        problems = check_twin(env.model_copy(update=update), base)
+        assert len(problems) == 1 and said in problems[0], (said, problems)
+
+
 def test_the_envelope_states_what_its_precision_costs(setting: dict[str, Any]) -> None:
-    """A TF32/bf16 envelope is wider than float32's: its resolution is the price."""
+    """Measured from the float32 run, a TF32/bf16 envelope is far wider than float32's at
+    its first step (the precision's rounding offset is the price); measured from the twin,
+    the offset cancels and the first step sees what float32's does, within 10×."""
     from manifest.numeric.calibration import resolution
 
-    coarse, fine = resolution(setting["env"]), resolution(setting["fp32"])
-    assert coarse is not None and fine is not None and coarse > 100 * fine
+    coarse, fine = resolution(setting["before"]), resolution(setting["fp32"])
+    twin = resolution(setting["env"])
+    assert coarse is not None and fine is not None and twin is not None
+    assert coarse > 100 * fine and twin < 10 * fine
     said = resolution_sentence(setting["env"])
-    assert setting["precision"] in said and "emulated" in said and f"{coarse:.2g}" in said
+    assert setting["precision"] in said and "emulated" in said and f"{twin:.2g}" in said
+
+
+def _above_the_runs(envelope: Any) -> float:
+    """The calibrated bound at the last step over the largest distance any run showed."""
+    from manifest.numeric.calibration import calibrate
+
+    top = max(x for g in envelope.steps[-1].groups for x in g)
+    return float(max(calibrate(envelope).bounds[-1].groups) / top)
+
+
+def test_an_envelope_whose_runs_never_part_and_part_decides_nothing(
+        setting: dict[str, Any]) -> None:
+    """Under the emulation a one-ULP move can be rounded away for good: that run stays at
+    its first-step distance from the twin while the others grow. Positive control: three
+    of the six runs held there lift the calibrated bound at the last step far above
+    anything a run showed, more than 10× as far as the honest envelope's (measured:
+    2e4× against 2× in TF32, 5e4× against 3e3× in bf16); ``check_twin`` refuses it."""
+    from manifest.numeric.twin import check_twin, unparted
+
+    env = setting["env"]
+    if unparted(env):  # this draw split by itself: the guard must already say so
+        assert "never left the twin" in check_twin(env, setting["base"])[0]
+        return
+    held = [step.model_copy(update={"groups": [
+        [env.steps[0].groups[k][i] if i < 3 else x for i, x in enumerate(g)]
+        for k, g in enumerate(step.groups)]}) for step in env.steps]
+    split = env.model_copy(update={"steps": held})
+    assert unparted(split) == env.runs[:3]
+    assert _above_the_runs(split) > 10 * _above_the_runs(env)
+    problems = check_twin(split, setting["base"])
+    assert len(problems) == 1 and "never left the twin while the others did" in problems[0]
+
+
+def test_the_outputs_are_held_to_the_bound_widened_by_the_twin() -> None:
+    """b · (1 + o) + o (numeric.twin.output_bound). Positive control: the same output
+    distance is outside the unwidened bound; an output whose twin distance was not
+    measured is not compared, never passed."""
+    from manifest.numeric.calibration import Bound, Calibration
+    from manifest.verify.equivalence import OutputDistance, bind_outputs
+
+    calibration = Calibration([Bound(1, 1e-6, [1e-4])], 1e-6, 100.0, 1.0)
+    offset = 3e-3
+    inside = OutputDistance("out/a.safetensors", distance=offset + 0.5e-4, worst="w")
+    outside = OutputDistance("out/a.safetensors", distance=offset + 2e-4, worst="w")
+
+    def bound(out: OutputDistance, offsets: dict[str, float] | None) -> tuple[Any, str]:
+        doc: dict[str, Any] = {"sentence": "s"}
+        problem = bind_outputs(doc, [out], calibration, compared=True, twin_offsets=offsets)
+        return problem, doc["outputs_verdict"]
+
+    assert bound(inside, None)[1] == "outside"  # unwidened: float32 against emulated
+    assert bound(inside, {"out/a.safetensors": offset}) == (None, "inside")
+    assert bound(outside, {"out/a.safetensors": offset})[1] == "outside"
+    problem, said = bound(inside, {})
+    assert said == "not-compared" and problem is not None and "not measured" in problem

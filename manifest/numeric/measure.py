@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from manifest.models import Envelope, NumericPoint
 from manifest.numeric.envelope import ULP_LABEL, measure_envelope
+from manifest.numeric.twin import TWIN_LABEL
 
 if TYPE_CHECKING:
     from manifest.launch.runner import LaunchResult, LaunchSettings
@@ -87,18 +88,30 @@ class Measured:
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
     """What the clean-up after the runs could not undo (``files_kept``)."""
+    twin: list[NumericPoint] | None = None
+    """The twin's trail, when one was asked for and ran (``measure``'s ``twin``)."""
+
+
+TwinHook = Callable[["LaunchResult", Callable[[Path], "Path | None"]], object]
+"""Called right after the twin run, its files still in place, with the run's result and a
+function giving the kept copy of one of the run's own files (None: not kept)."""
 
 
 def measure(base: Sequence[NumericPoint], settings: LaunchSettings, runs: int,
             run: Callable[[LaunchSettings], LaunchResult], *, cwd: Path,
             outputs: Sequence[str], say: Callable[[str], None] | None = None,
             seeds: Sequence[int] | None = None, keep: Iterable[Path] = (),
-            tree: Path | None = None) -> Measured:
+            tree: Path | None = None, twin: TwinHook | None = None) -> Measured:
     """The envelope of the run whose numeric trail is ``base`` (made under ``settings``).
 
     ``keep``: files besides the declared outputs to put back after the runs (what the
     base run wrote, its checkpoints); ``tree``: where files the envelope runs alone
     created are deleted (None: nothing is kept or deleted, the caller's tree is scratch).
+    ``twin`` (``capture --precision``, ``numeric.twin``): first one unperturbed run under
+    ``settings`` (which emulate the precision), whose trail, not ``base``, the other runs
+    are measured against; ``twin`` is called while its files are in place. Its trail is
+    read like ``base``'s (``numeric_of``: the lowest rank with a trail). A twin that
+    fails is named in ``failed`` and the runs are measured against ``base`` as before.
     """
     if not base:
         return Measured(None, reason="the run recorded no numeric trail (no optimizer step "
@@ -111,7 +124,20 @@ def measure(base: Sequence[NumericPoint], settings: LaunchSettings, runs: int,
     measured: list[tuple[str, list[NumericPoint]]] = []
     failed: list[str] = []
     kept = files_kept(cwd, outputs, keep, tree)
+    twin_trail: list[NumericPoint] | None = None
     with kept:
+        if twin is not None:
+            if say is not None:
+                say(f"envelope run: {TWIN_LABEL}")
+            result = run(settings)
+            kept.written(result.opened)
+            twin_trail = numeric_of(result.records) or None
+            if result.exit_code != 0 or twin_trail is None:
+                twin_trail = None
+                failed.append(f"{TWIN_LABEL}: exit {result.exit_code}" if result.exit_code
+                              else f"{TWIN_LABEL}: no numeric trail")
+            else:
+                twin(result, kept.aside)
         for label, planned in plans:
             if say is not None:
                 say(f"envelope run: {label}")
@@ -125,7 +151,8 @@ def measure(base: Sequence[NumericPoint], settings: LaunchSettings, runs: int,
             measured.append((label, trail))
     if not measured:
         return Measured(None, failed, "every envelope run failed", kept.notes)
-    return Measured(measure_envelope(base, measured), failed, notes=kept.notes)
+    return Measured(measure_envelope(twin_trail or base, measured), failed, notes=kept.notes,
+                    twin=twin_trail)
 
 
 def written_files(opened: dict[str, str]) -> list[Path]:
@@ -169,6 +196,11 @@ class files_kept:
         if self.tree is not None:
             self.before = _listing(self.tree)
         return self
+
+    def aside(self, path: Path) -> Path | None:
+        """The copy kept of ``path`` (None: it was not kept)."""
+        key = os.path.realpath(path)
+        return next((copy for source, copy in self.kept if str(source) == key), None)
 
     def written(self, opened: dict[str, str]) -> None:
         self.wrote.update(os.path.realpath(p) for p in written_files(opened))

@@ -11,8 +11,9 @@ coarser of the two runs' precisions (``choose``), or against none.
 
 Envelope at a precision (``at_precision``): its runs are the run under that precision's
 emulation (rounding to nearest, as a device does), each with its own one-ULP seed,
-measured against the float32 base. Why not each run its own stochastic rounding: wider
-by 3×, and it let a planted change through (``_manifest_precision``). Measured
+measured against the run's emulated twin (``numeric.twin``; against the float32 base in
+envelopes made before it, whose margins were thin). Why not each run its own stochastic
+rounding: wider by 3×, and it let a planted change through (``_manifest_precision``). Measured
 on CPU (tests/numeric_runs.py, 20 steps): first-step distance 1.4e-4 (Transformer, TF32)
 and 2.2e-4 (bf16) against 4.7e-8 for one ULP: 3,000–4,700× further (``benchmarks/
 precision.py``). The bound is A1's calibrated one (``calibration.calibrate``) on those runs.
@@ -92,12 +93,16 @@ def choose(envelopes: Sequence[Envelope], recorded_precision: str,
 
 def at_precision(base: Sequence[NumericPoint],
                  runs: Sequence[tuple[str, Sequence[NumericPoint]]],
-                 precision: str, how: Literal["measured", "emulated"]) -> Envelope:
-    """The envelope of ``runs`` (made at ``precision``) against the float32 ``base``."""
+                 precision: str, how: Literal["measured", "emulated"],
+                 twin: Sequence[NumericPoint] | None = None) -> Envelope:
+    """The envelope of ``runs`` (made at ``precision``) against the float32 ``base``, or,
+    given the run's ``twin`` at that precision (``numeric.twin``), against the twin, which
+    the envelope then carries."""
     if precision not in MANTISSA_BITS:
         raise ValueError(f"unknown precision {precision!r}: one of {', '.join(PRECISIONS)}")
-    envelope = measure_envelope(base, runs)
-    return envelope.model_copy(update={"precision": precision, "how": how})
+    envelope = measure_envelope(base if twin is None else twin, runs)
+    return envelope.model_copy(update={"precision": precision, "how": how,
+                                       "twin": None if twin is None else list(twin)})
 
 
 def resolution_sentence(envelope: Envelope) -> str:
@@ -106,5 +111,14 @@ def resolution_sentence(envelope: Envelope) -> str:
     name = precision_of(envelope)
     if seen is None:
         return f"the {name} envelope has no parameter bound at its first step"
-    return (f"at {name} ({envelope.how or 'measured'}), the smallest change this envelope "
+    said = (f"at {name} ({envelope.how or 'measured'}), the smallest change this envelope "
             f"sees at its first step is {seen:.2g} of the parameters (relative L2)")
+    if envelope.twin is None:
+        return said
+    from manifest.numeric.calibration import calibrate
+
+    # A re-run that parted from the twin before a change (a device's re-run does, at its
+    # first rounding flip) sees it only above the bound at that step, not the first one.
+    last = calibrate(envelope).bounds[-1]
+    return (f"{said}; at its last step (step {last.step}), {max(last.groups):.2g}: a re-run "
+            "already apart from the twin sees a change only above the bound where it is")

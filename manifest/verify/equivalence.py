@@ -131,17 +131,6 @@ class OutputDistance:
         return dict(self.__dict__)
 
 
-def _floats(tensor: RawTensor) -> Any:
-    """The tensor's values as float64 (None: not a floating dtype numpy can read)."""
-    import numpy as np
-
-    if tensor.dtype == "bfloat16":
-        raw = np.frombuffer(tensor.data, dtype="<u2").astype(np.uint32) << 16
-        return raw.view(np.float32).astype(np.float64)
-    kind = {"float64": "<f8", "float32": "<f4", "float16": "<f2"}.get(tensor.dtype)
-    return None if kind is None else np.frombuffer(tensor.data, dtype=kind).astype(np.float64)
-
-
 def output_distance(artifact: Artifact, recorded_file: Path, new_file: Path) -> OutputDistance:
     """``artifact`` as recorded (its file still holding the recorded tensors) against the
     re-run's file: relative L2 over the floating tensors, integer tensors equal."""
@@ -177,40 +166,19 @@ def output_distance(artifact: Artifact, recorded_file: Path, new_file: Path) -> 
 
 def _distance(out: OutputDistance, artifact: Artifact, old: dict[str, RawTensor],
               new: dict[str, RawTensor], hash_bytes: Any) -> OutputDistance:
+    from manifest.numeric.twin import tensor_distance
+
     assert artifact.tensors is not None
     if set(old) != set(artifact.tensors) or any(
             hash_bytes(old[n].data) != artifact.tensors[n].digest for n in old):
         out.problem = ("the recorded file changed since capture (its tensors are not the "
                        "recorded ones): the outputs were not compared")
         return out
-    if set(new) != set(old):
-        out.problem = "the re-run's file holds other tensors"
+    got = tensor_distance(old, new)
+    if isinstance(got, str):
+        out.problem = got
         return out
-    squared: dict[str, float] = {}
-    norm = 0.0
-    for name in sorted(old):
-        a, b = old[name], new[name]
-        if a.dtype != b.dtype or a.shape != b.shape:
-            out.problem = f"{name}: dtype or shape differs"
-            return out
-        fa, fb = _floats(a), _floats(b)
-        if fa is None or fb is None:
-            if bytes(a.data) != bytes(b.data):
-                out.problem = f"{name} ({a.dtype}) differs, and it is not a rounded number"
-                return out
-            continue
-        norm += float((fa * fa).sum())
-        squared[name] = float(((fa - fb) ** 2).sum())
-    if not math.isfinite(norm) or not all(math.isfinite(v) for v in squared.values()):
-        out.problem = "a tensor holds NaN or inf"
-        return out
-    scale = math.sqrt(norm)
-    total = math.sqrt(sum(squared.values()))
-    out.distance = total / scale if scale else (0.0 if total == 0 else math.inf)
-    if squared:
-        out.worst = max(squared, key=lambda n: squared[n])
-        share = math.sqrt(squared[out.worst])
-        out.worst_share = share / scale if scale else (0.0 if share == 0 else math.inf)
+    out.distance, out.worst, out.worst_share = got.distance, got.worst, got.worst_share
     return out
 
 
@@ -219,6 +187,7 @@ def trail_agrees(last: NumericPoint, recorded_file: Path) -> str:
     floating tensors (all of them, or without BatchNorm's running statistics) against the
     point's, within float64 summation error (n × eps: the sums differ only in order)."""
     from manifest.errors import MalformedArtifactError
+    from manifest.numeric.twin import floats
     from manifest.weights.bounds import WeightFileError
     from manifest.weights.tables import open_tensors
 
@@ -232,7 +201,7 @@ def trail_agrees(last: NumericPoint, recorded_file: Path) -> str:
     try:
         sums: dict[str, tuple[float, int]] = {}
         for name, tensor in opened[1].items():
-            values = _floats(tensor)
+            values = floats(tensor)
             if values is not None:
                 sums[name] = (float((values * values).sum()), int(values.size))
     finally:
@@ -258,9 +227,11 @@ def trail_agrees(last: NumericPoint, recorded_file: Path) -> str:
 
 def numeric_json(judgement: Any, decision: Decision, recorded_trail: list[NumericPoint],
                  outputs: list[OutputDistance],
-                 recorded_files: dict[str, Path]) -> dict[str, Any]:
+                 recorded_files: dict[str, Path], against: str | None = None) -> dict[str, Any]:
     """The report's ``numeric`` part: the trail's judgement (with its confidence and
-    resolution), whose envelope decided, and each output held to the trail's last point."""
+    resolution), whose envelope decided, and each output held to the trail's last point.
+    ``against``: what the re-run's trail was judged against when not the recorded trail
+    (``judged against the run's tf32 twin``)."""
     doc: dict[str, Any] = judgement.to_json()
     doc["trail_verdict"] = judgement.verdict
     doc["envelope_from"] = decision.whose
@@ -274,17 +245,33 @@ def numeric_json(judgement: Any, decision: Decision, recorded_trail: list[Numeri
             entry["trail"] = trail_agrees(last, recorded_file)
         shown.append(entry)
     doc["outputs"] = shown
-    doc["sentence"] = f"{judgement.sentence()}; envelope: {decision.whose}"
+    doc["judged_against"] = against or "the recorded run"
+    sentence = judgement.sentence()
+    if against is not None:
+        sentence = sentence.replace("from the recorded run", "from the run's twin") + (
+            f"; {against}")
+    doc["sentence"] = f"{sentence}; envelope: {decision.whose}"
     return doc
 
 
 def bind_outputs(doc: dict[str, Any], outputs: list[OutputDistance],
-                 calibration: Calibration, *, compared: bool) -> str | None:
+                 calibration: Calibration, *, compared: bool,
+                 twin_offsets: dict[str, float] | None = None) -> str | None:
     """Hold every declared output to the bound's last step; the problem that keeps the
-    verdict from ``equivalent`` (None: every output inside). Fills ``doc``'s output part."""
+    verdict from ``equivalent`` (None: every output inside). Fills ``doc``'s output part.
+
+    ``twin_offsets`` (judged against the run's emulated twin, ``numeric.twin``): each
+    output's bound is widened by the twin's exact distance o from the recorded file, to
+    b · (1 + o) + o (the triangle inequality); an output without one is not compared."""
+    from manifest.numeric.twin import output_bound
+
     bound = final_bound(calibration)
     doc["outputs_bound"] = bound
+    if twin_offsets is not None:
+        doc["outputs_twin_offsets"] = dict(twin_offsets)
     problem = None
+    missing = False
+    worst_of: tuple[float, float, float] = (-1.0, 0.0, bound or 0.0)  # ratio, distance, edge
     if not compared:
         problem = "the outputs were not compared numerically with the re-run's"
     elif bound is None:
@@ -294,18 +281,33 @@ def bind_outputs(doc: dict[str, Any], outputs: list[OutputDistance],
             if out.problem is not None:
                 problem = f"{out.path}: {out.problem}"
                 break
+            edge = bound
+            if twin_offsets is not None:
+                offset = twin_offsets.get(out.path)
+                if offset is None:
+                    missing = True
+                    problem = (f"{out.path}: the twin's distance from it was not measured at "
+                               "capture, so it cannot be held to the twin's bound: the outputs "
+                               "were not compared")
+                    break
+                edge = output_bound(bound, offset)
             assert out.distance is not None
-            if out.distance > bound:
-                times = math.inf if bound == 0 else out.distance / bound
+            if out.distance > edge:
+                times = math.inf if edge == 0 else out.distance / edge
                 problem = (f"the output {out.path} is {out.distance:.3g} from the re-run's "
                            f"(relative L2, most in {out.worst}), {times:.3g}× the bound's "
-                           f"{bound:.3g} at the last step: it is not what this training "
+                           f"{edge:.3g} at the last step: it is not what this training "
                            "produces up to rounding")
                 break
+            ratio = out.distance / edge if edge else 0.0
+            if ratio > worst_of[0]:
+                worst_of = (ratio, out.distance, edge)
     doc["outputs_verdict"] = ("inside" if problem is None else "not-compared"
-                              if not compared or any(o.problem for o in outputs) else "outside")
+                              if not compared or missing or any(o.problem for o in outputs)
+                              else "outside")
     if problem is None and outputs:
-        worst = max(o.distance or 0.0 for o in outputs)
-        doc["sentence"] += (f"; every declared output inside the bound at the last step "
-                            f"({worst:.2g} of {bound:.2g})")
+        widened = " (widened by the twin's distance from the recorded file)" if (
+            twin_offsets is not None) else ""
+        doc["sentence"] += (f"; every declared output inside the bound at the last step"
+                            f"{widened} ({worst_of[1]:.2g} of {worst_of[2]:.2g})")
     return problem

@@ -183,7 +183,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
     every declared output to the bound's last step. ``equivalent`` only when every rank's
     every step and every output lies inside; otherwise still ``differs``, with the first
     step outside (how far, in which parameter group) or the output that was not compared."""
-    from manifest.numeric.envelope import judge, rounding_only
+    from manifest.numeric.envelope import Judgement, judge, rounding_only
     from manifest.verify.equivalence import OutputDistance, choose_envelope, output_distance
 
     asked = here is not None and here.options.envelope
@@ -233,6 +233,19 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
                               "precision": choice.to_json()}
             report.reason = f"not the same bits; {choice.reason}"
             return
+    twin = carried.twin if emulate and carried is not None and carried.twin else None
+    if twin is not None and carried is not None:
+        from manifest.numeric.twin import check_twin  # a carried twin is the author's numbers
+
+        problems = check_twin(carried, trail)
+        if problems:
+            refused = (f"the run's {carried.precision} envelope does not decide: its twin is "
+                       f"refused ({problems[0]})")
+            report.notes.append(refused)
+            report.numeric = {"verdict": "not-compared", "envelope_from": None,
+                              "reason": refused, "sentence": refused}
+            report.reason = f"not the same bits; {refused}"
+            return
     decision = choose_envelope(carried, own, runs, basis, reason, eps)
     report.notes.extend(decision.notes)
     if decision.calibration is None:
@@ -242,9 +255,15 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
         report.reason = f"not the same bits; {decision.refusal}"
         return
     again = {p.rank: p.numeric or [] for p in new.outputs.processes}
-    verdicts = [judge(p.numeric or [], again.get(p.rank, []), decision.envelope,
-                      calibration=decision.calibration)
-                for p in recorded.outputs.processes if p.numeric]
+    # With a twin, the rank whose trail the twin is (numeric.measure.numeric_of: the lowest
+    # with a trail) is judged against it; another rank has no twin and is not judged.
+    ranked = sorted((p for p in recorded.outputs.processes if p.numeric), key=lambda p: p.rank)
+    verdicts = [judge(twin if twin is not None else p.numeric or [], again.get(p.rank, []),
+                      decision.envelope, calibration=decision.calibration)
+                if twin is None or p is ranked[0] else
+                Judgement("not-compared", reason=f"rank {p.rank} has no emulated twin (the "
+                          f"twin is rank {ranked[0].rank}'s): it was not judged")
+                for p in ranked]
     differing = [v for v in verdicts if v.verdict == "differs"]
     open_ = [v for v in verdicts if v.verdict == "not-compared"]
     worst = (min(differing, key=lambda v: v.first_step or 0) if differing
@@ -253,17 +272,21 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
 
     files = {a.path: here.original_cwd / a.path for a in recorded.outputs.artifacts} if (
         here is not None) else {}
-    report.numeric = numeric_json(worst, decision, trail, outputs, files)
+    against = (f"judged against the run's {emulate} twin (the recorded recipe run under the "
+               f"same emulation)" if twin is not None else None)
+    report.numeric = numeric_json(worst, decision, trail, outputs, files, against)
     if decision.envelope is carried and carried is not None and carried.precision:
         from manifest.numeric.precision import resolution_sentence
 
         report.numeric["precision"] = {"covers": carried.precision, "how": carried.how,
-                                       "resolution": resolution_sentence(carried)}
+                                       "resolution": resolution_sentence(carried),
+                                       "twin": twin is not None}
     causes = ", ".join(sorted({d.path for d in report.bits_drift}))
     sentence = report.numeric["sentence"]
     if worst.verdict == "equivalent":
         problem = bind_outputs(report.numeric, outputs, decision.calibration,
-                               compared=here is not None)
+                               compared=here is not None, twin_offsets=None if twin is None
+                               or carried is None else dict(carried.twin_outputs or {}))
         if problem is None:
             report.verdict = Verdict.EQUIVALENT
             report.reason = (f"not the same bits (drift: {causes}), but the same run up to "
