@@ -1,6 +1,6 @@
 """Wall time of ``manifest capture`` beside ``python -m torch.utils.collect_env``.
 
-    python benchmarks/capture_latency.py [--runs 7] [--repo PATH] [--check]
+    python benchmarks/capture_latency.py [--runs 7] [--repo PATH] [--check] [--against DIR]
 
 Both commands run as subprocesses from the same interpreter, in the same git
 repository (a small throw-away one unless ``--repo`` is given), interleaved
@@ -11,6 +11,12 @@ command runs once untimed first, so bytecode caches exist (as after any
 children's environment for the same reason. Reported: median and minimum
 wall time of each, the median CPU time (user+sys of the child, less
 sensitive to other load on the machine), and collect_env / capture.
+
+``--against DIR`` adds a row: the same capture run from the source tree in
+DIR (say ``git archive HEAD manifest | tar -x -C DIR``), the same way and in
+the same rounds, so a change is measured against the code before it on the
+same load. Both of those rows start through ``python -c`` with that tree
+first on ``sys.path`` (what the console script does, less its file lookup).
 
 Target (issue 16): capture <= 0.25 s and >= 12x faster than collect_env.
 ``--check`` exits 1 when the medians miss it. ``benchmarks/data_hashing.py``
@@ -86,6 +92,13 @@ def capture_argv() -> list[str]:
     return [sys.executable, "-m", "manifest.cli", "capture", "-q"]
 
 
+def tree_argv(tree: Path) -> list[str]:
+    """``manifest capture -q`` run from the source tree at ``tree``, as the console script does."""
+    code = (f"import sys; sys.path.insert(0, {str(tree)!r}); "
+            "from manifest.cli import main; sys.exit(main())")
+    return [sys.executable, "-c", code, "capture", "-q"]
+
+
 def has_torch() -> bool:
     import importlib.util
 
@@ -97,9 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=7, help="timed runs of each (>= 5)")
     parser.add_argument("--repo", type=Path, help="repository to capture (default: a temp one)")
     parser.add_argument("--check", action="store_true", help="exit 1 if the target is missed")
+    parser.add_argument("--against", type=Path, metavar="DIR",
+                        help="also time capture from the source tree in DIR (e.g. an older "
+                        "commit's), against this tree's, in the same rounds")
     args = parser.parse_args(argv)
     if args.runs < 5:
         parser.error("--runs must be at least 5")
+    if args.against is not None and not (args.against / "manifest" / "__init__.py").is_file():
+        parser.error(f"--against {args.against}: no manifest package there")
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     tmp = Path(tempfile.mkdtemp(prefix="manifest-bench-"))
@@ -109,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             Timings("python -c pass", [sys.executable, "-c", "pass"]),
             Timings("manifest capture", capture_argv()),
         ]
+        if args.against is not None:
+            here = Path(__file__).resolve().parents[1]
+            commands += [Timings("capture, this tree (python -c)", tree_argv(here)),
+                         Timings(f"capture, {args.against.name} (python -c)",
+                                 tree_argv(args.against.resolve()))]
         if has_torch():
             commands.append(Timings("python -m torch.utils.collect_env",
                                     [sys.executable, "-m", "torch.utils.collect_env"]))
@@ -128,8 +151,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(cmd.cpu):8.3f}")
     capture = commands[1].median()
     ok = capture <= TARGET_S
-    if len(commands) > 2:
-        ratio = commands[2].median() / capture
+    if args.against is not None:
+        mine, theirs = commands[2], commands[3]
+        paired = [t / m for m, t in zip(mine.wall, theirs.wall, strict=True)]
+        print(f"{theirs.label} / this tree: {statistics.median(paired):.3f} median of the "
+              f"{args.runs} paired rounds ({min(paired):.3f}-{max(paired):.3f}); CPU "
+              f"{statistics.median(theirs.cpu) / statistics.median(mine.cpu):.3f}")
+    if commands[-1].label.startswith("python -m torch"):
+        ratio = commands[-1].median() / capture
         ok = ok and ratio >= TARGET_RATIO
         print(f"collect_env / capture: {ratio:.1f}x (target >= {TARGET_RATIO:.0f}x)")
     else:

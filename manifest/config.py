@@ -19,7 +19,6 @@ Recognised keys (all optional)::
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,8 @@ def load_config(start: Path) -> tuple[dict[str, Any], Path | None]:
     path = find_pyproject(start)
     if path is None:
         return {}, None
+    import tomllib  # ~2 ms, paid only where a pyproject.toml is found
+
     from manifest.bounded import InputKind, read_user_text
 
     text = read_user_text(path, InputKind.CONFIG)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from manifest import __version__
 from manifest.cli import verbs_check, verbs_nodes, verbs_record, verbs_study, verbs_travel
 from manifest.cli.options import Parser
-from manifest.cli.startup import keep_pydantic_plugins_out
+from manifest.cli.startup import keep_pydantic_plugins_out, pause_collector, resume_collector
 from manifest.errors import (
     EXIT_BAD_INPUT,
     EXIT_EQUIVALENT,
@@ -97,6 +97,8 @@ def _silence_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``manifest`` console script."""
     keep_pydantic_plugins_out()
+    if argv is None:  # the process's entry point: no garbage of anyone else's to freeze
+        pause_collector()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args: argparse.Namespace | None = None
@@ -107,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "func", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_BAD_INPUT
+        if args.verb != "capture":  # capture resumes it once its modules are in
+            resume_collector()
         code: int = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below
         return code
@@ -153,3 +157,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write("manifest: terminated.\n")
             return 128 + exc.signum
         raise
+    finally:
+        resume_collector()

@@ -13,10 +13,25 @@ only the CLI (never ``import manifest`` inside a user's process), puts a
 stand-in for pydantic's plugin loader in ``sys.modules`` that reports no
 plugins. Any other name asked of the stand-in comes from the real module, so
 a pydantic that grows a new import from it still works.
+
+The cyclic garbage collector is off while the process imports its modules.
+Importing pydantic and the models leaves ~39,000 objects the collector tracks
+and almost no garbage (63 collections find 581 objects), and the collections
+at interpreter exit walk all of them once more. Measured on the 2-core
+box (``benchmarks/capture_latency.py``'s child, 15 runs, medians): importing
+``manifest.capture.run`` and exiting took 158 ms, 137 ms with the collector
+off for the imports and those objects frozen afterwards (``gc.freeze``: the
+permanent generation, never walked again). :func:`pause_collector` turns it
+off only when ``main`` runs as the process's entry point (never for a
+``main([...])`` called inside a test or a user's program, whose own garbage
+would be frozen too); :func:`resume_collector` freezes and turns it back on
+once the verb has imported what it needs, so a long captured run is collected
+as usual.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 from typing import Any
@@ -52,3 +67,23 @@ def keep_pydantic_plugins_out() -> None:
     setattr(stand_in, "get_plugins", _no_plugins)  # noqa: B010 (a module built at run time)
     setattr(stand_in, "__getattr__", _from_real_loader)  # noqa: B010
     sys.modules[LOADER] = stand_in
+
+
+_paused = False
+
+
+def pause_collector() -> None:
+    """Turn the cyclic collector off for the imports (see the module docstring)."""
+    global _paused
+    if gc.isenabled():
+        gc.disable()
+        _paused = True
+
+
+def resume_collector() -> None:
+    """Freeze what is allocated so far and turn the collector back on, if it was paused here."""
+    global _paused
+    if _paused:
+        _paused = False
+        gc.freeze()
+        gc.enable()

@@ -12,8 +12,6 @@ hardened git runner (``manifest.gitrun``).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +35,9 @@ def working_patch(root: Path, head: str | None, git_dir: Path, untracked: list[b
                  "--full-index", "--ignore-submodules=none", base, "--"]
     if not untracked:
         return run_git(diff_args, root, config=config).stdout, 0
+    import shutil  # here, not at the top: a tree with nothing untracked needs neither
+    import tempfile
+
     # A private index: copy of the user's, plus intent-to-add entries, so the
     # user's own index is never written. ``add -N`` also writes the empty blob
     # into the object store: a private object directory (the repository's own
