@@ -21,7 +21,7 @@ def test_show_never_splits_a_hash_at_80_columns(tmp_path: Path) -> None:
     assert all(len(h) == len("blake3:") + 64 for h in hashes), hashes
     assert any(len(line) > 80 for line in text.splitlines())  # long lines stay long
     # The id the training callbacks log is shown, so a tracker's entry leads here.
-    assert re.search(r"callbacks' run_id +blake3:[0-9a-f]{64}$", text, re.MULTILINE)
+    assert re.search(r"launch id +blake3:[0-9a-f]{64}$", text, re.MULTILINE)
 
 
 def test_trust_and_confinement_in_words() -> None:

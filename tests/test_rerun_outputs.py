@@ -5,7 +5,7 @@
   holds no directory the recorded run did not find at start, so the logger picks
   the same ``version_N`` directory; where it cannot (the user's tree already had
   ``version_0``), the output is matched by what the run wrote.
-* ``ManifestCallback`` logs one run_id in the captured run and in its re-run.
+* ``ManifestCallback`` logs one launch id in the captured run and in its re-run.
 * The Hugging Face Trainer's ``output_dir/checkpoint-N`` verifies too.
 
 Real libraries, tiny models, CPU, no network.
@@ -90,11 +90,11 @@ def _verify(repo: Path, manifest: Path, *args: str) -> tuple[int, dict[str, Any]
 
 
 def _logged_run_id(log_dir: Path) -> str:
-    """The manifest.run_id that ManifestCallback logged as a hyperparameter."""
+    """The manifest.launch_id that ManifestCallback logged as a hyperparameter."""
     for line in (log_dir / "hparams.yaml").read_text().splitlines():
-        if line.startswith("manifest.run_id:"):
+        if line.startswith("manifest.launch_id:"):
             return line.split(":", 1)[1].strip()
-    raise AssertionError(f"no manifest.run_id in {log_dir / 'hparams.yaml'}")
+    raise AssertionError(f"no manifest.launch_id in {log_dir / 'hparams.yaml'}")
 
 
 GUIDE_GLOB = "lightning_logs/version_*/checkpoints/*.ckpt"
@@ -195,8 +195,8 @@ def test_hf_trainer_checkpoint_verifies(tmp_path: Path) -> None:
 
 
 def _hf_run_ids(state: Path) -> set[str]:
-    """The manifest.run_id values in a checkpoint's trainer_state.json log history."""
+    """The manifest.launch_id values in a checkpoint's trainer_state.json log history."""
     history = json.loads(state.read_text())["log_history"]
-    found = {entry["manifest.run_id"] for entry in history if "manifest.run_id" in entry}
+    found = {entry["manifest.launch_id"] for entry in history if "manifest.launch_id" in entry}
     assert len(found) == 1 and next(iter(found)).startswith("blake3:"), history
     return found

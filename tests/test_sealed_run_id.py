@@ -1,11 +1,12 @@
 """The id the training callbacks log (``MANIFEST_SEALED_RUN``) is the one ``show`` prints, is
 the same in a re-run and holds no secret (issue 38, "The id the integrations log").
 
-The Lightning and Hugging Face callbacks log ``MANIFEST_SEALED_RUN`` as ``manifest.run_id``
-(``manifest.integrations._steps``). A real capture of a script that writes what the
-launcher gave it: hashed from the raw argv, ``--api-key=A`` and ``--api-key=B`` gave two
-ids, neither was the one ``show`` prints (computed from the recorded, redacted argv), and a
-re-run (from the recorded argv) gave a third.
+The Lightning and Hugging Face callbacks log ``MANIFEST_SEALED_RUN`` as
+``manifest.launch_id`` (``manifest.integrations._steps``; ``show`` prints it as ``launch
+id``). A real capture of a script that writes what the launcher gave it: hashed from
+the raw argv, ``--api-key=A`` and ``--api-key=B`` gave two ids, neither was the one
+``show`` prints (computed from the recorded, redacted argv), and a re-run (from the
+recorded argv) gave a third.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def test_the_logged_id_is_shows_id_in_capture_and_rerun_whatever_the_secret(
     assert ids["A"].startswith("blake3:") and ids["A"] == ids["B"]
     shown = manifest_cli("show", "run-A.json", cwd=repo)
     assert shown.returncode == 0, shown.stderr.decode()
-    found = re.search(r"callbacks' run_id +(blake3:[0-9a-f]{64})$", shown.stdout.decode(),
+    found = re.search(r"launch id +(blake3:[0-9a-f]{64})$", shown.stdout.decode(),
                       re.MULTILINE)
     assert found is not None and found.group(1) == ids["A"]
     # The re-run (the recorded argv, its secret given back through MANIFEST_SECRET_1).

@@ -4,7 +4,9 @@
 
 The callback logs the snapshot's run_id to the logger and a parameter
 fingerprint per optimizer step; under `manifest capture` the launcher seeds
-the script, so it needs no seed of its own.
+the script, so it needs no seed of its own, the callback logs the launch id
+(`manifest.launch_id`), and the capture writes the run_id into the log directory
+(`manifest-run.json`) once the run is sealed.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ def main() -> None:
                          logger=pl.loggers.CSVLogger("out", name="lightning"),
                          enable_checkpointing=False, enable_progress_bar=False)
     trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
-    print(f"run_id {callback.run_id}; trail in {callback.trail_file}")
+    # Under `manifest capture` the run_id exists only once the run is sealed: the
+    # callback logs the launch id, and capture then tags the loggers with the run_id.
+    print(f"run_id {callback.run_id or '(after capture seals)'}, launch id "
+          f"{callback.launch_id}; trail in {callback.trail_file}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,10 @@ def main() -> None:
     callback = ManifestTrainerCallback(every=1)
     transformers.Trainer(model=Tiny(), args=args, train_dataset=rows,
                          callbacks=[callback]).train()
-    print(f"run_id {callback.run_id}; trail in {callback.trail_file}")
+    # Under `manifest capture` the run_id exists only once the run is sealed: the
+    # callback logs the launch id, and capture then tags the loggers with the run_id.
+    print(f"run_id {callback.run_id or '(after capture seals)'}, launch id "
+          f"{callback.launch_id}; trail in {callback.trail_file}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -38,14 +38,6 @@ from manifest.capture.environ import environ_reads, environ_recorded, keyed_read
 from manifest.capture.snapshot import Snapshot, observed_for, seal_snapshot, take_snapshot
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, UsageError
-from manifest.launch.runner import (
-    LaunchResult,
-    LaunchSettings,
-    default_threads,
-    launch_identity,
-    run_under_launcher,
-    stream_ranks,
-)
 from manifest.models import (
     Artifact,
     Flags,
@@ -63,6 +55,9 @@ from manifest.models import (
     TrailPoint,
 )
 from manifest.redact import redact_argv, redact_text
+
+if TYPE_CHECKING:  # the launcher is imported where a command runs, not for a snapshot
+    from manifest.launch.runner import LaunchResult, LaunchSettings
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -181,6 +176,8 @@ def _process_error(records: list[dict[str, Any]]) -> str | None:
 def store_op_streams(result: LaunchResult, store: Any) -> dict[int, OpStreamRef]:
     """Each rank's op stream (``--fingerprint-ops``) as a blob; its reference by rank."""
     refs: dict[int, OpStreamRef] = {}
+    from manifest.launch.runner import stream_ranks
+
     for name, rank in stream_ranks(result).items():
         data = result.op_streams[name]
         try:
@@ -365,8 +362,13 @@ def capture_from_cli(
     envelope: int = 0,
     progress: Any = None,
     precision: str = "fp32",
+    tagging: list[Any] | None = None,
 ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status.
+
+    ``tagging``: where a run's tracker tagging (``manifest.capture.trackers.Tagging``) is
+    handed back, for the caller to run once the manifest is safely written; without it
+    (``gate``: its capture is a check) no tracker run is tagged.
 
     ``remote_mode`` is how s3://, gs:// and hf:// datasets are pinned
     (``manifest.data.remote``): ``listing``, ``checksums`` or ``deep``.
@@ -404,6 +406,13 @@ def capture_from_cli(
                 d["from_repo"] = os.path.relpath(d["path"], root)
     if not command:
         return seal_snapshot(snap, datasets), 0
+    from manifest.launch.runner import (
+        LaunchSettings,
+        default_threads,
+        launch_identity,
+        run_under_launcher,
+    )
+
     seed = seed if seed is not None else (_config_int(table, "seed", origin) or 0)
     settings = LaunchSettings(
         seed=seed,
@@ -447,6 +456,11 @@ def capture_from_cli(
     from manifest.trust import record_sealed
 
     record_sealed(manifest.digest)
+    if tagging is not None:  # the caller tags the tracker runs once the manifest is written
+        from manifest.capture.trackers import plan_tagging
+
+        tagging.append(plan_tagging(manifest, result.records, tree=snap.code.root or cwd,
+                                    store=snap.store))
     return manifest, 0 if manifest.outputs is not None and manifest.outputs.status == "ok" else 3
 
 
@@ -459,8 +473,13 @@ def _with_envelope(manifest: Manifest, result: LaunchResult, settings: LaunchSet
     The envelope runs run where the run ran, under the run's own settings (its op window
     too: nothing in their environment tells them apart). What they write in ``tree`` is
     undone afterwards: the files the run wrote, its declared outputs and its recorded
-    checkpoints are put back byte for byte, and files only they created are deleted."""
+    checkpoints are put back byte for byte, and files only they created are deleted.
+    With ``--precision P``, first the twin: the run once more under P's emulation,
+    unperturbed; the envelope runs are measured against its trail, which the envelope
+    carries (``twin``) with each declared output's exact distance from the twin's
+    (``twin_outputs``), read while the twin's files are in place (``numeric.twin``)."""
     from manifest.canonical import to_document
+    from manifest.launch.runner import run_under_launcher
     from manifest.numeric.measure import measure, numeric_of, written_files
 
     assert manifest.outputs is not None
@@ -468,11 +487,26 @@ def _with_envelope(manifest: Manifest, result: LaunchResult, settings: LaunchSet
     keep += [cwd / c.path for c in manifest.outputs.checkpoints or [] if c.artifact is not None]
     from dataclasses import replace
 
-    # --precision: the envelope runs emulate that precision (manifest.numeric.precision)
+    # --precision: the envelope runs emulate that precision (manifest.numeric.precision),
+    # measured against the run's emulated twin (manifest.numeric.twin)
     emulated = replace(settings, emulate=precision) if precision != "fp32" else settings
+    offsets: dict[str, float] = {}
+
+    def twin_outputs(_: LaunchResult, aside: Any) -> None:
+        """Each declared output of the twin against the run's own (kept aside), exactly."""
+        from manifest.numeric.twin import file_distance
+
+        for artifact in manifest.outputs.artifacts if manifest.outputs else []:
+            recorded = aside(cwd / artifact.path)
+            if recorded is not None and (cwd / artifact.path).is_file():
+                distance = file_distance(recorded, cwd / artifact.path)
+                if distance is not None:
+                    offsets[artifact.path] = distance
+
     measured = measure(numeric_of(result.records), emulated, runs,
                        lambda planned: run_under_launcher(command, cwd, planned),
-                       cwd=cwd, outputs=outputs, say=progress, keep=keep, tree=tree)
+                       cwd=cwd, outputs=outputs, say=progress, keep=keep, tree=tree,
+                       twin=twin_outputs if precision != "fp32" else None)
     for note in measured.notes:
         if progress is not None:
             progress(note)
@@ -486,7 +520,15 @@ def _with_envelope(manifest: Manifest, result: LaunchResult, settings: LaunchSet
     doc = to_document(manifest)
     envelope = measured.envelope
     if precision != "fp32":
-        envelope = envelope.model_copy(update={"precision": precision, "how": "emulated"})
+        envelope = envelope.model_copy(update={
+            "precision": precision, "how": "emulated", "twin": measured.twin,
+            "twin_outputs": offsets if measured.twin is not None else None})
+        from manifest.numeric.twin import unparted
+
+        stuck = unparted(envelope) if measured.twin is not None else []
+        if stuck and progress is not None:
+            progress(f"{len(stuck)} envelope run(s) never left the twin while the others "
+                     "did: verify --emulate will not judge by this envelope")
     doc["outputs"]["envelope"] = envelope.model_dump(mode="json")
     return seal(doc)
 

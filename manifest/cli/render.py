@@ -86,7 +86,7 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
         add("command", "argv", shell_join(list(manifest.command.argv)))
         from manifest.launch.runner import launch_identity
 
-        add("", "callbacks' run_id", launch_identity(
+        add("", "launch id", launch_identity(
             code.commit, code.diff_digest, list(manifest.command.argv), rnd.seed or 0))
     if manifest.outputs:
         out = manifest.outputs

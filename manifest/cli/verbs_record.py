@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from manifest.cli.files import (
     read_manifest_file,
@@ -126,7 +127,10 @@ def _cmd_capture(args: argparse.Namespace) -> int:
               "use --artifact GLOB.")
     artifacts = (args.artifacts or []) + (args.old_outputs or [])
     from manifest.capture.run import capture_from_cli
+    from manifest.cli.startup import resume_collector
 
+    resume_collector()  # the imports are in; a run under capture is collected as usual
+    tagging: list[Any] = []
     manifest, exit_code = capture_from_cli(
         cwd,
         command=command,
@@ -146,6 +150,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         envelope=args.envelope,
         precision=args.precision,
         progress=None if args.quiet else _note_progress,
+        tagging=tagging,
     )
     write_output(dumps(manifest), args.output)
     if args.pack:
@@ -174,7 +179,17 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         from manifest.cli.text import printable
 
         sys.stderr.write(f"manifest: {printable(capture_failure(manifest.outputs))}\n")
+    _tag_trackers(tagging, quiet=args.quiet)
     return exit_code
+
+
+def _tag_trackers(tagging: list[Any], *, quiet: bool) -> None:
+    """Last, once the manifest is written: the tracker runs get the run_id (an interrupt
+    or a tracker that does not answer costs nothing but their tags)."""
+    for plan in tagging:
+        if plan.locators and not quiet:
+            _note_progress(f"tagging {len(plan.locators)} tracker run(s)…")
+        plan.run(say=None if quiet else _note_progress)
 
 
 def _note_progress(text: str) -> None:

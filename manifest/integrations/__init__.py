@@ -11,10 +11,15 @@ optional extra (``pip install 'torch-manifest[mlflow]'`` …):
 * :mod:`manifest.integrations.lightning` (a ``Callback``) and
   :mod:`manifest.integrations.transformers` (a ``TrainerCallback``) record the
   parameter trail at every optimizer step (the same fingerprint the launcher
-  records, so ``manifest verify`` can compare them) and attach the run_id of
-  the environment snapshot they seal at the start of training to the logger.
+  records, so ``manifest verify`` can compare them). Under ``manifest capture`` they log
+  the run's launch id (``manifest.launch_id``) while it trains and leave a locator of
+  each tracker (``_locators``), and once the manifest is sealed the capture tags those
+  tracker runs with the real ``manifest.run_id`` and ``manifest.digest``
+  (``manifest.capture.trackers``); run bare, they log the run_id of the environment
+  snapshot they seal at the start of training.
 
-The tag names are the same everywhere (:data:`TAG_RUN_ID` …).
+The tag names are the same everywhere (:data:`TAG_RUN_ID` …), defined with the tagging
+in ``manifest.capture.trackers``.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from manifest.capture.trackers import TAG_DIGEST, TAG_LAUNCH_ID, TAG_RUN_ID
+
 if TYPE_CHECKING:
     from manifest.models import Manifest
 
-TAG_RUN_ID = "manifest.run_id"
-TAG_DIGEST = "manifest.digest"
 TAG_VERDICT = "manifest.verdict"
+__all__ = ["TAG_DIGEST", "TAG_LAUNCH_ID", "TAG_RUN_ID", "TAG_VERDICT", "manifest_tags",
+           "read_manifest", "snapshot_here"]
 
 
 def read_manifest(path: str | Path) -> Manifest:

@@ -1,18 +1,22 @@
-"""The part both training-loop callbacks share: a snapshot at the start, a trail per step.
+"""The part both training-loop callbacks share: an id at the start, a trail per step.
 
 At the start of training the callback takes the run's id. Under ``manifest
 capture`` or a re-run (``verify``, ``explain``, ``lab``) that is the launcher's
 ``MANIFEST_SEALED_RUN`` (``manifest.launch.runner.launch_identity``: the recorded
-code, the command as the manifest records it, secrets redacted, and the seed: the id
-``manifest show`` prints as ``callbacks' run_id``, never a secret's hash), so a tracker
-sees one run_id for the captured run and every
-re-run of it (an in-process snapshot saw another tree and another time and gave
-another id in each re-run). Run bare, it seals a snapshot of code, environment
-and hardware (what ``manifest capture`` with no command records) and keeps its
-``run_id``. Then it fingerprints the model's parameters after every
-``every``-th optimizer step with the launcher's own fingerprint (blake3 over
-each state_dict tensor's name, dtype, shape and raw bytes), so the points
-compare with the trail ``manifest capture`` records. Under ``manifest
+code, the command as the manifest records it, secrets redacted, and the seed; the id
+``manifest show`` prints as ``launch id``), logged as ``manifest.launch_id``: it is
+fixed before the run, the same in the capture and every re-run, and it is not the
+run_id, which also covers what the run did (its discovered inputs, the environment
+variables it read) and so exists only after it. The callback also leaves a locator of
+each tracker it can name (``manifest.integrations._locators``), and once ``capture``
+has sealed and written the manifest it tags those tracker runs with the real
+``manifest.run_id`` (``manifest.capture.trackers``; MLflow params are immutable, hence a
+second key, not a late value for the first; ``gate`` and the re-runs never tag). Run
+bare, it seals a snapshot of code, environment and hardware (what ``manifest capture``
+with no command records) and logs its ``run_id`` and ``digest``. Then it fingerprints
+the model's parameters after every ``every``-th optimizer step with the launcher's own
+fingerprint (blake3 over each state_dict tensor's name, dtype, shape and raw bytes), so
+the points compare with the trail ``manifest capture`` records. Under ``manifest
 capture`` the points also land in the capture's process record.
 """
 
@@ -22,7 +26,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from manifest.integrations import TAG_DIGEST, TAG_RUN_ID, snapshot_here
+from manifest.integrations import TAG_DIGEST, TAG_LAUNCH_ID, TAG_RUN_ID, snapshot_here
 
 if TYPE_CHECKING:
     from manifest.launch.recipe import Trail
@@ -46,14 +50,20 @@ class StepRecorder:
     @property
     def tags(self) -> dict[str, str]:
         if self.sealed is not None:
-            return {TAG_RUN_ID: self.sealed}
+            return {TAG_LAUNCH_ID: self.sealed}
         if self.manifest is None:
             return {}
         return {TAG_RUN_ID: self.manifest.run_id, TAG_DIGEST: self.manifest.digest}
 
     @property
     def run_id(self) -> str | None:
-        return self.sealed or (self.manifest.run_id if self.manifest else None)
+        """The run_id a bare run logs (its snapshot's); None under the launcher, where the
+        run_id exists only once ``capture`` has sealed the run (see :attr:`launch_id`)."""
+        return self.manifest.run_id if self.sealed is None and self.manifest else None
+
+    @property
+    def launch_id(self) -> str | None:
+        return self.sealed
 
     def start(self, model: Any) -> dict[str, str]:
         import os
@@ -89,7 +99,7 @@ class StepRecorder:
 
 
 class CallbackState:
-    """What both framework callbacks hold: the recorder, the trail file it wrote, the run_id."""
+    """What both framework callbacks hold: the recorder, the trail file it wrote, the ids."""
 
     def __init__(self, every: int = 1, *, snapshot: bool = True) -> None:
         self.recorder = StepRecorder(every, snapshot=snapshot)
@@ -102,3 +112,14 @@ class CallbackState:
     @property
     def run_id(self) -> str | None:
         return self.recorder.run_id
+
+    @property
+    def launch_id(self) -> str | None:
+        return self.recorder.launch_id
+
+    def leave_locators(self, locators: list[dict[str, Any]]) -> None:
+        """Under the launcher, where this run's trackers live (``_locators.leave``)."""
+        if self.recorder.sealed is not None and locators:
+            from manifest.integrations._locators import leave
+
+            leave(locators)

@@ -1,9 +1,11 @@
 """Lightning: a ``Callback`` that records the parameter trail per optimizer step.
 
-``Trainer(callbacks=[ManifestCallback()])``: at fit start it logs the run's
-``manifest.run_id`` as a hyperparameter of every logger the trainer has (under the
-launcher the run's launch identity, the same in the capture and every re-run; run
-bare, the run_id and ``manifest.digest`` of a snapshot it seals; see
+``Trainer(callbacks=[ManifestCallback()])``: at fit start it logs the run's id as a
+hyperparameter of every logger the trainer has: under the launcher ``manifest.launch_id``
+(the run's launch identity, the same in the capture and every re-run), and it leaves a
+locator of each logger (MLFlowLogger, WandbLogger, a logger's ``log_dir``) for
+``capture`` to tag with the real ``manifest.run_id`` once the run is sealed; run bare,
+the ``manifest.run_id`` and ``manifest.digest`` of a snapshot it seals (see
 ``manifest.integrations._steps``); after
 each optimizer step it fingerprints the LightningModule's parameters; at fit
 end it writes ``manifest-trail.json`` into the trainer's log directory. A
@@ -38,6 +40,9 @@ class _Recorder(CallbackState):
         if trainer.is_global_zero and tags:
             for logger in trainer.loggers:
                 logger.log_hyperparams(tags)
+            from manifest.integrations._locators import lightning_locators
+
+            self.leave_locators(lightning_locators(trainer))
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self.recorder.stop()

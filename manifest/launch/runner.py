@@ -67,11 +67,12 @@ def launch_identity(commit: str | None, diff_digest: str | None, argv: list[str]
                     seed: int) -> str:
     """``blake3:…`` of the code (commit and uncommitted bytes), the command and the seed.
 
-    What the Lightning and Hugging Face callbacks log as ``manifest.run_id``. It
+    What the Lightning and Hugging Face callbacks log as ``manifest.launch_id``. It
     is known before the run starts and is the same in the capture and in every
     re-run, on any machine (the manifest's own run_id also covers what the run
-    imported and the machine, known only at its end, so a callback cannot log it).
-    ``manifest show`` prints it beside the run_id, so a tracker's entry leads to the
+    imported and the machine, known only at its end, so a callback cannot log it;
+    ``capture`` tags the tracker runs with it once sealed, ``manifest.capture.trackers``).
+    ``manifest show`` prints it as ``launch id``, so a tracker's entry leads to the
     manifest.
 
     The argv is the one the manifest records: redacted (``manifest.redact.redact_argv``,
@@ -217,7 +218,7 @@ def run_under_launcher(
             raise UsageError(f"command is not executable: {argv[0]}.") from exc
         records = []
         streams: dict[str, bytes] = {}
-        workers = 0
+        workers = junk = 0
         for name in sorted(os.listdir(tmp)):
             if name.startswith("worker-"):
                 workers += 1
@@ -225,9 +226,16 @@ def run_under_launcher(
                 streams[name] = Path(tmp, name).read_bytes()
             elif name.endswith(".json"):
                 try:
-                    records.append(json.loads(Path(tmp, name).read_text(encoding="utf-8")))
+                    record = json.loads(Path(tmp, name).read_text(encoding="utf-8"))
                 except (OSError, ValueError):
-                    continue
+                    record = None
+                if isinstance(record, dict):
+                    records.append(record)
+                else:  # a process's own output: `[1]` is no record (r.get would fail)
+                    junk += 1
+        if junk:
+            sys.stderr.write(f"manifest: note: {junk} process record(s) unreadable or not a "
+                             "JSON object; left out.\n")
     opened: dict[str, str] = {}
     modules: set[str] = set()
     for r in records:  # every process, DataLoader workers too
