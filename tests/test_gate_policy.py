@@ -101,6 +101,20 @@ def test_human_report_and_exit_code(tmp_path: Path) -> None:
     assert (report.verdict, report.exit_code) == ("no-verdict", 3)
 
 
+@pytest.mark.parametrize("status", list(Status))
+def test_every_verdict_renders_in_both_reports(tmp_path: Path, status: Status) -> None:
+    # nothing-compared once raised KeyError in the human report (an internal error)
+    report = _report()
+    report.checks = [CheckResult("determinism", status, "why")]
+    out = tmp_path / "r.txt"
+    with out.open("w") as fh:
+        render_gate(report, fh)
+    word = report.verdict.replace("-", " ").upper().replace("PASS", "PASSED").replace(
+        "FAIL", "FAILED")
+    assert f"gate {word} (exit {report.exit_code})" in out.read_text()
+    assert gate_markdown(report).startswith("## Reproducibility gate: ")
+
+
 # --------------------------------------------------------------------- CLI
 
 

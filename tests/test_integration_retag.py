@@ -529,6 +529,9 @@ checks = ["determinism"]
 """
 LEAVES_AND_JUNK = LEAVES + """
 Path(os.environ["MANIFEST_LAUNCH_RECORDS"], "zz-junk.json").write_text("[1]")
+# an object whose fields are forged (``opened`` a list, ``modules`` a number): skipped
+Path(os.environ["MANIFEST_LAUNCH_RECORDS"], "zz-forged.json").write_text(
+    '{"opened": [1], "modules": 5, "trackers": 7}')
 """
 
 

@@ -15,8 +15,10 @@ from manifest.gate.report import CheckResult, GateReport, Status
 
 _MARK = {Status.PASS: "✅", Status.FAIL: "❌", Status.SKIP: "⏭️", Status.NO_VERDICT: "⚠️",
          Status.NOTHING_COMPARED: "⚠️"}
-_TITLE = {"pass": "✅ passed", "fail": "❌ failed", "no-verdict": "⚠️ no verdict"}
-_WORD = {"pass": "PASSED", "fail": "FAILED", "no-verdict": "NO VERDICT"}
+_TITLE = {"pass": "✅ passed", "fail": "❌ failed", "no-verdict": "⚠️ no verdict",
+          "nothing-compared": "⚠️ nothing compared"}
+_WORD = {"pass": "PASSED", "fail": "FAILED", "no-verdict": "NO VERDICT",
+         "nothing-compared": "NOTHING COMPARED"}
 
 
 def render_gate(report: GateReport, file: TextIO) -> None:

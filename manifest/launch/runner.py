@@ -238,10 +238,14 @@ def run_under_launcher(
                              "JSON object; left out.\n")
     opened: dict[str, str] = {}
     modules: set[str] = set()
-    for r in records:  # every process, DataLoader workers too
-        for path, kind in (r.get("opened") or {}).items():
-            opened[path] = kind if opened.get(path, kind) == kind else "rw"
-        modules.update(r.get("modules") or ())
+    for r in records:  # every process, DataLoader workers too; a forged field is skipped
+        seen = r.get("opened")
+        for path, kind in (seen.items() if isinstance(seen, dict) else ()):
+            if isinstance(path, str) and kind in ("r", "w", "rw"):
+                opened[path] = kind if opened.get(path, kind) == kind else "rw"
+        names = r.get("modules")
+        modules.update(m for m in (names if isinstance(names, list) else ())
+                       if isinstance(m, str))
     ranks = select_ranks(records)
     return LaunchResult(code, latest_attempt(ranks), env, streams, opened, frozenset(modules),
                         started_ns, outside_found(argv, env, watch.found, records), workers,
