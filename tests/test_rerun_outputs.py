@@ -22,56 +22,11 @@ import pytest
 
 from manifest.verify.rerun import match_outputs
 from tests.runs import make_repo, manifest_cli
+from tests.tiny_trainers import hf_script, lightning_script
 
-LIGHTNING = """
-import torch
-import lightning.pytorch as pl
-from manifest.integrations.lightning import ManifestCallback
+LIGHTNING = lightning_script(rows=20, steps=10)
 
-
-class Tiny(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 2)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-data = torch.utils.data.TensorDataset(torch.randn(20, 4), torch.randn(20, 2))
-loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=0)
-trainer = pl.Trainer(max_steps=10, accelerator="cpu", devices=1, enable_progress_bar=False,
-                     enable_model_summary=False, callbacks=[ManifestCallback()])
-trainer.fit(Tiny(), loader)
-"""
-
-HF = """
-import torch
-import transformers
-from manifest.integrations.transformers import ManifestTrainerCallback
-
-
-class Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 2)
-
-    def forward(self, x, labels):
-        return {"loss": torch.nn.functional.mse_loss(self.layer(x), labels)}
-
-
-rows = [{"x": torch.randn(4), "labels": torch.randn(2)} for _ in range(8)]
-args = transformers.TrainingArguments(
-    output_dir="hf_out", max_steps=4, per_device_train_batch_size=4, report_to=[],
-    use_cpu=True, save_strategy="steps", save_steps=4, disable_tqdm=True,
-    remove_unused_columns=False, seed=0, data_seed=0)
-transformers.Trainer(model=Tiny(), args=args, train_dataset=rows,
-                     callbacks=[ManifestTrainerCallback()]).train()
-"""
+HF = hf_script(steps=4, saving='save_strategy="steps", save_steps=4')
 
 
 def _capture(repo: Path, artifact: str, script: str) -> tuple[Path, dict[str, Any]]:
