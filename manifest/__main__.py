@@ -2,6 +2,6 @@
 
 import sys
 
-from manifest.cli import main
+from manifest.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -21,7 +21,7 @@ UPLOAD = "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02"
 def test_distribution_name_is_not_the_unrelated_pypi_project() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["name"] == "torch-manifest"
-    assert project["scripts"] == {"manifest": "manifest.cli:main"}
+    assert project["scripts"] == {"manifest": "manifest.cli:entry"}
     assert (REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
 
 

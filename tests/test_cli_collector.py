@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import GitRepo
 
 SPY = '''
@@ -44,9 +46,12 @@ def capture_spy():
         return real(*a, **k)
     run.capture_from_cli = capture_from_cli
 capture_spy()
-from manifest.cli import main
+from manifest.cli import entry, main
 args = json.loads(sys.argv[1])
 if sys.argv[2] == "entry":
+    sys.argv = ["manifest", *args]
+    code = entry()
+elif sys.argv[2] == "argv":  # another program that sets sys.argv and calls main()
     sys.argv = ["manifest", *args]
     code = main()
 else:
@@ -87,10 +92,21 @@ def test_other_verbs_get_the_collector_back_before_they_run(
     assert seen["after"][0]
 
 
+@pytest.mark.parametrize("how", ["call", "argv"])
 def test_main_inside_another_program_leaves_its_collector_alone(
-        repo: GitRepo, cli_env: dict[str, str], tmp_path: Path) -> None:
-    seen = _spied(["capture", "-q", "-o", str(tmp_path / "run.json")], "call",
+        repo: GitRepo, cli_env: dict[str, str], tmp_path: Path, how: str) -> None:
+    # "argv": main() with argv=None once froze the calling program's objects (12,171 of them)
+    seen = _spied(["capture", "-q", "-o", str(tmp_path / "run.json")], how,
                   repo.path, cli_env)
     assert seen["imports"] == [True, 0]
     assert seen["run"] == [True, 0]
+    assert seen["after"] == [True, 0]
+
+
+def test_diff_gives_the_collector_back(repo: GitRepo, cli_env: dict[str, str],
+                                       tmp_path: Path) -> None:
+    # diff pauses the collector for its own work; main([...]) left it off for the caller
+    out = tmp_path / "run.json"
+    _spied(["capture", "-q", "-o", str(out)], "entry", repo.path, cli_env)
+    seen = _spied(["diff", str(out), str(out)], "call", repo.path, cli_env)
     assert seen["after"] == [True, 0]

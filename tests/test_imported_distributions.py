@@ -50,8 +50,14 @@ PLANTED = {
     "declared": ("decl_mod\n", ["somewhere/else.py,sha256=x,1"]),
     "mid-path": (None, ["other/lonemod.py,sha256=x,1", "other/pkgmod/x.py,sha256=x,1"]),
     "no-record": (None, None),
+    # lines split by U+2028, which splitlines() splits and a regex's ^ does not
+    "line-sep": (None, "lsmod.py,sha256=x,1\u2028other.txt,,"),
+    # an empty RECORD: importlib.metadata reads egg-info's SOURCES.txt instead
+    "empty-record": (None, ""),
 }
-MODULES = ["lonemod", "dotmod", "quotedmod", "pkgmod", "decl_mod", "other", "bin"]
+SOURCES = {"empty-record": "emptymod.py\n"}
+MODULES = ["lonemod", "dotmod", "quotedmod", "pkgmod", "decl_mod", "other", "bin", "lsmod",
+           "emptymod"]
 
 
 @pytest.fixture
@@ -62,8 +68,12 @@ def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
         if top is not None:
             (info / "top_level.txt").write_text(top)
-        if record is not None:
+        if isinstance(record, str):
+            (info / "RECORD").write_text(record)
+        elif record is not None:
             (info / "RECORD").write_text("\n".join(record) + "\n")
+        if name in SOURCES:
+            (info / "SOURCES.txt").write_text(SOURCES[name])
     monkeypatch.setattr(sys, "path", [str(tmp_path)])
     return tmp_path
 
@@ -72,7 +82,8 @@ def test_planted_file_lists_map_as_importlib_maps_them(planted: Path) -> None:
     expected = _reference(MODULES)
     # importlib finds each of these through a different kind of path, and never
     # through a name that only appears further down a path
-    assert expected == ["declared", "dot-slash", "lone-file", "mid-path", "package", "quoted"]
+    assert expected == ["declared", "dot-slash", "empty-record", "line-sep", "lone-file",
+                        "mid-path", "package", "quoted"]
     assert imported_distributions(MODULES) == expected
     for module in MODULES:
         assert imported_distributions([module]) == _reference([module]), module

@@ -362,8 +362,10 @@ def imported_distributions(modules: Iterable[str]) -> list[str]:
                 provided = not wanted.isdisjoint(declared)
             else:
                 listed = dist.read_text("RECORD")
-                provided = ((listed is None or lines.search(listed) is not None)
-                            and not wanted.isdisjoint(infer(dist)))
+                # an empty RECORD sends importlib.metadata to egg-info's SOURCES.txt, and
+                # its lines are what splitlines() splits (U+2028 too), not only "\n"
+                provided = ((not listed or lines.search("\n".join(listed.splitlines()))
+                             is not None) and not wanted.isdisjoint(infer(dist)))
             if provided:
                 name = dist.metadata["Name"]
                 if name:

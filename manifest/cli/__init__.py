@@ -10,6 +10,6 @@ comes back (``render`` for capture, show and verify; ``render_diff``,
 ``options`` and ``files`` hold what every verb spells or reads the same way.
 """
 
-from manifest.cli.app import main
+from manifest.cli.app import entry, main
 
-__all__ = ["main"]
+__all__ = ["entry", "main"]

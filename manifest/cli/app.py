@@ -94,11 +94,17 @@ def _silence_stdout() -> None:
         pass
 
 
+def entry() -> int:
+    """The ``manifest`` console script and ``python -m manifest``: the process is ours, so
+    the collector may pause for the imports (``manifest.cli.startup``); ``main`` called
+    from another program, even with ``argv=None``, never freezes that program's objects."""
+    pause_collector()
+    return main()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``manifest`` console script."""
+    """Run one verb: ``argv`` (default ``sys.argv[1:]``) → exit status."""
     keep_pydantic_plugins_out()
-    if argv is None:  # the process's entry point: no garbage of anyone else's to freeze
-        pause_collector()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args: argparse.Namespace | None = None

@@ -51,16 +51,25 @@ def register_diff(sub: argparse._SubParsersAction[Parser]) -> None:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from manifest.diff.engine import diff_manifests, load_for_diff
-    from manifest.diff.rules import Impact
-
     if args.a == "-" and args.b == "-":
         raise UsageError("only one of the two manifests can be read from stdin ('-').")
     # A short-lived process that builds tens of thousands of acyclic objects:
     # the cyclic collector would only re-scan them (about 20% of the run).
     import gc
 
+    was_on = gc.isenabled()
     gc.disable()
+    try:
+        return _diff(args)
+    finally:  # a main([...]) inside another program gets its collector back
+        if was_on:
+            gc.enable()
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from manifest.diff.engine import diff_manifests, load_for_diff
+    from manifest.diff.rules import Impact
+
     raw_a, raw_b = read_manifest_file(args.a), read_manifest_file(args.b)
     a = load_for_diff(unpacked(raw_a), name=args.a)
     b = load_for_diff(unpacked(raw_b), name=args.b)

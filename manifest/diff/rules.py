@@ -475,6 +475,15 @@ RULES: Mapping[str, Rule] = {
                                  missing="absent"),
     "outputs.envelope.steps": Rule(N, "noise envelope", "another measurement of the same "
                                    "rounding noise", show_values=False),
+    "outputs.envelope.twin": Rule(N, "noise envelope twin", "the run once more under the "
+                                  "precision's emulation, unperturbed: what the envelope was "
+                                  "measured from", missing="absent", show_values=False),
+    "outputs.envelope.twin_outputs": Rule(N, "noise envelope twin outputs", "each declared "
+                                          "output's distance from the twin's: a measurement",
+                                          missing="absent", show_values=False),
+    "outputs.envelope.twin_outputs[*]": Rule(N, "noise envelope twin output", "one declared "
+                                             "output's distance from the twin's",
+                                             missing="absent", show_values=False),
     # ------------------------------------------------------------ observed
     "observed.tool_version": Rule(N, "manifest version", "the recorder, not the run"),
     "observed.started_at": Rule(N, "start time", "wall-clock time"),

@@ -53,9 +53,10 @@ KEYED_LISTS: Mapping[str, str] = {
 """List pattern -> the field that names an element. The key field itself is never a difference."""
 
 OPAQUE_LISTS = frozenset({"outputs.processes[*].numeric", "outputs.envelope.steps",
-                          "outputs.checkpoints"})
+                          "outputs.envelope.twin", "outputs.checkpoints"})
 """Lists of measurements compared as one value: one line when they differ, never one line
-per step (the numeric trail and the envelope: ``manifest.numeric`` reads them; the
+per step (the numeric trail, the envelope and its emulated twin's trail: ``manifest.numeric``
+reads them; the
 checkpoints saved during training: ``verify --segments`` reads them, and the step trail
 already names the first step where two runs part)."""
 
