@@ -198,12 +198,76 @@ def test_a_hostile_twin_is_refused(setting: dict[str, Any]) -> None:
     fewer = [p.model_copy(update={"groups": p.groups[:-1]}) for p in twin]
     far = [p.model_copy(update={"groups": [[g[0] * 1.5, *(x * 1.5 for x in g[1:])]
                                            for g in p.groups]}) for p in twin]
+    huge = [p if p.step < 3 else p.model_copy(update={"groups": [
+        [g[0], *(1e200 for _ in g[1:])] for g in p.groups]}) for p in twin]
     cases = {"not finite": {"twin": nan}, "other parameter groups": {"twin": fewer},
              "twin starts": {"twin": far}, "no steps": {"twin": []},
-             "finite and not negative": {"twin_outputs": {"out/model.safetensors": -1.0}}}
+             "finite and not negative": {"twin_outputs": {"out/model.safetensors": -1.0}},
+             "too large to measure": {"twin": huge},
+             "more than its trail's last step allows":
+                 {"twin_outputs": {"out/model.safetensors": 1e6}}}
     for said, update in cases.items():
         problems = check_twin(env.model_copy(update=update), base)
         assert len(problems) == 1 and said in problems[0], (said, problems)
+
+
+def test_the_twins_output_offset_is_held_to_its_trail(setting: dict[str, Any]) -> None:
+    """An output offset o widens the output bound to b(1+o)+o, so o = 1e6 (or o + 1.05 d)
+    would let an output edited by d through: o may be at most 2× the twin's last-step
+    sketch distance from the recorded trail plus float32's rounding. Positive control: an
+    honest o (measured 0.98× that distance on the bundled CNN in TF32) passes, and the
+    refused one would have widened the bound past any edit."""
+    from manifest.numeric.envelope import step_distance
+    from manifest.numeric.twin import check_twin, offset_limit, output_bound, unparted
+
+    env, base = setting["env"], setting["base"]
+    if unparted(env):
+        return  # check_twin refuses it whole (test_a_hostile_twin_is_refused)
+    apart = step_distance(base[-1], setting["twin"][-1])
+    assert apart is not None
+    sketch = max(apart[1])
+    cap = offset_limit(sketch)
+    honest = env.model_copy(update={"twin_outputs": {"out/model.safetensors": sketch}})
+    assert check_twin(honest, base) == []
+    hostile = env.model_copy(update={"twin_outputs": {"out/model.safetensors": cap * 1.01}})
+    assert "more than its trail's last step allows" in check_twin(hostile, base)[0]
+    assert output_bound(1e-4, 1e6) > 1  # what the unchecked o did: an edit the size of
+    # the whole model inside
+
+
+def test_the_recorded_trail_is_held_to_the_twin_at_every_step(
+        setting: dict[str, Any]) -> None:
+    """The re-run is judged against the twin, so the recorded trail must be the twin's run:
+    at every step within the envelope's bound scaled by the twin's starting distance.
+    Positive controls: with a recorded trail planted from step 6 on (3× the scaled bound)
+    an honest re-run is ``equivalent`` when only the twin is judged, and the trail is
+    refused here; the unscaled bound would refuse the honest trail at its first step (the
+    scaling is what lets it pass); a twin whose norms read ×1e300 from step 3 on is refused too.
+    Measured (20 steps, 8 envelope draws): honest trails at most 0.91 of the scaled bound
+    (GRU, bf16), 0.58 (CNN, TF32), 0.0024 (this Transformer, TF32). The bound is wide
+    where the runs' growth is: 0.61 of the norm at step 6 here (TF32), so the planted set
+    spliced into this trail stays inside; the bundled CNN's 5e-2 plant is refused (2.4×)."""
+    from manifest.numeric.calibration import calibrate
+    from manifest.numeric.twin import trail_apart
+
+    env, base, twin = setting["env"], setting["base"], setting["twin"]
+    calibration = calibrate(env)
+    honest = trail_apart(base, twin, calibration)
+    assert honest.problem is None and honest.ratio <= 1, honest
+    assert honest.scale > 1  # the twin starts further than one ULP: unscaled, it is outside
+    edge = {b.step: b.groups for b in calibration.bounds}  # planted: 3× the scaled bound
+    mixed = [b if b.step < 6 else b.model_copy(update={"groups": [
+        [g[0], *(x + 3 * honest.scale * edge[b.step][k] * abs(g[0]) for x in g[1:])]
+        for k, g in enumerate(b.groups)]}) for b in base]
+    rerun = _rerun(setting["precision"], threads=2)
+    assert judge(twin, rerun, env).verdict == "equivalent"  # the recorded trail unseen
+    refused = trail_apart(mixed, twin, calibration)
+    assert refused.problem is not None and "from the twin at step" in refused.problem
+    assert refused.step is not None and refused.step >= 6
+    absurd = [p if p.step < 3 else p.model_copy(update={"groups": [
+        [g[0] * 1e300, *g[1:]] for g in p.groups]}) for p in twin]
+    said = trail_apart(base, absurd, calibration).problem
+    assert said is not None and "step 3" in said
 
 
 def test_the_envelope_states_what_its_precision_costs(setting: dict[str, Any]) -> None:
@@ -254,22 +318,29 @@ def test_an_envelope_whose_runs_never_part_and_part_decides_nothing(
 def test_the_outputs_are_held_to_the_bound_widened_by_the_twin() -> None:
     """b · (1 + o) + o (numeric.twin.output_bound). Positive control: the same output
     distance is outside the unwidened bound; an output whose twin distance was not
-    measured is not compared, never passed."""
+    measured, or whose recorded file is not the trail's last point, is not compared, never
+    passed."""
     from manifest.numeric.calibration import Bound, Calibration
-    from manifest.verify.equivalence import OutputDistance, bind_outputs
+    from manifest.verify.equivalence import AGREES, OutputDistance, bind_outputs
 
     calibration = Calibration([Bound(1, 1e-6, [1e-4])], 1e-6, 100.0, 1.0)
     offset = 3e-3
     inside = OutputDistance("out/a.safetensors", distance=offset + 0.5e-4, worst="w")
     outside = OutputDistance("out/a.safetensors", distance=offset + 2e-4, worst="w")
 
-    def bound(out: OutputDistance, offsets: dict[str, float] | None) -> tuple[Any, str]:
-        doc: dict[str, Any] = {"sentence": "s"}
+    def bound(out: OutputDistance, offsets: dict[str, float] | None,
+              trail: str = AGREES + " (step 1)") -> tuple[Any, str]:
+        doc: dict[str, Any] = {"sentence": "s",
+                               "outputs": [{"path": out.path, "trail": trail}]}
         problem = bind_outputs(doc, [out], calibration, compared=True, twin_offsets=offsets)
         return problem, doc["outputs_verdict"]
 
     assert bound(inside, None)[1] == "outside"  # unwidened: float32 against emulated
     assert bound(inside, {"out/a.safetensors": offset}) == (None, "inside")
+    # widened only for a recorded file that is the trail's last point (o is held to it)
+    problem, said = bound(inside, {"out/a.safetensors": offset},
+                          trail="could not be mapped onto the numeric trail's last point")
+    assert said == "not-compared" and problem is not None and "not held to" in problem
     assert bound(outside, {"out/a.safetensors": offset})[1] == "outside"
     problem, said = bound(inside, {})
     assert said == "not-compared" and problem is not None and "not measured" in problem

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,84 @@ def test_a_hostile_carried_twin_decides_nothing(captured: dict[str, Any]) -> Non
     assert report["verdict"] != "equivalent" and code != EXIT_EQUIVALENT
     assert report["numeric"]["outputs_verdict"] == "not-compared"
     assert "twin's distance from it was not measured" in report["reason"]
+
+
+def _poisoned(repo: Path) -> tuple[bytes, float, dict[str, Any]]:
+    """The recorded output edited by 1e-3 of the model's norm in one tensor (a reviewer's
+    repro): the original bytes, the edit's distance, and the edited file's artifact."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from manifest.numeric.twin import file_distance
+    from manifest.weights.tables import digest_artifact
+
+    path = repo / "out/model.safetensors"
+    original = path.read_bytes()
+    tensors = load_file(str(path))
+    total = math.sqrt(sum(float((v.astype(np.float64) ** 2).sum()) for v in tensors.values()))
+    name = max(tensors, key=lambda n: tensors[n].size)
+    delta = np.random.default_rng(0).standard_normal(tensors[name].shape).astype(np.float32)
+    tensors[name] = tensors[name] + delta * np.float32(1e-3 * total / np.linalg.norm(delta))
+    edited = repo.parent / "edited.safetensors"
+    save_file(tensors, str(edited))
+    moved = file_distance(path, edited)
+    assert moved is not None and moved > 5e-4
+    path.write_bytes(edited.read_bytes())
+    artifact = digest_artifact(path, "out/model.safetensors").model_dump(mode="json",
+                                                                         exclude_none=True)
+    return original, moved, artifact
+
+
+def test_a_twin_cannot_widen_the_output_bound_nor_hide_the_trail(
+        captured: dict[str, Any]) -> None:
+    """A reviewer's repros (issue 37): an output offset o = 1e6, or o + 1.05 d beside an
+    output edited by d, once let the edit through (b(1 + o) + o); a twin whose norms read
+    ×1e300 after step 2 was never held to the recorded trail; sketch values of 1e200
+    overflowed into an internal error. Each is now refused or not compared, one sentence,
+    no traceback. Positive control: the same document re-sealed honestly is
+    ``equivalent``, and unchecked o would put the edit inside (``output_bound``)."""
+    from manifest.numeric.twin import output_bound
+
+    honest = copy.deepcopy(captured["tf32"])
+    o0 = honest["outputs"]["envelope"]["twin_outputs"]["out/model.safetensors"]
+    envelope = Envelope.model_validate(honest["outputs"]["envelope"])
+    if unparted(envelope):
+        pytest.skip("this draw's envelope split: it decides nothing (tested above)")
+    docs: dict[str, dict[str, Any]] = {"honest": honest}
+    huge = docs["o_huge"] = copy.deepcopy(honest)
+    huge["outputs"]["envelope"]["twin_outputs"]["out/model.safetensors"] = 1e6
+    for name, factor, values in (("norms", 1e300, False), ("overflow", 1e200, True)):
+        doc = docs[name] = copy.deepcopy(honest)
+        for point in doc["outputs"]["envelope"]["twin"]:
+            if point["step"] >= 3:
+                point["groups"] = [[g[0], *(factor for _ in g[1:])] if values else
+                                   [g[0] * factor, *g[1:]] for g in point["groups"]]
+    results = {}
+    for name, doc in docs.items():
+        captured[f"{name}_path"] = _resealed(captured, doc, f"{name}.json")
+        results[name] = _verify(captured, name, "--emulate", "tf32")
+    original, moved, artifact = _poisoned(captured["repo"])
+    try:
+        for name, offset in (("poison_o", o0), ("poison_o_d", o0 + 1.05 * moved)):
+            doc = copy.deepcopy(honest)
+            doc["outputs"]["artifacts"] = [artifact]
+            doc["outputs"]["envelope"]["twin_outputs"]["out/model.safetensors"] = offset
+            captured[f"{name}_path"] = _resealed(captured, doc, f"{name}.json")
+            results[name] = _verify(captured, name, "--emulate", "tf32")
+    finally:
+        (captured["repo"] / "out/model.safetensors").write_bytes(original)
+    assert results["honest"][1]["verdict"] == "equivalent", results["honest"][1]["reason"]
+    bound = results["honest"][1]["numeric"]["outputs_bound"]
+    assert moved < output_bound(bound, o0 + 1.05 * moved)  # unchecked o: the edit inside
+    said = {"o_huge": "more than its trail's last step allows",
+            "poison_o_d": "more than its trail's last step allows",
+            "norms": "from the twin at step 3",
+            "overflow": "too large to measure",
+            "poison_o": "not held to the numeric trail's last point"}
+    for name, words in said.items():
+        code, report = results[name]
+        assert report["verdict"] != "equivalent" and code != EXIT_EQUIVALENT, name
+        assert words in report["reason"], (name, report["reason"])
 
 
 def test_no_envelope_covers_a_coarser_rerun(captured: dict[str, Any]) -> None:

@@ -27,7 +27,16 @@ tensor (``Envelope.twin_outputs``, ``file_distance``), not from the trail's 16-v
 sketch, whose estimate of a distance is off by about 18% (one standard deviation):
 enough to put an honest output outside when o is 100× b.
 
-A carried twin is the author's numbers, held as the envelope is (``check_twin``).
+A carried twin is the author's numbers, held as the envelope is (``check_twin``), and
+more (a reviewer's repros, issue 37): o itself is held to the trails, since o = 1e6 or
+o + 1.05 d let an output edited by d through. o may be at most ``OFFSET_OVER_SKETCH`` = 2×
+the twin's last-step distance from the recorded trail (the sketch's, off by ~18% sd: 2× is
+over 5 sd) plus float32's first-step move (4 eps = 4.8e-7: the file is float32); measured
+on the bundled CNN in TF32, o = 7.9e-5 against a sketch distance of 8.1e-5 (0.98×). And the
+recorded trail is judged against the twin at every step (``trail_apart``), with the
+envelope's bound scaled by the twin's start: the same CNN's trail stayed 7.3e-5–8.2e-5 from
+its twin while the scaled bound grew from 7.3e-5 to 4.4e-2 (531× the envelope's), so a
+trail planted from step 6 on (5e-2 from the twin) is refused, an honest one is not.
 """
 
 from __future__ import annotations
@@ -41,7 +50,12 @@ from typing import TYPE_CHECKING, Any
 from manifest.models import Envelope, NumericPoint
 
 if TYPE_CHECKING:
+    from manifest.numeric.calibration import Calibration
     from manifest.weights.raw import RawTensor
+
+OFFSET_OVER_SKETCH = 2.0
+"""How far the twin's exact output offset o may exceed its last-step sketch distance from
+the recorded trail (module docstring)."""
 
 TWIN_LABEL = "twin (unperturbed)"
 """How ``measure`` names the twin run in its list of runs left out."""
@@ -132,7 +146,8 @@ def check_twin(envelope: Envelope, recorded: Sequence[NumericPoint]) -> list[str
     twin must be finite, hold the recorded trail's steps with its parameter groups, cover
     the envelope's steps, and start as far from the recorded run as the precision's
     rounding can put it (``calibration.plausible_first_step``); its output offsets must be
-    finite and not negative; and the envelope's one-ULP runs must not split into runs that
+    finite, not negative, and within ``offset_limit`` of its last-step distance from
+    the recorded trail; and the envelope's one-ULP runs must not split into runs that
     left it and runs that never did (``unparted``)."""
     from manifest.numeric.calibration import plausible_first_step
     from manifest.numeric.envelope import step_distance
@@ -149,12 +164,17 @@ def check_twin(envelope: Envelope, recorded: Sequence[NumericPoint]) -> list[str
         return ["the twin's steps are not the recorded trail's"]
     if not {s.step for s in envelope.steps} <= set(steps):
         return ["the envelope has steps the twin does not"]
-    first = step_distance(recorded[0], twin[0])
-    for point, mine in zip(recorded, twin, strict=True):
-        if step_distance(point, mine) is None:
+    try:
+        apart = [step_distance(point, mine) for point, mine in zip(recorded, twin, strict=True)]
+    except OverflowError:
+        return ["the twin holds numbers too large to measure its distance from the recorded "
+                "trail (a float overflowed)"]
+    for point, got in zip(recorded, apart, strict=True):
+        if got is None:
             return [f"the twin's step {point.step} holds other parameter groups than the "
                     "recorded trail's"]
-    assert first is not None
+    first, last = apart[0], apart[-1]
+    assert first is not None and last is not None
     limit = plausible_first_step(envelope)
     if max(first[1], default=0.0) > limit:
         return [f"the twin starts {max(first[1]):.3g} from the recorded run at its first "
@@ -165,6 +185,13 @@ def check_twin(envelope: Envelope, recorded: Sequence[NumericPoint]) -> list[str
     if bad is not None:
         return [f"the twin's distance from the output {bad} is {offsets[bad]!r} (distances "
                 "are finite and not negative)"]
+    cap = offset_limit(max(last[1], default=0.0))
+    far = next((p for p, v in offsets.items() if v > cap), None)
+    if far is not None:
+        return [f"the twin's distance from the output {far} is {offsets[far]:.3g}, more than "
+                f"its trail's last step allows ({cap:.3g}: {OFFSET_OVER_SKETCH:g}× its "
+                f"{max(last[1], default=0.0):.3g} from the recorded trail, plus float32's "
+                "rounding)"]
     stuck = unparted(envelope)
     if stuck:
         found = {w for w in parting(envelope).values() if w is not None}
@@ -174,6 +201,83 @@ def check_twin(envelope: Envelope, recorded: Sequence[NumericPoint]) -> list[str
                 "swallowed their perturbation, and a bound fitted across both is too wide "
                 "to judge by"]
     return []
+
+
+def offset_limit(sketch: float) -> float:
+    """The largest output offset o a twin ``sketch`` from the recorded trail's last point
+    (the largest group's distance) may carry: ``OFFSET_OVER_SKETCH`` × sketch plus
+    float32's first-step move (module docstring)."""
+    from manifest.numeric.calibration import EPS, GROWTH_AT_FIRST_STEP
+
+    return OFFSET_OVER_SKETCH * sketch + GROWTH_AT_FIRST_STEP * EPS["float32"]
+
+
+@dataclass
+class TrailApart:
+    """The recorded trail held to the twin at every step of the bound (``trail_apart``)."""
+
+    scale: float
+    """The twin's first-step distance over the bound's first step (at least 1)."""
+    ratio: float
+    """The largest distance over the scaled bound at a step after the first."""
+    step: int | None
+    problem: str | None = None
+
+
+def _apart(a: NumericPoint, b: NumericPoint) -> list[float]:
+    """Per group: the sketch distance or the norms' relative difference, the larger (a
+    sketch alone cannot see a norm written ×1e300)."""
+    from manifest.numeric.envelope import step_distance
+
+    got = step_distance(a, b)
+    if got is None:
+        raise ValueError("other parameter groups")
+    return [max(d, abs(ga[0] - gb[0]) / abs(ga[0]) if ga[0] else (0.0 if gb[0] == 0 else
+                                                                  math.inf))
+            for d, ga, gb in zip(got[1], a.groups, b.groups, strict=True)]
+
+
+def trail_apart(recorded: Sequence[NumericPoint], twin: Sequence[NumericPoint],
+                calibration: Calibration) -> TrailApart:
+    """The recorded trail against the twin at every step of the bound, with the bound
+    scaled by the starting-size ratio (the twin's first-step distance from the recorded
+    run over the bound's first step): divergence grows from its starting size by the
+    run's own dynamics (issue 37), so an honest float32 trail stays inside. Outside at
+    any step (or not measurable): ``problem`` names it, and the twin decides nothing."""
+    bounds = {b.step: b.groups for b in calibration.bounds}
+    points = {p.step: p for p in recorded}
+    mine = {p.step: p for p in twin}
+    steps = [s for s in sorted(bounds) if s in points and s in mine]
+    if not steps:
+        return TrailApart(1.0, math.inf, None, "the bound has no step of the recorded trail")
+    try:
+        apart = {s: _apart(points[s], mine[s]) for s in steps}
+    except (OverflowError, ValueError):
+        return TrailApart(1.0, math.inf, None, "the twin's distance from the recorded trail "
+                          "cannot be measured (a float overflowed, or other parameter groups)")
+    if any(len(apart[s]) != len(bounds[s]) for s in steps):
+        return TrailApart(1.0, math.inf, None, "the envelope's parameter groups are not the "
+                          "recorded trail's")
+    scale = 1.0
+    for d, b in zip(apart[steps[0]], bounds[steps[0]], strict=True):
+        scale = max(scale, d / b if b > 0 else (1.0 if d == 0 else math.inf))
+    worst = TrailApart(scale, 0.0, None)
+    for s in steps[1:]:
+        for g, (d, b) in enumerate(zip(apart[s], bounds[s], strict=True)):
+            edge = scale * b
+            ratio = d / edge if edge > 0 else (0.0 if d == 0 else math.inf)
+            if ratio > worst.ratio or math.isnan(ratio):
+                worst.ratio, worst.step = ratio, s
+                if not ratio <= 1:
+                    worst.problem = (
+                        f"the recorded trail is {d:.3g} from the twin at step {s} (group {g}), "
+                        f"{ratio:.3g}× the envelope's bound there scaled by the twin's "
+                        f"start ({scale:.3g}×): the twin is not this trail's")
+                    return worst
+    if not math.isfinite(scale):
+        worst.problem = ("the twin starts apart from the recorded trail where the envelope's "
+                         "runs did not move at all: its start cannot scale the bound")
+    return worst
 
 
 def parting(envelope: Envelope) -> dict[str, int | None]:

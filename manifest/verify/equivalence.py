@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from manifest.numeric.calibration import Calibration
     from manifest.weights.raw import RawTensor
 
+AGREES = "agrees with the numeric trail's last point"
+"""How ``trail_agrees`` begins when the recorded file is the trail's last point."""
+
 BUFFER_SUFFIXES = ("running_mean", "running_var")
 """BatchNorm's running statistics: saved beside the parameters, never optimised by a step."""
 
@@ -215,7 +218,7 @@ def trail_agrees(last: NumericPoint, recorded_file: Path) -> str:
         norm = math.sqrt(sum(sums[n][0] for n in names))
         count = sum(sums[n][1] for n in names)
         if target and abs(norm - target) <= 2 * count * eps * target:
-            return (f"agrees with the numeric trail's last point (step {last.step}): the norm "
+            return (f"{AGREES} (step {last.step}): the norm "
                     f"of {what} is the trained parameters' norm")
     return (f"could not be mapped onto the numeric trail's last point (step {last.step}): no "
             "set of its tensors has the trained parameters' norm (another set of tensors was "
@@ -262,7 +265,9 @@ def bind_outputs(doc: dict[str, Any], outputs: list[OutputDistance],
 
     ``twin_offsets`` (judged against the run's emulated twin, ``numeric.twin``): each
     output's bound is widened by the twin's exact distance o from the recorded file, to
-    b · (1 + o) + o (the triangle inequality); an output without one is not compared."""
+    b · (1 + o) + o (the triangle inequality); an output without one, or whose recorded
+    file is not the trail's last point (``trail_agrees``: o is held to the trail by
+    ``numeric.twin.check_twin``, so the file must be the trail's), is not compared."""
     from manifest.numeric.twin import output_bound
 
     bound = final_bound(calibration)
@@ -289,6 +294,14 @@ def bind_outputs(doc: dict[str, Any], outputs: list[OutputDistance],
                     problem = (f"{out.path}: the twin's distance from it was not measured at "
                                "capture, so it cannot be held to the twin's bound: the outputs "
                                "were not compared")
+                    break
+                held = next((e.get("trail") for e in doc.get("outputs", [])
+                             if e.get("path") == out.path), None)
+                if not str(held or "").startswith(AGREES):
+                    missing = True
+                    problem = (f"{out.path}: the twin widens its bound, and the recorded file "
+                               "is not held to the numeric trail's last point "
+                               f"({held or 'not checked'}): the outputs were not compared")
                     break
                 edge = output_bound(bound, offset)
             assert out.distance is not None

@@ -254,6 +254,18 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
                           "reason": decision.refusal, "sentence": decision.refusal}
         report.reason = f"not the same bits; {decision.refusal}"
         return
+    if twin is not None and carried is not None:
+        from manifest.numeric.twin import trail_apart  # the recorded trail, step by step
+
+        held = trail_apart(trail, twin, decision.calibration)
+        if held.problem is not None:
+            refused = (f"the run's {carried.precision} envelope does not decide: its twin is "
+                       f"refused ({held.problem})")
+            report.notes.append(refused)
+            report.numeric = {"verdict": "not-compared", "envelope_from": None,
+                              "reason": refused, "sentence": refused}
+            report.reason = f"not the same bits; {refused}"
+            return
     again = {p.rank: p.numeric or [] for p in new.outputs.processes}
     # With a twin, the rank whose trail the twin is (numeric.measure.numeric_of: the lowest
     # with a trail) is judged against it; another rank has no twin and is not judged.
