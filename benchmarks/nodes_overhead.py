@@ -8,8 +8,17 @@ order, each node in its own clone. The wall time of a pair member is from the
 first launch to the last node's exit, so the captured side includes the
 snapshot, each process's launcher, hashing the outputs, writing the node
 records and the merge. Prints each pair, the median of each side, the median
-of the paired ratios and their spread, then the time
-``manifest.nodes.merge`` takes for 64 synthetic node records (8 ranks each).
+of the paired ratios and their spread, then the same for CPU time (user +
+system of every process of the job: capture, torchrun's agent, the ranks),
+then the time ``manifest.nodes.merge`` takes for 64 synthetic node records
+(8 ranks each).
+
+CPU time is printed because wall time on a shared 2-core machine moves a
+job by +-20% with the other sessions' load (bare launches of one run ranged
+10.3-15.5 s), while the CPU a job spends moves by ~5%. Where the two ranks
+fill both cores and step in lockstep (gloo all-reduce every step), any CPU
+the captured side adds during the run delays both ranks, so the CPU ratio is
+also what the wall ratio tends to on a saturated machine.
 
     python benchmarks/nodes_overhead.py [--pairs 3] [--steps 140] [--threads 1]
 
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -45,12 +55,22 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _job(repos: list[Path], steps: int, threads: int, *, nodes_dir: Path | None) -> float:
-    """Seconds from the first launch to the last exit; -1 when a node failed."""
+def _children_cpu() -> float:
+    """User + system seconds of every waited-for descendant so far (their own children
+    included once waited for: torchrun waits for its ranks, capture for torchrun)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _job(repos: list[Path], steps: int, threads: int, *,
+         nodes_dir: Path | None) -> tuple[float, float]:
+    """(seconds from the first launch to the last exit, CPU seconds of the job); wall -1
+    when a node failed."""
     port = _port()
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env.pop("PYTHONHASHSEED", None)
     procs = []
+    cpu_before = _children_cpu()
     started = time.perf_counter()
     for i, repo in enumerate(repos):
         shutil.rmtree(repo / "out", ignore_errors=True)
@@ -75,23 +95,25 @@ def _job(repos: list[Path], steps: int, threads: int, *, nodes_dir: Path | None)
             print(f"  node exited {p.returncode}: {' '.join(tail)}", file=sys.stderr)
         codes.append(p.returncode)
     elapsed = time.perf_counter() - started
+    cpu = _children_cpu() - cpu_before
     if any(codes):
         # gloo's teardown can abort a bare worker ("terminate called without an active
         # exception") while its peer still waits at torchelastic's exit barrier: retried.
-        return -1.0
+        return -1.0, cpu
     if nodes_dir is not None and not (nodes_dir / "run.json").is_file():
         raise SystemExit(f"no merged run.json in {nodes_dir}")
-    return elapsed
+    return elapsed, cpu
 
 
-def _timed(repos: list[Path], steps: int, threads: int, *, nodes_dir: Path | None) -> float:
+def _timed(repos: list[Path], steps: int, threads: int, *,
+           nodes_dir: Path | None) -> tuple[float, float]:
     for attempt in range(ATTEMPTS):
         if nodes_dir is not None:
             shutil.rmtree(nodes_dir, ignore_errors=True)
             nodes_dir.mkdir(parents=True)
-        elapsed = _job(repos, steps, threads, nodes_dir=nodes_dir)
+        elapsed, cpu = _job(repos, steps, threads, nodes_dir=nodes_dir)
         if elapsed >= 0:
-            return elapsed
+            return elapsed, cpu
         print(f"retrying a failed {'captured' if nodes_dir else 'bare'} job "
               f"({attempt + 1} of {ATTEMPTS})", file=sys.stderr)
     raise SystemExit(f"a two-node job failed {ATTEMPTS} times")
@@ -121,14 +143,19 @@ def main(argv: list[str] | None = None) -> int:
         _timed(repos, 5, args.threads, nodes_dir=tmp / "warm")
         bare: list[float] = []
         captured: list[float] = []
+        bare_cpu: list[float] = []
+        captured_cpu: list[float] = []
         for k in range(args.pairs):
             order = (False, True) if k % 2 == 0 else (True, False)
             for flag in order:
                 nodes_dir = tmp / f"nodes-{k}" if flag else None
-                seconds = _timed(repos, args.steps, args.threads, nodes_dir=nodes_dir)
+                seconds, cpu = _timed(repos, args.steps, args.threads, nodes_dir=nodes_dir)
                 (captured if flag else bare).append(seconds)
+                (captured_cpu if flag else bare_cpu).append(cpu)
             print(f"pair {k + 1}: bare {bare[-1]:.2f} s, captured {captured[-1]:.2f} s, "
-                  f"ratio {captured[-1] / bare[-1]:.3f}", flush=True)
+                  f"ratio {captured[-1] / bare[-1]:.3f}; CPU {bare_cpu[-1]:.2f} s and "
+                  f"{captured_cpu[-1]:.2f} s, ratio {captured_cpu[-1] / bare_cpu[-1]:.3f}",
+                  flush=True)
     ratios = [c / b for b, c in zip(bare, captured, strict=True)]
     b, c = statistics.median(bare), statistics.median(captured)
     print(f"two-node run, {args.steps} steps, {args.pairs} pairs: bare torchrun {b:.2f} s "
@@ -136,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
           f"({min(captured):.2f}-{max(captured):.2f}) (medians, range); paired ratio "
           f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}); "
           "goal <= 1.05")
+    cpu_ratios = [c / b for b, c in zip(bare_cpu, captured_cpu, strict=True)]
+    print(f"CPU (user+sys, every process of the job): bare {statistics.median(bare_cpu):.2f} s "
+          f"({min(bare_cpu):.2f}-{max(bare_cpu):.2f}), captured "
+          f"{statistics.median(captured_cpu):.2f} s ({min(captured_cpu):.2f}-"
+          f"{max(captured_cpu):.2f}); paired ratio {statistics.median(cpu_ratios):.3f} "
+          f"({min(cpu_ratios):.3f}-{max(cpu_ratios):.3f})")
     if args.no_merge_timing:
         return 0
 
