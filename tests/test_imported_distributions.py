@@ -56,6 +56,11 @@ PLANTED = {
     "empty-record": (None, ""),
 }
 SOURCES = {"empty-record": "emptymod.py\n"}
+ON_DISK = ["lonemod.py", "dotmod/__init__.py", "quotedmod/a,b.py", "pkgmod/__init__.py",
+           "somewhere/else.py", "other/lonemod.py", "other/pkgmod/x.py", "lsmod.py",
+           "emptymod.py"]
+"""The listed files exist: the importlib_metadata backport (9.x), once a library imports
+it, replaces the standard library's finder and drops listed files that are missing."""
 MODULES = ["lonemod", "dotmod", "quotedmod", "pkgmod", "decl_mod", "other", "bin", "lsmod",
            "emptymod"]
 
@@ -74,6 +79,9 @@ def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             (info / "RECORD").write_text("\n".join(record) + "\n")
         if name in SOURCES:
             (info / "SOURCES.txt").write_text(SOURCES[name])
+    for listed in ON_DISK:
+        (tmp_path / listed).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / listed).write_text("")
     monkeypatch.setattr(sys, "path", [str(tmp_path)])
     return tmp_path
 

@@ -456,8 +456,13 @@ def test_an_interrupt_while_tagging_keeps_the_written_manifest(tmp_path: Path) -
                                 "run_id": "abc"}])
         env = {**os.environ, "LOCATORS": locators}
         env.pop("PYTHONHASHSEED", None)
+        # Ctrl-C's own handler, whatever this process inherited: a test run started in the
+        # background of a non-interactive shell ignores SIGINT, and so would the child
+        start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, "
+                 "signal.default_int_handler); sys.argv[0] = 'manifest'; "
+                 "runpy.run_module('manifest', run_name='__main__')")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "manifest", "capture", "--artifact", "out/w.txt", "-o",
+            [sys.executable, "-c", start, "capture", "--artifact", "out/w.txt", "-o",
              "run.json", "--", "python", "leaves.py"],
             cwd=repo, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         assert proc.stderr is not None
