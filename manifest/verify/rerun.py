@@ -239,12 +239,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
 
         problems = check_twin(carried, trail)
         if problems:
-            refused = (f"the run's {carried.precision} envelope does not decide: its twin is "
-                       f"refused ({problems[0]})")
-            report.notes.append(refused)
-            report.numeric = {"verdict": "not-compared", "envelope_from": None,
-                              "reason": refused, "sentence": refused}
-            report.reason = f"not the same bits; {refused}"
+            _twin_refused(report, carried.precision, problems[0])
             return
     decision = choose_envelope(carried, own, runs, basis, reason, eps)
     report.notes.extend(decision.notes)
@@ -259,12 +254,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
 
         held = trail_apart(trail, twin, decision.calibration)
         if held.problem is not None:
-            refused = (f"the run's {carried.precision} envelope does not decide: its twin is "
-                       f"refused ({held.problem})")
-            report.notes.append(refused)
-            report.numeric = {"verdict": "not-compared", "envelope_from": None,
-                              "reason": refused, "sentence": refused}
-            report.reason = f"not the same bits; {refused}"
+            _twin_refused(report, carried.precision, held.problem)
             return
     again = {p.rank: p.numeric or [] for p in new.outputs.processes}
     # With a twin, the rank whose trail the twin is (numeric.measure.numeric_of: the lowest
@@ -310,6 +300,15 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
     else:
         report.notes.append(f"whether the difference is rounding could not be judged: "
                             f"{sentence}")
+
+
+def _twin_refused(report: VerifyReport, precision: str | None, problem: str) -> None:
+    """The run's envelope does not decide: its carried twin was refused (never equivalent)."""
+    refused = f"the run's {precision} envelope does not decide: its twin is refused ({problem})"
+    report.notes.append(refused)
+    report.numeric = {"verdict": "not-compared", "envelope_from": None,
+                      "reason": refused, "sentence": refused}
+    report.reason = f"not the same bits; {refused}"
 
 
 def _envelope_here(new: Manifest, here: Here, report: VerifyReport) -> tuple[Envelope | None,
