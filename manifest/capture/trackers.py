@@ -54,14 +54,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
-TAG_RUN_ID = "manifest.run_id"
-TAG_DIGEST = "manifest.digest"
-TAG_LAUNCH_ID = "manifest.launch_id"
-TRACKERS_KEY = "trackers"
-"""The process record's key the callbacks leave their locators under."""
-RUN_FILE = "manifest-run.json"
-MAX_LOCATOR_BYTES = 16 * 1024
-MAX_LOCATORS = 32
+from manifest.capture.tracker_names import (
+    MAX_LOCATOR_BYTES,
+    MAX_LOCATORS,
+    RUN_FILE,
+    TAG_DIGEST,
+    TAG_LAUNCH_ID,
+    TAG_RUN_ID,
+    TRACKERS_KEY,
+)
+
+__all__ = ["MAX_LOCATORS", "MAX_LOCATOR_BYTES", "RUN_FILE", "TAG_DIGEST", "TAG_LAUNCH_ID",
+           "TAG_RUN_ID", "TRACKERS_KEY", "Tagging", "plan_tagging", "read_locators",
+           "tag_trackers"]
 
 _Text = Annotated[str, StringConstraints(min_length=1, max_length=4096,
                                          pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")]

@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from manifest.capture.trackers import TAG_DIGEST, TAG_LAUNCH_ID, TAG_RUN_ID
+from manifest.capture.tracker_names import TAG_DIGEST, TAG_LAUNCH_ID, TAG_RUN_ID
 
 if TYPE_CHECKING:
     from manifest.models import Manifest

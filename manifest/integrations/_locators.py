@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from manifest.capture.trackers import MAX_LOCATORS, TRACKERS_KEY
+from manifest.capture.tracker_names import MAX_LOCATORS, TRACKERS_KEY
 
 
 def leave(locators: list[dict[str, Any]]) -> bool:
