@@ -57,8 +57,10 @@ SUITE="$(mktemp -d)/suite"; mkdir -p "$SUITE"
 cp -r tests pyproject.toml examples "$SUITE"/
 # Only the files that hold gpu tests are collected: the rest need the dev extras.
 FILES=$(cd "$SUITE" && grep -l "mark.gpu" tests/test_*.py)
-[ "$#" -gt 0 ] && FILES="$*"  # a re-check of some: benchmarks/gpu_check.sh tests/x.py::test_y
-(cd "$SUITE" && python -m pytest -v -p no:cacheprovider -m gpu -rA --durations=0 \
+MARK="-m gpu"
+# A re-check of some (benchmarks/gpu_check.sh tests/x.py::test_y): those, marked gpu or not.
+[ "$#" -gt 0 ] && { FILES="$*"; MARK=""; }
+(cd "$SUITE" && python -m pytest -v -p no:cacheprovider $MARK -rA --durations=0 \
    -W ignore::DeprecationWarning -W ignore::UserWarning -W ignore::FutureWarning $FILES)
 rc=$?
 

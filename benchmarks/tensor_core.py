@@ -62,11 +62,16 @@ BLOCK = {"bf16": 16, "tf32": 8}
 EXPONENT_FLOOR = -133
 
 
-def to_format(torch: Any, x: Any, fmt: str) -> Any:
+def to_format(torch: Any, x: Any, fmt: str, tf32: str = "rz") -> Any:
     """float32 ``x`` as the tensor core reads it: BF16 rounded to nearest even (a bf16
-    tensor is already rounded when made), TF32 truncated (the low 13 bits dropped)."""
+    tensor is already rounded when made), TF32 truncated (the low 13 bits dropped), or,
+    with ``tf32="rn"``, rounded to nearest even as the CPU emulation does."""
     if fmt == "bf16":
         return x.to(torch.bfloat16).to(torch.float32)
+    if tf32 == "rn":
+        from manifest.launch.boot._manifest_precision import round_mantissa
+
+        return round_mantissa(x, "tf32")
     return (x.contiguous().view(torch.int32) & ~((1 << 13) - 1)).view(torch.float32)
 
 
@@ -85,13 +90,13 @@ def _round_toward_zero_f32(torch: Any, x: Any) -> Any:
 
 
 def h100_mma(torch: Any, a: Any, b: Any, fmt: str, *, block: int | None = None,
-             fraction: int = FRACTION_BITS, final: str = "rz") -> Any:
+             fraction: int = FRACTION_BITS, final: str = "rz", tf32: str = "rz") -> Any:
     """``a @ b`` (float32 (m, k) and (k, n), float32 out) as the model above computes it;
     ``block``, ``fraction`` and ``final`` ('rz' or 'rn') are the model's parameters, for
     the sensitivity rows (defaults: Hopper's)."""
     block = block or BLOCK[fmt]
-    ar = to_format(torch, a, fmt).double()
-    br = to_format(torch, b, fmt).double()
+    ar = to_format(torch, a, fmt, tf32).double()
+    br = to_format(torch, b, fmt, tf32).double()
     m, k = ar.shape
     n = br.shape[1]
     ea = _exponent(torch, ar)
@@ -120,9 +125,18 @@ def _compare(torch: Any, out: Any, reference: Any) -> tuple[float, float]:
     return (out != reference).float().mean().item(), ulp.max().item()
 
 
+VARIANTS = (("block 4", {"block": 4}), ("block 8", {"block": 8}),
+            ("block 16", {"block": 16}), ("block 32", {"block": 32}),
+            ("24 fractional bits", {"fraction": 24}),
+            ("26 fractional bits", {"fraction": 26}),
+            ("final rounding to nearest", {"final": "rn"}),
+            ("TF32 inputs rounded to nearest", {"tf32": "rn"}))
+"""The sensitivity rows, and on a GPU the rivals the device's bits choose between."""
+
+
 def on_cpu(torch: Any, x: Any, w: Any) -> dict[str, Any]:
-    print("one Linear (32x64 @ 64x32), the H100 model against CPU float32 BLAS on the same "
-          "rounded inputs:")
+    print(f"one Linear (32x{x.shape[1]} @ {x.shape[1]}x32), the H100 model against CPU "
+          "float32 BLAS on the same rounded inputs:")
     models = {}
     for fmt in ("bf16", "tf32"):
         reference = to_format(torch, x, fmt) @ to_format(torch, w, fmt)
@@ -130,10 +144,9 @@ def on_cpu(torch: Any, x: Any, w: Any) -> dict[str, Any]:
         changed, ulp = _compare(torch, models[fmt], reference)
         print(f"  {fmt} (B={BLOCK[fmt]}, {FRACTION_BITS} fractional bits, RZ): {changed:6.1%} "
               f"of outputs differ from CPU float32, up to {ulp:.1f} ULP")
-        for label, kwargs in (("block 4", {"block": 4}), ("block 8", {"block": 8}),
-                              ("block 16", {"block": 16}), ("24 fractional bits",
-                                                            {"fraction": 24}),
-                              ("final rounding to nearest", {"final": "rn"})):
+        for label, kwargs in VARIANTS:
+            if fmt == "bf16" and "tf32" in kwargs:
+                continue
             variant = h100_mma(torch, x, w, fmt, **kwargs)
             off, _ = _compare(torch, variant, models[fmt])
             print(f"    {fmt} with {label:<26}: {off:6.1%} of outputs differ from the model")
@@ -195,6 +208,17 @@ def on_gpu(torch: Any, x: Any, w: Any, models: dict[str, Any]) -> None:
         print(f"{name} {fmt}: the model differs from the GPU on {off_model:.1%} of outputs "
               f"(up to {ulp_model:.1f} ULP); CPU float32 on {off_cpu:.1%} "
               f"(up to {ulp_cpu:.1f} ULP)")
+        for label, kwargs in VARIANTS:
+            if fmt == "bf16" and "tf32" in kwargs:
+                continue
+            off, ulp = _compare(torch, h100_mma(torch, x, w, fmt, **kwargs), gpu)
+            print(f"    {fmt} model with {label:<30}: differs from the GPU on {off:6.1%} "
+                  f"(up to {ulp:.1f} ULP)")
+        if fmt == "tf32":
+            emulated = to_format(torch, x, fmt, "rn") @ to_format(torch, w, fmt, "rn")
+            off, ulp = _compare(torch, emulated, gpu)
+            print(f"    the CPU emulation (inputs rounded to nearest, float32 BLAS): differs "
+                  f"from the GPU on {off:.1%} (up to {ulp:.1f} ULP)")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         linear = torch.nn.functional.linear(xc, wc.t()).float().cpu()
     modelled = models["bf16"].to(torch.bfloat16).float()

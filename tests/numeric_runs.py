@@ -72,12 +72,44 @@ def _model(torch: Any, kind: str, dropout: float) -> Any:
 def train(kind: str = "transformer", *, steps: int = 30, threads: int = 2,
           plant: str | None = None, perturb: int | None = None,
           deterministic: bool = True, mkldnn: bool = True, device: str = "cpu",
-          dropout: float = 0.1) -> list[dict[str, Any]]:
-    """One run's numeric trail: ``[{"step", "loss", "groups"}]``."""
+          dropout: float = 0.1, precision: str = "fp32") -> list[dict[str, Any]]:
+    """One run's numeric trail: ``[{"step", "loss", "groups"}]``.
+
+    ``precision`` (``fp32``, ``tf32``, ``bf16``) is the device's own on CUDA (TF32 allowed
+    in matmuls and cuDNN, or bf16 autocast around the forward and the loss, TF32 off) and
+    the launcher's emulation of it on CPU (``_manifest_precision.emulating``)."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
     from manifest.launch.boot import _manifest_trail as trail
+    from manifest.launch.boot._manifest_precision import emulating
+
+    if precision not in ("fp32", "tf32", "bf16"):
+        raise ValueError(f"unknown precision {precision!r}")
+    on_cpu = torch.device(device).type == "cpu"
+    if on_cpu:
+        emulation: Any = (emulating(precision) if precision != "fp32"
+                          else contextlib.nullcontext())
+        with emulation:
+            return _train(torch, F, trail, kind, steps, threads, plant, perturb,
+                          deterministic, mkldnn, device, dropout, None)
+    switches = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        return _train(torch, F, trail, kind, steps, threads, plant, perturb, deterministic,
+                      mkldnn, device, dropout,
+                      torch.bfloat16 if precision == "bf16" else None)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = switches
+
+
+def _train(torch: Any, F: Any, trail: Any, kind: str, steps: int, threads: int,
+           plant: str | None, perturb: int | None, deterministic: bool, mkldnn: bool,
+           device: str, dropout: float, autocast: Any) -> list[dict[str, Any]]:
+    import contextlib
 
     name, _, at = (plant or "").partition("@")
     k = int(at) if at else 0
@@ -117,8 +149,11 @@ def train(kind: str = "transformer", *, steps: int = 30, threads: int = 2,
             if name == "bias" and step == k:
                 with torch.no_grad():
                     next(model.parameters()).view(-1)[0] += 1e-3
-            out = model(data[idx])
-            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            cast: Any = (torch.autocast(torch.device(device).type, dtype=autocast)
+                         if autocast is not None else contextlib.nullcontext())
+            with cast:
+                out = model(data[idx])
+                loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
             if name == "loss":
                 loss = loss * 1.001
             opt.zero_grad()
