@@ -19,6 +19,7 @@ echo "== 1. device pairs"
 timeout 240 python3 benchmarks/device_pairs.py record --out "$OUT/pairs.json"
 echo "== 2. tensor-core model against the device"
 for k in 64 256; do timeout 60 python3 benchmarks/tensor_core.py --rounds 1 --k "$k"; done
+[ "${GPU_PAIRS_CHECKS:-1}" = 0 ] && { echo "== done (no re-checks)"; exit 0; }
 echo "== 3. GPU re-checks"
 GPU_CHECK_EXAMPLE=0 OUT="$OUT/check" timeout 200 bash benchmarks/gpu_check.sh \
   tests/test_explain.py::test_cuda_index_add_is_named_without_the_recipe_and_not_with_it \

@@ -68,6 +68,9 @@ def to_format(torch: Any, x: Any, fmt: str, tf32: str = "rz") -> Any:
     with ``tf32="rn"``, rounded to nearest even as the CPU emulation does."""
     if fmt == "bf16":
         return x.to(torch.bfloat16).to(torch.float32)
+    if tf32 == "rna":  # to nearest, ties away from zero (PTX cvt.rna.tf32.f32)
+        bits = x.contiguous().view(torch.int32)
+        return ((bits + (1 << 12)) & ~((1 << 13) - 1)).view(torch.float32)
     if tf32 == "rn":
         from manifest.launch.boot._manifest_precision import round_mantissa
 
@@ -219,11 +222,42 @@ def on_gpu(torch: Any, x: Any, w: Any, models: dict[str, Any]) -> None:
             off, ulp = _compare(torch, emulated, gpu)
             print(f"    the CPU emulation (inputs rounded to nearest, float32 BLAS): differs "
                   f"from the GPU on {off:.1%} (up to {ulp:.1f} ULP)")
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        full = (xc @ wc).cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    off_full, _ = _compare(torch, full, tf32)
+    off_cpu32, ulp_cpu32 = _compare(torch, x @ w, full)
+    print(f"{name} float32 (TF32 off): the TF32 result differs from it on {off_full:.1%} of "
+          f"outputs; CPU float32 differs from it on {off_cpu32:.1%} (up to {ulp_cpu32:.1f} ULP)")
+    tf32_search(torch, x, w, tf32, name)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         linear = torch.nn.functional.linear(xc, wc.t()).float().cpu()
     modelled = models["bf16"].to(torch.bfloat16).float()
     print(f"{name} autocast bf16 Linear (bf16 output): the model's bits differ on "
           f"{(modelled != linear).float().mean().item():.1%} of outputs")
+
+
+def tf32_search(torch: Any, x: Any, w: Any, gpu: Any, name: str) -> None:
+    """Which TF32 model the device's bits choose: every input rounding (toward zero, to
+    nearest even, to nearest away), block size and kept fraction, both final roundings;
+    the closest five."""
+    rows = []
+    for inputs in ("rz", "rn", "rna"):
+        for block in (4, 8, 16, 32, x.shape[1]):
+            for fraction in (23, 24, 25, 26, 27, 30):
+                for final in ("rz", "rn"):
+                    model = h100_mma(torch, x, w, "tf32", block=block, fraction=fraction,
+                                     final=final, tf32=inputs)
+                    off, ulp = _compare(torch, model, gpu)
+                    rows.append((off, ulp, f"inputs {inputs}, block {block}, "
+                                           f"{fraction} fractional bits, final {final}"))
+    rows.sort()
+    for off, ulp, label in rows[:5]:
+        print(f"    {name} tf32 closest: {label}: {off:.1%} of outputs differ "
+              f"(up to {ulp:.1f} ULP)")
 
 
 def main() -> None:
