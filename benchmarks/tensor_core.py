@@ -260,12 +260,45 @@ def tf32_search(torch: Any, x: Any, w: Any, gpu: Any, name: str) -> None:
               f"(up to {ulp:.1f} ULP)")
 
 
+SHAPES = ((32, 8, 32), (32, 16, 32), (32, 32, 32), (32, 64, 32), (32, 128, 32),
+          (32, 256, 32), (32, 1024, 32), (128, 64, 128), (128, 256, 128))
+"""(m, k, n) of the products ``--dump`` keeps, from one block to split-K sizes."""
+
+
+def dump(torch: Any, path: Path) -> None:
+    """On a GPU: the inputs and the device's outputs (TF32 on, off; BF16 with a float32
+    output) of ``SHAPES``, as ``x @ w`` and as ``F.linear``, for searching a model offline."""
+    rows = []
+    for m, k, n in SHAPES:
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(k * 1000 + m))
+        w = torch.randn(k, n, generator=torch.Generator().manual_seed(k * 1000 + n + 1)) / 8
+        xc, wc = x.cuda(), w.cuda()
+        row = {"x": x, "w": w}
+        for tf32 in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            key = "tf32" if tf32 else "fp32"
+            row[key] = (xc @ wc).cpu()
+            row[key + "_linear"] = torch.nn.functional.linear(xc, wc.t().contiguous()).cpu()
+        torch.backends.cuda.matmul.allow_tf32 = False
+        row["bf16"] = torch.mm(xc.bfloat16(), wc.bfloat16(), out_dtype=torch.float32).cpu()
+        rows.append(row)
+    torch.save({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "rows": rows}, path)
+    print(f"wrote {path}: {len(rows)} shapes")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--k", type=int, default=64, help="the inner dimension (default 64)")
+    parser.add_argument("--dump", type=Path, help="on a GPU: keep inputs and the device's "
+                        "outputs of several shapes in this file (torch.save) and stop")
     args = parser.parse_args()
     import torch
+
+    if args.dump:
+        dump(torch, args.dump)
+        return
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
