@@ -22,12 +22,20 @@ changes, and two devices' files against each other (H100 ↔ H200).
 
     python benchmarks/device_pairs.py record --out pairs-h200.json     # on the GPU
     python benchmarks/device_pairs.py record --device cpu --out x.json  # the CPU twin
-    python benchmarks/device_pairs.py judge pairs-h200.json [pairs-h100.json]
+    python benchmarks/device_pairs.py judge benchmarks/data/pairs-h200.json.gz
+    python benchmarks/device_pairs.py judge --stochastic benchmarks/data/pairs-h200.json.gz
+
+``benchmarks/data/pairs-h200.json.gz`` is the file an H200 recorded (torch 2.11+cu130,
+issue 37); an H100 recorded the same 126 trails bit for bit. ``--stochastic``: the TF32 and
+bf16 envelope runs each round stochastically at the precision (``emulating(p, seed)``)
+instead of one ULP from the twin: an envelope wide enough for a device's own rounding,
+and what it then lets through.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -57,7 +65,7 @@ def record(out: Path, device: str, steps: int, families: list[str]) -> None:
                            "cuda": torch.version.cuda, "families": {}}
     if device != "cpu":
         doc["name"] = torch.cuda.get_device_name()
-        doc["cudnn"] = torch.backends.cudnn.version()
+        doc["cudnn"] = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
         doc["capability"] = list(torch.cuda.get_device_capability())
     else:
         doc["name"] = "cpu (the emulation stands in)"
@@ -120,18 +128,35 @@ def _call(verdict: Any) -> str:
     return f"{verdict.verdict}: {verdict.reason}"
 
 
-def judge_files(files: list[Path]) -> None:
+def load(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    doc: dict[str, Any] = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b"
+                                     else data)
+    return doc
+
+
+def judge_files(files: list[Path], *, stochastic: bool = False,
+                families: list[str] | None = None) -> dict[tuple[str, str], list[int]]:
+    """Print every verdict; return ``{(error, pair): [wrong, judged]}``."""
     import torch
 
+    from manifest.launch.boot._manifest_precision import emulating
     from manifest.numeric.envelope import judge, measure_envelope
     from manifest.numeric.precision import at_precision
     from manifest.numeric.twin import check_twin
     from tests.numeric_runs import train
 
     torch.set_num_threads(1)
-    docs = [json.loads(f.read_text()) for f in files]
+    docs = [load(f) for f in files]
     steps = docs[0]["steps"]
     totals: dict[tuple[str, str], list[int]] = {}
+
+    def envelope_run(kind: str, precision: str, seed: int, threads: int) -> list[Any]:
+        if stochastic and precision != "fp32":
+            with emulating(precision, seed):
+                return _pts(train(kind, steps=steps, threads=threads, dropout=0.0))
+        return _pts(train(kind, steps=steps, threads=threads, dropout=0.0,
+                          perturb=seed if threads == 1 else None, precision=precision))
 
     def count(name: str, pair: str, wrong: bool) -> None:
         cell = totals.setdefault((name, pair), [0, 0])
@@ -140,16 +165,13 @@ def judge_files(files: list[Path]) -> None:
 
     print(f"device files: {', '.join(d['name'] + ' (torch ' + d['torch'] + ')' for d in docs)}"
           f"; {steps} steps, dropout 0; the recorded run is CPU float32, 1 thread")
-    for kind in docs[0]["families"]:
+    for kind in families or list(docs[0]["families"]):
         base = _pts(train(kind, steps=steps, threads=1, dropout=0.0))
         cpu: dict[str, dict[str, Any]] = {}
         for precision in PRECISIONS:
-            runs = [(f"1 ULP (seed {s})", _pts(train(kind, steps=steps, threads=1,
-                                                      dropout=0.0, perturb=s,
-                                                      precision=precision)))
+            runs = [(f"1 ULP (seed {s})", envelope_run(kind, precision, s, 1))
                     for s in ULP_SEEDS]
-            runs.append(("threads 1 → 2", _pts(train(kind, steps=steps, threads=2,
-                                                      dropout=0.0, precision=precision))))
+            runs.append(("threads 1 → 2", envelope_run(kind, precision, 99, 2)))
             if precision == "fp32":
                 twin, envelope = None, measure_envelope(base, runs)
                 refused: list[str] = []
@@ -194,7 +216,8 @@ def judge_files(files: list[Path]) -> None:
                        for s in ULP_SEEDS]
                 device_run = _pts(recorded["run"]["trail"])
                 measured = at_precision(device_run, own, precision, "measured")
-                back = f"CPU {precision} (emulated) → {device} {precision}"
+                back = (f"CPU {precision}{' (emulated)' if precision != 'fp32' else ''} → "
+                        f"{device} {precision}")
                 rerun = mine["twin"] or base
                 verdict = judge(device_run, rerun, measured)
                 count("false differs", back, verdict.verdict != "equivalent")
@@ -227,6 +250,7 @@ def judge_files(files: list[Path]) -> None:
     print("\ntotals (wrong / judged):")
     for (name, pair), (wrong, judged) in sorted(totals.items(), key=lambda kv: kv[0][1]):
         print(f"  {pair:45} {name:17} {wrong} / {judged}")
+    return totals
 
 
 def main() -> None:
@@ -239,13 +263,17 @@ def main() -> None:
     rec.add_argument("--families", default=",".join(FAMILIES))
     jud = sub.add_parser("judge", help="judge recorded device trails against CPU envelopes")
     jud.add_argument("files", type=Path, nargs="+")
+    jud.add_argument("--stochastic", action="store_true",
+                     help="TF32/bf16 envelope runs that round stochastically (wider)")
+    jud.add_argument("--families", help="a comma-separated subset of the file's families")
     args = parser.parse_args()
     if args.verb == "record":
         record(args.out, args.device, args.steps, args.families.split(","))
     else:
         if len(args.files) > 2:
             parser.error("at most two device files")
-        judge_files(args.files)
+        judge_files(args.files, stochastic=args.stochastic,
+                    families=args.families.split(",") if args.families else None)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ def _train(torch: Any, F: Any, trail: Any, kind: str, steps: int, threads: int,
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
     onednn = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = mkldnn  # type: ignore[assignment]  # oneDNN or ATen
+    torch.backends.mkldnn.enabled = mkldnn  # oneDNN or ATen
     try:
         torch.manual_seed(0)
         model = _model(torch, kind, dropout + (0.05 if name == "dropout" else 0.0))
@@ -157,7 +157,7 @@ def _train(torch: Any, F: Any, trail: Any, kind: str, steps: int, threads: int,
             if name == "loss":
                 loss = loss * 1.001
             opt.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()
             if name == "clip":
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             if perturb is not None and step == 1:

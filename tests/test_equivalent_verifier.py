@@ -284,3 +284,27 @@ def test_rounding_runs_look_like_the_real_run(repo: Path, tmp_path: Path) -> Non
     assert lines == ["clean"] * 4  # the run, two one-ULP runs, one thread-count run
     assert len(json.loads(proc.stdout)["outputs"]["envelope"]["runs"]) == 3
     assert os.environ.get("MARKER_LOG") is None
+
+
+def test_a_run_recorded_on_a_gpu_is_not_judged_by_a_cpu_rerun(
+        repo: Path, enveloped: tuple[Path, dict[str, Any]]) -> None:
+    """Across device types a re-run's rounding moves it as far as small real changes do
+    (measured on an H100 and an H200: benchmarks/device_pairs.py), so no envelope decides:
+    the numeric verdict is ``not-compared``, with the reason, never ``equivalent``."""
+    _, doc = enveloped
+    # positive control: the same manifest, re-sealed on this machine with its own devices,
+    # is equivalent at another thread count (the envelope decides)
+    same = _resealed(repo, copy.deepcopy(doc), "same-device.json", sealed_here=True)
+    code, report = _verify(repo, same, "--threads", "3")
+    assert (code, report["verdict"]) == (4, "equivalent"), report["reason"]
+    on_gpu = copy.deepcopy(doc)
+    for process in on_gpu["determinism"]["processes"]:
+        process["devices"] = ["NVIDIA H100 80GB HBM3"]
+    path = _resealed(repo, on_gpu, "on-gpu.json", sealed_here=True)
+    code, report = _verify(repo, path, "--threads", "3")
+    assert (code, report["verdict"]) == (1, "differs"), report["reason"]
+    numeric = report["numeric"]
+    assert numeric["verdict"] == "not-compared" and numeric["envelope_from"] is None
+    assert numeric["reason"].startswith(
+        "the run computed on NVIDIA H100 80GB HBM3 and the re-run on CPU")
+    assert "cannot tell rounding from a change" in report["reason"]

@@ -11,6 +11,7 @@ emulated one-ULP runs), and, as the positive control, against the float32 envelo
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,14 @@ from manifest.launch.boot._manifest_precision import emulating, round_mantissa
 from manifest.models import NumericPoint
 from manifest.numeric.calibration import DEFAULT_RUNS
 from manifest.numeric.envelope import ULP_LABEL, judge
-from manifest.numeric.precision import at_precision, choose, coarser, resolution_sentence
+from manifest.numeric.precision import (
+    at_precision,
+    choose,
+    coarser,
+    device_change,
+    device_kinds,
+    resolution_sentence,
+)
 from tests.numeric_runs import train
 
 torch = pytest.importorskip("torch")
@@ -131,6 +139,35 @@ def test_choose_picks_the_coarser_precision_or_says_none_covers() -> None:
 
 
 # ------------------------------------------------------------------ verdicts
+
+
+def test_a_change_of_device_type_decides_nothing() -> None:
+    """CPU ↔ GPU: the trails cannot tell a device's rounding from a change (measured on an
+    H100 and an H200, benchmarks/device_pairs.py), so verify says so instead of judging.
+    One GPU model for another of the same kind (H100 ↔ H200 trained bit-identically) and
+    CPU for CPU are judged as before."""
+    from manifest.canonical import load_manifest
+
+    golden = load_manifest((Path(__file__).parent / "golden" / "manifest_v1.json")
+                           .read_bytes())
+    det = golden.determinism
+    assert det is not None and det.processes
+
+    def on(*devices: str) -> Any:
+        procs = [p.model_copy(update={"devices": list(devices)}) for p in det.processes]
+        return golden.model_copy(update={"determinism": det.model_copy(
+            update={"processes": procs})})
+
+    cpu, h100, h200 = on(), on("NVIDIA H100 80GB HBM3"), on("NVIDIA H200")
+    assert device_kinds(cpu) == {"cpu"} and device_kinds(h100) == {"NVIDIA H100 80GB HBM3"}
+    assert device_change(cpu, on()) is None
+    assert device_change(h100, h200) is None
+    there = device_change(cpu, h100)
+    back = device_change(h200, cpu)
+    assert there is not None and back is not None
+    assert there.startswith("the run computed on CPU and the re-run on NVIDIA H100 80GB HBM3")
+    assert back.startswith("the run computed on NVIDIA H200 and the re-run on CPU")
+    assert "decide nothing" in there
 
 
 @pytest.fixture(scope="module", params=["tf32", "bf16"])

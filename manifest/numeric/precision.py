@@ -20,6 +20,18 @@ precision.py``). The bound is A1's calibrated one (``calibration.calibrate``) on
 
 What it costs (``resolution_sentence``): the smallest first-step change the coarser
 envelope still sees; a change smaller than the precision's own rounding is not seen.
+
+Across device types no envelope decides (``device_change``). Measured on an H100 and an
+H200 (``benchmarks/device_pairs.py``, the three calibration models, 20 steps): honest GPU
+re-runs of a CPU run were outside the CPU envelope at their precision in 64 of 72 cases
+(up to 2,160× its bound at step 1, TF32 and bf16 every time), and where an envelope wide
+enough to hold them was tried (every op's output rounded at random, inputs rounded
+stochastically at the precision), lr ×1.001 and a 1e-3 bias fell inside it: a device's
+own rounding moves the run as far as those changes do. So a re-run on another device
+type gets ``not-compared``, with that reason, never a ``differs`` that only says the
+device changed, nor an ``equivalent`` that could hide a change. Two GPU models of one
+architecture (H100 ↔ H200, same torch) trained bit-identically (126 of 126 runs), so a
+change of GPU model alone is judged as before.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from manifest.models import Envelope, NumericPoint
+from manifest.models import Envelope, Manifest, NumericPoint
 from manifest.numeric.calibration import resolution
 from manifest.numeric.envelope import measure_envelope
 
@@ -122,3 +134,28 @@ def resolution_sentence(envelope: Envelope) -> str:
     last = calibrate(envelope).bounds[-1]
     return (f"{said}; at its last step (step {last.step}), {max(last.groups):.2g}: a re-run "
             "already apart from the twin sees a change only above the bound where it is")
+
+
+def device_kinds(manifest: Manifest) -> frozenset[str]:
+    """What a run's processes computed on: the names of the CUDA devices of every process
+    that initialised CUDA (``determinism.processes[*].devices``), else ``{"cpu"}``."""
+    processes = manifest.determinism.processes if manifest.determinism is not None else []
+    names = {name for p in processes for name in p.devices}
+    return frozenset(names) or frozenset({"cpu"})
+
+
+def device_change(recorded: Manifest, rerun: Manifest) -> str | None:
+    """Why the numeric trails cannot judge ``rerun`` against ``recorded`` because one ran on
+    a GPU and the other on CPU (None: the same device type)."""
+    was, now = device_kinds(recorded), device_kinds(rerun)
+    if ("cpu" in was) == ("cpu" in now):
+        return None
+
+    def said(kinds: frozenset[str]) -> str:
+        return "CPU" if "cpu" in kinds else ", ".join(sorted(kinds))
+
+    return (f"the run computed on {said(was)} and the re-run on {said(now)}: across device "
+            "types a re-run's own rounding moves it as far as small real changes do "
+            "(measured on an H100 and an H200: honest re-runs up to 2,160x a CPU envelope's "
+            "bound at step 1), so the numeric trails cannot tell rounding from a change here "
+            "and decide nothing (docs/guides/devices.md)")

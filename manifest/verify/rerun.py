@@ -192,6 +192,14 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
             report.notes.append("no envelope was measured (--envelope): the bits are the same")
         return
     emulate = here.options.emulate if here is not None else None
+    from manifest.numeric.precision import device_change  # CPU ↔ GPU: no envelope decides
+
+    moved = device_change(recorded, new)
+    if moved is not None:
+        report.numeric = {"verdict": "not-compared", "envelope_from": None,
+                          "reason": moved, "sentence": moved}
+        report.reason = f"not the same bits; {moved}"
+        return
     drift = [d.path for d in report.bits_drift]
     if not rounding_only(drift) and not (emulate and not drift):  # emulation is rounding
         if asked:
