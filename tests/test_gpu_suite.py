@@ -125,3 +125,50 @@ def test_capture_then_verify_is_identical_under_the_recipe(gpu_repo: Path,
     code, report, stderr = _verify(gpu_repo, manifest, "--no-sandbox")
     assert code == 0, stderr
     assert report["verdict"] == "identical"
+
+
+DEVICE_TRAIN = """
+import os
+import torch
+from safetensors.torch import save_file
+
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+x, y = torch.randn(256, 16), torch.randn(256, 1)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
+                            torch.nn.Linear(64, 1)).to(dev)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for step in range(8):
+    loss = ((model(x.to(dev)) - y.to(dev)) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+os.makedirs("out", exist_ok=True)
+save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+          "out/model.safetensors")
+"""
+
+
+def test_a_gpu_run_verified_on_cpu_gets_no_numeric_verdict(tmp_path: Path) -> None:
+    """A run captured on the GPU, with its envelope, re-run on this machine's CPU (CUDA
+    hidden): not the same bits, and no numeric verdict across device types (issue 37:
+    measured, the trails cannot tell a device's rounding from a change)."""
+    repo = make_repo(tmp_path / "repo", {"device_train.py": DEVICE_TRAIN}, example=False)
+    manifest, doc = capture(repo, "--seed", "0", "--envelope", "2",
+                            command=["python", "device_train.py"], name="gpu.json")
+    gpus = {name for p in doc["determinism"]["processes"] for name in p["devices"]}
+    assert gpus, "the CUDA device used is recorded"
+    # positive control: on the GPU again, the same bits
+    code, report, stderr = _verify(repo, manifest, "--no-sandbox")
+    assert (code, report["verdict"]) == (0, "identical"), stderr
+    proc = manifest_cli("verify", str(manifest), "--json", "--no-sandbox", cwd=repo,
+                        env={"CUDA_VISIBLE_DEVICES": ""}, timeout=900)
+    stderr = proc.stderr.decode()
+    assert "Traceback" not in stderr, stderr
+    report = json.loads(proc.stdout)
+    assert (proc.returncode, report["verdict"]) == (1, "differs"), report.get("reason")
+    numeric = report["numeric"]
+    assert numeric["verdict"] == "not-compared", numeric
+    assert numeric["reason"].startswith(f"the run computed on {sorted(gpus)[0]}")
+    assert numeric["reason"].endswith("(docs/guides/devices.md)")
+    assert "and the re-run on CPU" in numeric["reason"]
