@@ -149,26 +149,20 @@ save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items
 """
 
 
-def test_a_gpu_run_verified_on_cpu_gets_no_numeric_verdict(tmp_path: Path) -> None:
-    """A run captured on the GPU, with its envelope, re-run on this machine's CPU (CUDA
-    hidden): not the same bits, and no numeric verdict across device types (issue 37:
-    measured, the trails cannot tell a device's rounding from a change)."""
+def test_the_verifiers_device_visibility_does_not_move_the_rerun(tmp_path: Path) -> None:
+    """verify replays the run's numerics variables, CUDA_VISIBLE_DEVICES among them: a
+    verifier whose shell hides the GPU still re-runs a GPU run on the GPU, and gets its
+    bits (measured on an H100). So a CPU re-run of a GPU run, and the rule that gives it
+    no numeric verdict (numeric.precision.device_change), happen on a machine without a
+    GPU; tests/test_equivalent_verifier.py holds that rule on CPU."""
     repo = make_repo(tmp_path / "repo", {"device_train.py": DEVICE_TRAIN}, example=False)
-    manifest, doc = capture(repo, "--seed", "0", "--envelope", "2",
-                            command=["python", "device_train.py"], name="gpu.json")
+    manifest, doc = capture(repo, "--seed", "0", command=["python", "device_train.py"],
+                            name="gpu.json")
     gpus = {name for p in doc["determinism"]["processes"] for name in p["devices"]}
     assert gpus, "the CUDA device used is recorded"
-    # positive control: on the GPU again, the same bits
-    code, report, stderr = _verify(repo, manifest, "--no-sandbox")
-    assert (code, report["verdict"]) == (0, "identical"), stderr
     proc = manifest_cli("verify", str(manifest), "--json", "--no-sandbox", cwd=repo,
                         env={"CUDA_VISIBLE_DEVICES": ""}, timeout=900)
     stderr = proc.stderr.decode()
     assert "Traceback" not in stderr, stderr
     report = json.loads(proc.stdout)
-    assert (proc.returncode, report["verdict"]) == (1, "differs"), report.get("reason")
-    numeric = report["numeric"]
-    assert numeric["verdict"] == "not-compared", numeric
-    assert numeric["reason"].startswith(f"the run computed on {sorted(gpus)[0]}")
-    assert numeric["reason"].endswith("(docs/guides/devices.md)")
-    assert "and the re-run on CPU" in numeric["reason"]
+    assert (proc.returncode, report["verdict"]) == (0, "identical"), report.get("reason")

@@ -192,15 +192,17 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
             report.notes.append("no envelope was measured (--envelope): the bits are the same")
         return
     emulate = here.options.emulate if here is not None else None
-    from manifest.numeric.precision import device_change  # CPU ↔ GPU: no envelope decides
+    drift = [d.path for d in report.bits_drift]
+    from manifest.numeric.precision import device_change
 
-    moved = device_change(recorded, new)
-    if moved is not None:
+    moved = device_change(recorded, new)  # CPU ↔ GPU: no envelope decides
+    # only where nothing but rounding drifted besides (a change of code, data or seed is
+    # not rounding whatever the device, and says so below)
+    if moved is not None and (not drift or rounding_only(drift)):
         report.numeric = {"verdict": "not-compared", "envelope_from": None,
                           "reason": moved, "sentence": moved}
         report.reason = f"not the same bits; {moved}"
         return
-    drift = [d.path for d in report.bits_drift]
     if not rounding_only(drift) and not (emulate and not drift):  # emulation is rounding
         if asked:
             report.notes.append("no envelope was measured (--envelope): what changed is not "
