@@ -31,9 +31,8 @@ Measured against an H200's bits (``--dump`` there, ``--replay`` here; the file i
 autocast's ``F.linear``) 100% of output bits with one chain; **TF32** 100% with inputs
 rounded to nearest and K split in S = 1–16 slices, S chosen by cuBLAS per shape (read
 from the data: it is a heuristic of the library, not predicted here); the published
-TF32 model (inputs truncated, one chain) 0%. On an H100 (32x64x32 and 32x256x32, live)
-the BF16 model matched 100% as well, and every TF32 variant matched the same share as on
-the H200 (its bits were not kept). CPU float32 reproduces 13–50% of the GPU's float32
+TF32 model (inputs truncated, one chain) 0%. An H100 computed the same bits as the
+H200 for every shape and format (its ``--dump`` compared tensor by tensor). CPU float32 reproduces 13–50% of the GPU's float32
 (TF32 off) outputs where cuBLAS splits K there too, 100% where it does not (32x32x32).
 
 What this prints, on CPU:
