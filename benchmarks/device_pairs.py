@@ -8,7 +8,8 @@ masks come from the CUDA generator and are a real difference, not rounding) trai
 device at each precision: ``fp32`` (TF32 off in matmuls and cuDNN), ``tf32`` (TF32 on in
 both) and ``bf16`` (autocast around the forward and the loss). Per family and precision:
 the run, the same run again (is the device deterministic?), one-ULP runs (the envelope a
-device would measure on itself) and the planted changes, made on the device. Every trail
+device would measure on itself) and the planted changes, made on the device. The run
+again is kept to show the device repeats itself, and not counted twice. Every trail
 goes into one JSON file, written after each family (a cut-off run keeps what it did).
 
 ``judge`` (on CPU, here): the same families' float32 CPU run is the recorded run. Each
@@ -200,6 +201,8 @@ def judge_files(files: list[Path], *, stochastic: bool = False,
                               if mine["twin"] else float("nan"))
                 honest, planted_calls = [], []
                 for label, entry in recorded.items():
+                    if label == "again":  # the run's bits again (checked when recorded)
+                        continue
                     verdict = judge(reference, _pts(entry["trail"]), mine["envelope"])
                     if label.startswith("plant:"):
                         count("false equivalent", pair, verdict.verdict == "equivalent")

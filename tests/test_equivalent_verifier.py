@@ -306,5 +306,5 @@ def test_a_run_recorded_on_a_gpu_is_not_judged_by_a_cpu_rerun(
     numeric = report["numeric"]
     assert numeric["verdict"] == "not-compared" and numeric["envelope_from"] is None
     assert numeric["reason"].startswith(
-        "the run computed on NVIDIA H100 80GB HBM3 and the re-run on CPU")
+        "the run computed on 'NVIDIA H100 80GB HBM3' and the re-run on CPU")
     assert "cannot tell rounding from a change" in report["reason"]

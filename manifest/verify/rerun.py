@@ -202,6 +202,9 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
         report.numeric = {"verdict": "not-compared", "envelope_from": None,
                           "reason": moved, "sentence": moved}
         report.reason = f"not the same bits; {moved}"
+        if asked:
+            report.notes.append("no envelope was measured (--envelope): the re-run ran on "
+                                "other devices, where no envelope decides")
         return
     if not rounding_only(drift) and not (emulate and not drift):  # emulation is rounding
         if asked:
