@@ -404,3 +404,43 @@ def test_diff_imports_no_torch_git_pynvml_or_numpy(pair: tuple[Path, Path]) -> N
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=True, timeout=60)
     assert done.stderr == "([1, 1], [])"
+
+
+def test_runs_on_other_devices_get_no_numeric_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run on a GPU against one on CPU, otherwise alike, whose weights differ: diff says
+    why no envelope judges (numeric.precision.device_change), as verify does; the names
+    are the manifests' authors' and print escaped."""
+    def on_cpu(doc: dict[str, Any]) -> None:
+        for process in doc["determinism"]["processes"]:
+            process.update(devices=[], cuda_runtime=None, cudnn=None, nccl=None)
+        doc["outputs"]["artifacts"][0]["tensors"]["fc.bias"]["digest"] = PAIRS.d("moved")
+
+    def on_gpu(name: str) -> Any:
+        def edit(doc: dict[str, Any]) -> None:
+            for process in doc["determinism"]["processes"]:
+                process["devices"] = [name]
+        return edit
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_bytes(dumps(build(on_gpu("NVIDIA H100 [bold]80GB[/bold] \x1b[31mHBM3"))))
+    b.write_bytes(dumps(build(on_cpu)))
+    assert main(["diff", str(a), str(b), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["outputs"] == "differ" and doc["numeric"]["verdict"] == "not-compared"
+    assert doc["numeric"]["reason"].startswith("the run computed on 'NVIDIA H100 [bold]80GB")
+    assert main(["diff", str(a), str(b)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "No numeric verdict: the run computed on" in out
+    assert "[bold]80GB[/bold]" in out and "\x1b[31m" not in out
+
+    def moved_on_gpu(doc: dict[str, Any]) -> None:
+        on_cpu(doc)
+        on_gpu("NVIDIA H100 80GB HBM3")(doc)
+
+    # control: the same devices on both sides, weights apart, no envelope: nothing said
+    a.write_bytes(dumps(build(on_gpu("NVIDIA H100 80GB HBM3"))))
+    b.write_bytes(dumps(build(moved_on_gpu)))
+    assert main(["diff", str(a), str(b), "--json"]) == 1
+    assert "numeric" not in json.loads(capsys.readouterr().out)

@@ -68,6 +68,10 @@ def _summary(result: ManifestDiff) -> str:
     elif result.outputs == "equivalent" and result.numeric is not None:
         line += (" The outputs differ, but the runs are equivalent (the same run up to "
                  f"rounding): {result.numeric['sentence']}.")
+    elif result.numeric is not None and result.numeric.get("verdict") == "not-compared":
+        from manifest.cli.text import markup  # device names are the manifests' authors'
+
+        line += f" No numeric verdict: {markup(result.numeric['sentence'])}."
     elif result.numeric is not None:
         line += f" Outside the noise envelope: {result.numeric['sentence']}."
     return line

@@ -140,10 +140,16 @@ def weigh_outputs(a: Manifest, b: Manifest,
         return "identical", None
     from manifest.numeric.envelope import judge, rounding_only
 
-    inputs = [d.path for d in found if d.impact is Impact.BITS and d.section != "outputs"]
+    inputs = [d for d in found if d.impact is Impact.BITS and d.section != "outputs"]
     assert a.outputs is not None and b.outputs is not None
+    from manifest.numeric.precision import device_change
+
+    moved = device_change(a, b)  # other devices: no envelope decides (verify says the same)
+    rest = [d.path for d in inputs if d.rule not in _DEVICE_RULES]
+    if moved is not None and (not rest or rounding_only(rest)):
+        return "differ", {"verdict": "not-compared", "reason": moved, "sentence": moved}
     envelope = _vouched_envelope(a) or _vouched_envelope(b)
-    if not rounding_only(inputs) or envelope is None:
+    if not rounding_only([d.path for d in inputs]) or envelope is None:
         return "differ", None
     again = {p.rank: p.numeric or [] for p in b.outputs.processes}
     verdicts = [judge(p.numeric or [], again.get(p.rank, []), envelope)
@@ -152,6 +158,12 @@ def weigh_outputs(a: Manifest, b: Manifest,
         return "differ", None
     worst = next((v for v in verdicts if v.verdict != "equivalent"), verdicts[0])
     return ("equivalent" if worst.verdict == "equivalent" else "differ"), worst.to_json()
+
+
+_DEVICE_RULES = frozenset(f"determinism.processes[*].{field}"
+                          for field in ("devices", "cuda_runtime", "cudnn", "nccl"))
+"""What a change of devices differs in by itself (the devices each process could use, the
+CUDA libraries it loaded)."""
 
 
 def _vouched_envelope(m: Manifest) -> Envelope | None:

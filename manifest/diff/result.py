@@ -163,7 +163,9 @@ class ManifestDiff:
     ``equivalent``, ``differ``, or None when a side has no output or trail to compare."""
     numeric: dict[str, Any] | None = None
     """``equivalent`` or a rounding-only ``differ``: the numeric trails judged against the
-    noise envelope (``manifest.numeric.envelope.Judgement.to_json``)."""
+    noise envelope (``manifest.numeric.envelope.Judgement.to_json``); or, where the runs
+    computed on other devices, ``{"verdict": "not-compared", "reason", "sentence"}``
+    (``manifest.numeric.precision.device_change``)."""
 
     @property
     def same_run_id(self) -> bool:

@@ -208,7 +208,7 @@ def _weigh_across_runners(baseline: Manifest, current: Manifest, where: str,
         return CheckResult("baseline", Status.PASS, f"equivalent to the baseline {where}: the "
                            "same run up to rounding on another environment; "
                            f"{weighed.numeric['sentence']}", shown)
-    if weighed.numeric is not None:
+    if weighed.numeric is not None and weighed.numeric.get("verdict") != "not-compared":
         return CheckResult("baseline", Status.FAIL, f"outside the baseline's noise envelope: "
                            f"{weighed.numeric['sentence']}", shown,
                            hint=f"If the change is intended, {UPDATE_HINT}.")
