@@ -32,8 +32,9 @@ autocast's ``F.linear``) 100% of output bits with one chain; **TF32** 100% with 
 rounded to nearest and K split in S = 1–16 slices, S chosen by cuBLAS per shape (read
 from the data: it is a heuristic of the library, not predicted here); the published
 TF32 model (inputs truncated, one chain) 0%. An H100 computed the same bits as the
-H200 for every shape and format (its ``--dump`` compared tensor by tensor). CPU float32 reproduces 13–50% of the GPU's float32
-(TF32 off) outputs where cuBLAS splits K there too, 100% where it does not (32x32x32).
+H200 for every shape and format (its ``--dump`` compared tensor by tensor). CPU float32
+reproduces 13–50% of the GPU's float32 (TF32 off) outputs where cuBLAS splits K there
+too, 100% where it does not (32x32x32).
 
 What this prints, on CPU:
 
