@@ -214,18 +214,23 @@ def cost(torch: Any, x: Any, w: Any, rounds: int) -> None:
               "before the other ops a bit-exact replay would also have to model")
 
 
+def _gpu_matmul(torch: Any, xc: Any, wc: Any, tf32: bool) -> Any:
+    """``xc @ wc`` on the GPU with TF32 allowed or not, back on CPU; the switch restored."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        return (xc @ wc).cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 def on_gpu(torch: Any, x: Any, w: Any, models: dict[str, Any]) -> None:
     if not torch.cuda.is_available():
         print("GPU: none here; the model's bits against an H100's: NOT measured")
         return
     name = torch.cuda.get_device_name()
     xc, wc = x.cuda(), w.cuda()
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        tf32 = (xc @ wc).cpu()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+    tf32 = _gpu_matmul(torch, xc, wc, True)
     outputs = {"tf32": tf32}
     try:
         outputs["bf16"] = torch.mm(xc.bfloat16(), wc.bfloat16(),
@@ -245,17 +250,7 @@ def on_gpu(torch: Any, x: Any, w: Any, models: dict[str, Any]) -> None:
             off, ulp = _compare(torch, h100_mma(torch, x, w, fmt, **kwargs), gpu)
             print(f"    {fmt} model with {label:<30}: differs from the GPU on {off:6.1%} "
                   f"(up to {ulp:.1f} ULP)")
-        if fmt == "tf32":
-            emulated = to_format(torch, x, fmt) @ to_format(torch, w, fmt)
-            off, ulp = _compare(torch, emulated, gpu)
-            print(f"    the CPU emulation (inputs rounded to nearest, float32 BLAS): differs "
-                  f"from the GPU on {off:.1%} (up to {ulp:.1f} ULP)")
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        full = (xc @ wc).cpu()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+    full = _gpu_matmul(torch, xc, wc, False)
     off_full, _ = _compare(torch, full, tf32)
     off_cpu32, ulp_cpu32 = _compare(torch, x @ w, full)
     print(f"{name} float32 (TF32 off): the TF32 result differs from it on {off_full:.1%} of "
