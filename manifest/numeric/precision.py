@@ -29,10 +29,10 @@ an envelope wide enough to hold them was tried (each envelope run rounding the m
 inputs stochastically at the precision), lr ×1.001 and a 1e-3 bias fell inside it, and
 lr ×1.01 in bf16: a device's own rounding moves the run as far as those changes do. So a
 re-run on other devices gets ``not-compared``, with that reason, never a ``differs`` that
-only says the device changed, nor an ``equivalent`` that could hide a change. Two GPU models of one
-architecture (H100 ↔ H200, same torch) trained bit-identically (126 of 126 runs): verify
-says ``identical`` there before any envelope is needed. Other GPU models (another
-architecture, another vendor) are held to the same rule, unmeasured.
+only says the device changed, nor an ``equivalent`` that could hide a change. Two GPU
+models of one architecture (H100 ↔ H200, same torch) trained bit-identically (126 of 126
+runs): verify says ``identical`` there before any envelope is needed. Other GPU models
+(another architecture, another vendor) are held to the same rule, unmeasured.
 """
 
 from __future__ import annotations
@@ -167,8 +167,8 @@ def device_change(recorded: Manifest, rerun: Manifest) -> str | None:
     was, now = device_kinds(recorded), device_kinds(rerun)
     if was == now:
         return None
-    return (f"the run computed on {_said(was)} and the re-run on {_said(now)}: across device "
-            "types a re-run's own rounding moves it as far as small real changes do "
+    return (f"the run computed on {_said(was)} and the re-run on {_said(now)}: on other "
+            "devices a re-run's own rounding moves it as far as small real changes do "
             "(measured on an H100 and an H200: honest re-runs up to 2,160x a CPU envelope's "
             "bound at step 1), so the numeric trails cannot tell rounding from a change here "
             "and decide nothing (docs/guides/devices.md)")

@@ -195,7 +195,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
     drift = [d.path for d in report.bits_drift]
     from manifest.numeric.precision import device_change
 
-    moved = device_change(recorded, new)  # CPU ↔ GPU: no envelope decides
+    moved = device_change(recorded, new)  # other devices: no envelope decides
     # only where nothing but rounding drifted besides (a change of code, data or seed is
     # not rounding whatever the device, and says so below)
     if moved is not None and (not drift or rounding_only(drift)):
