@@ -199,9 +199,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
     # only where nothing but rounding drifted besides (a change of code, data or seed is
     # not rounding whatever the device, and says so below)
     if moved is not None and (not drift or rounding_only(drift)):
-        report.numeric = {"verdict": "not-compared", "envelope_from": None,
-                          "reason": moved, "sentence": moved}
-        report.reason = f"not the same bits; {moved}"
+        _not_compared(report, moved)
         if asked:
             report.notes.append("no envelope was measured (--envelope): the re-run ran on "
                                 "other devices, where no envelope decides")
@@ -241,10 +239,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
 
         choice = choose([carried], "fp32", emulate or "fp32")
         if choice.envelope is None:
-            report.numeric = {"verdict": "not-compared", "envelope_from": None,
-                              "reason": choice.reason, "sentence": choice.reason,
-                              "precision": choice.to_json()}
-            report.reason = f"not the same bits; {choice.reason}"
+            _not_compared(report, choice.reason, precision=choice.to_json())
             return
     twin = carried.twin if emulate and carried is not None and carried.twin else None
     if twin is not None and carried is not None:
@@ -258,9 +253,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
     report.notes.extend(decision.notes)
     if decision.calibration is None:
         assert decision.refusal is not None
-        report.numeric = {"verdict": "not-compared", "envelope_from": None,
-                          "reason": decision.refusal, "sentence": decision.refusal}
-        report.reason = f"not the same bits; {decision.refusal}"
+        _not_compared(report, decision.refusal)
         return
     if twin is not None and carried is not None:
         from manifest.numeric.twin import trail_apart  # the recorded trail, step by step
@@ -319,9 +312,14 @@ def _twin_refused(report: VerifyReport, precision: str | None, problem: str) -> 
     """The run's envelope does not decide: its carried twin was refused (never equivalent)."""
     refused = f"the run's {precision} envelope does not decide: its twin is refused ({problem})"
     report.notes.append(refused)
-    report.numeric = {"verdict": "not-compared", "envelope_from": None,
-                      "reason": refused, "sentence": refused}
-    report.reason = f"not the same bits; {refused}"
+    _not_compared(report, refused)
+
+
+def _not_compared(report: VerifyReport, reason: str, **extra: Any) -> None:
+    """No numeric verdict, with the reason: the bits differ and nothing says by how much."""
+    report.numeric = {"verdict": "not-compared", "envelope_from": None, "reason": reason,
+                      "sentence": reason, **extra}
+    report.reason = f"not the same bits; {reason}"
 
 
 def _envelope_here(new: Manifest, here: Here, report: VerifyReport) -> tuple[Envelope | None,
