@@ -27,6 +27,17 @@ sealed :func:`tag_trackers` writes ``manifest.run_id`` and ``manifest.digest`` b
   ``file:./mlruns``) gets the same memory for the tag files ``set_tag`` adds: without it
   each capture's code, so its run_id, changed with the previous capture's tags.
 
+**Only this capture's own tracker runs.** A locator is the run's output, so it can name
+any run in any store the machine reaches, among them another project's, whose
+``manifest.run_id`` tag is the link its team follows to its own manifest. An MLflow run is
+tagged only when its store is in the tree or is the one the user named
+(``MLFLOW_TRACKING_URI`` in capture's environment), and this capture's run created it or
+logged to it: its ``start_time``, ``end_time`` or a latest metric's time stamp falls within
+the capture (``observed.started_at`` to ``finished_at``, and 1 s after). A W&B run is
+tagged only when it was created within the capture. Any other is one note naming the
+store, and nothing is written. A run resumed from an earlier capture and only read from
+this one (no metric, no end) is not tagged: the note gives the run_id to set by hand.
+
 Only ``capture`` tags, and last: ``capture_from_cli(tagging=…)`` hands a :class:`Tagging`
 back and the verb runs it once the manifest is written (a server that does not answer
 costs up to 20 s, and an interrupt then must not cost the manifest). ``gate`` passes no
@@ -187,14 +198,15 @@ class Tagging:
                        _dataset_paths(manifest, self.tree))
         written: list[str] = []
         seen: set[str] = set()
+        window = capture_window(manifest)
         try:
             for loc in self.locators:
                 line: str | None
                 try:
                     if isinstance(loc, MlflowLocator):
-                        line = _tag_mlflow(loc, values, self.tree, written)
+                        line = _tag_mlflow(loc, values, self.tree, written, window)
                     elif isinstance(loc, WandbLocator):
-                        line = _tag_wandb(loc, values)
+                        line = _tag_wandb(loc, values, window)
                     else:
                         line = _write_run_file(loc, values, place, written, seen)
                 except Exception as exc:  # a tracker's own failure is a note, never a failure
@@ -277,17 +289,25 @@ WANDB_QUICK = {"WANDB_LOGIN_TIMEOUT": "1", "WANDB_SILENT": "true"}
 
 
 def _tag_mlflow(loc: MlflowLocator, values: dict[str, str | None], tree: Path,
-                written: list[str]) -> str:
+                written: list[str], window: tuple[float, float] | None) -> str:
     from manifest.redact import redact_url
 
     shown = f"MLflow run {loc.run_id} at {redact_url(loc.tracking_uri)}"
     run_dir = _file_store_run(loc, tree)
+    if run_dir is None and not _named_by_user(loc.tracking_uri):
+        return (f"{shown} not tagged: its store is outside the run's tree and is not the "
+                f"one the user named ({MLFLOW_URI_VARIABLE}); nothing written (the run_id is "
+                f"{values['run_id']}).")
     before = _listing(run_dir) if run_dir is not None else {}
     try:
         with _quiet(MLFLOW_QUICK, "mlflow"):
             from mlflow import MlflowClient
 
             client = MlflowClient(tracking_uri=loc.tracking_uri)
+            if not _ours_mlflow(client.get_run(loc.run_id), window):
+                return (f"{shown} not tagged: it was neither started nor logged to during "
+                        "this capture (another run's); nothing written (the run_id is "
+                        f"{values['run_id']}).")
             client.set_tag(loc.run_id, TAG_RUN_ID, str(values["run_id"]))
             client.set_tag(loc.run_id, TAG_DIGEST, str(values["digest"]))
     except ImportError:
@@ -300,6 +320,75 @@ def _tag_mlflow(loc: MlflowLocator, values: dict[str, str | None], tree: Path,
             written += [os.path.relpath(path, tree) for path, seen in after.items()
                         if before.get(path) != seen]
     return f"tagged {shown} with {TAG_RUN_ID} {values['run_id']}."
+
+
+MLFLOW_URI_VARIABLE = "MLFLOW_TRACKING_URI"
+CLOCK_SLACK_S = 1.0
+"""Seconds after the capture's end in which a tracker's time stamp still counts as this
+capture's (the manifest's ``finished_at`` is taken to the microsecond, MLflow's stamps to
+the millisecond). None before its start: MLflow's client stamps a run's start, end and
+metrics with its own clock, this machine's, in the run's process, which starts after
+``started_at``; a run stamped a second before it is another's (the hostile test makes one
+in the seconds before the capture)."""
+
+
+def capture_window(manifest: Any) -> tuple[float, float] | None:
+    """The capture's start and end (epoch seconds, ``observed.started_at`` and
+    ``finished_at``), the end widened by :data:`CLOCK_SLACK_S`; None when they cannot be read (then
+    no tracker run counts as this capture's)."""
+    from datetime import datetime
+
+    observed = getattr(manifest, "observed", None)
+    try:
+        start = datetime.fromisoformat(observed.started_at).timestamp()  # type: ignore[union-attr]
+        end = datetime.fromisoformat(observed.finished_at).timestamp()  # type: ignore[union-attr]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return start, end + CLOCK_SLACK_S
+
+
+def _within(window: tuple[float, float] | None, millis: Any) -> bool:
+    return (window is not None and isinstance(millis, int) and not isinstance(millis, bool)
+            and window[0] <= millis / 1000 <= window[1])
+
+
+def _ours_mlflow(run: Any, window: tuple[float, float] | None) -> bool:
+    """Whether this capture's run created the MLflow run (its ``start_time`` within the
+    capture) or logged to it (it ended within it, or a metric's latest value was logged
+    within it): any other run is another project's, whose ``manifest.run_id`` tag is the
+    link its team follows to its own manifest."""
+    info = getattr(run, "info", None)
+    stamps = [getattr(info, "start_time", None), getattr(info, "end_time", None)]
+    data = getattr(run, "data", None)
+    stamps += [getattr(m, "timestamp", None) for m in getattr(data, "_metric_objs", None) or []]
+    return any(_within(window, stamp) for stamp in stamps)
+
+
+def _named_by_user(uri: str) -> bool:
+    """Whether the tracking URI is the store the user named for this capture
+    (``MLFLOW_TRACKING_URI`` in capture's own environment, which the run inherited): the
+    same text, or the same local directory for two spellings of a file store."""
+    named = os.environ.get(MLFLOW_URI_VARIABLE, "")
+    if not named:
+        return False
+    if named == uri:
+        return True
+    mine, theirs = _local_store(named), _local_store(uri)
+    return mine is not None and mine == theirs
+
+
+def _local_store(uri: str) -> str | None:
+    """The real path of a file store's URI (``file:…`` or a bare path), None for a server."""
+    from urllib.parse import unquote, urlparse
+
+    if uri.startswith("file:"):
+        parsed = urlparse(uri)
+        if parsed.netloc not in ("", "localhost"):
+            return None
+        return os.path.realpath(unquote(parsed.path))
+    if "://" not in uri and ":" not in uri:
+        return os.path.realpath(uri)
+    return None
 
 
 def _file_store_run(loc: MlflowLocator, tree: Path) -> Path | None:
@@ -347,7 +436,24 @@ def _listing(run_dir: Path, limit: int = 4096) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _tag_wandb(loc: WandbLocator, values: dict[str, str | None]) -> str:
+def _wandb_ours(run: Any, window: tuple[float, float] | None) -> bool:
+    """Whether the W&B run was created within this capture (``created_at``, UTC)."""
+    from datetime import UTC, datetime
+
+    created = getattr(run, "created_at", None)
+    if not isinstance(created, str):
+        return False
+    try:
+        when = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return _within(window, int(when.timestamp() * 1000))
+
+
+def _tag_wandb(loc: WandbLocator, values: dict[str, str | None],
+               window: tuple[float, float] | None) -> str:
     path = "/".join(p for p in (loc.entity, loc.project, loc.run_id) if p)
     tags = {TAG_RUN_ID: values["run_id"], TAG_DIGEST: values["digest"]}
     if loc.offline:
@@ -361,6 +467,9 @@ def _tag_wandb(loc: WandbLocator, values: dict[str, str | None]) -> str:
             import wandb
 
             run = wandb.Api(timeout=20).run(path)
+            if not _wandb_ours(run, window):
+                return (f"W&B run {path} not tagged: it was not created during this capture "
+                        f"(another run's); nothing written (the run_id is {values['run_id']}).")
             run.summary.update(tags)  # type: ignore[no-untyped-call]
     except Exception as exc:
         return f"W&B run {path} not tagged ({_reason(exc)}); the run_id is {values['run_id']}."
