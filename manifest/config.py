@@ -64,11 +64,25 @@ def load_config(start: Path) -> tuple[dict[str, Any], Path | None]:
     unknown = sorted(set(table) - KNOWN_KEYS)
     if unknown:
         raise ConfigError(
-            f"[tool.manifest] in {path} has unknown key(s): {', '.join(unknown)}.",
+            f"[tool.manifest] in {path} has unknown key(s): {', '.join(unknown)}"
+            f"{did_you_mean(unknown, KNOWN_KEYS)}.",
             hint=f"Known keys: {', '.join(sorted(KNOWN_KEYS))}.",
         )
     check_table(table, path)
     return table, path
+
+
+def did_you_mean(words: list[str], known: frozenset[str] | set[str]) -> str:
+    """``" (did you mean command?)"`` for the words with a close known one (difflib's ratio
+    >= 0.6, the cutoff a mistyped verb is matched with), else ``""``."""
+    import difflib
+
+    pairs = []
+    for word in words:
+        close = difflib.get_close_matches(str(word), sorted(known), n=1, cutoff=0.6)
+        if close:
+            pairs.append(close[0] if len(words) == 1 else f"{close[0]} for {word}")
+    return f" (did you mean {', '.join(pairs)}?)" if pairs else ""
 
 
 def check_table(table: dict[str, Any], origin: Path | None) -> None:

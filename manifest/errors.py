@@ -14,6 +14,7 @@ stderr and exits with ``exit_code``; nothing else is ever shown.
     ├── MalformedArtifactError    an output claims a weight format but is malformed (exit 2)
     ├── DataError                 dataset path missing/unreadable (exit 2)
     ├── ConfigError               bad [tool.manifest] in pyproject.toml (exit 2)
+    ├── MissingExtraError         an optional library is not installed: the install line (exit 2)
     ├── UntrustedManifestError    verify refuses to run code without --trust (exit 2)
     │   └── UntrustedSignerError      a valid signature by a signer the policy does not list
     └── NoVerdictError            a verdict could not be reached (exit 3)
@@ -93,3 +94,46 @@ class UntrustedSignerError(UntrustedManifestError):
 
 class NoVerdictError(ManifestError):
     exit_code = EXIT_NO_VERDICT
+
+
+EXTRA_OF_MODULE: dict[str, str] = {
+    "cryptography": "sign", "sigstore": "sign", "in_toto_attestation": "sign",
+    "model_signing": "sign", "OpenSSL": "sign",
+    "matplotlib": "plot",
+    "mlflow": "mlflow", "wandb": "wandb", "lightning": "lightning",
+    "pytorch_lightning": "lightning", "transformers": "transformers", "accelerate": "transformers",
+    "cyclonedx": "sbom", "spdx_python_model": "sbom",
+    "boto3": "s3", "botocore": "s3", "google": "gcs", "huggingface_hub": "hf",
+    "deltalake": "delta",
+    "ray": "ray", "submitit": "slurm", "kubernetes": "k8s",
+    "torch": "torch", "safetensors": "torch", "numpy": "numpy",
+}
+"""Each optional library's top-level import name → the extra of pyproject.toml that installs it.
+The one table every "not installed" sentence is made from (``--on``, ``--data`` URLs, and
+any verb whose import of an optional library fails)."""
+
+
+def install_line(extra: str) -> str:
+    """The command that installs an extra, as every sentence spells it."""
+    return f"pip install 'torch-manifest[{extra}]'"
+
+
+class MissingExtraError(UsageError):
+    """An optional library is not installed: what needs it, and the line that installs it.
+    Exit 2 (the user's setup, not a fault of the tool, nor a verdict withheld)."""
+
+    def __init__(self, module: str, extra: str, *, what: str | None = None) -> None:
+        needs = f"{what} needs" if what else "this needs"
+        super().__init__(f"{needs} the '{extra}' extra ({module} is not installed): "
+                         f"{install_line(extra)}.")
+        self.module = module
+        self.extra = extra
+
+
+def missing_extra(exc: ImportError, *, what: str | None = None) -> MissingExtraError | None:
+    """The error for an import that failed because an extra's library is absent, or None
+    when the missing module is none of theirs (then it is a fault of the installation
+    or the tool, and stays an internal error)."""
+    name = (exc.name or "").partition(".")[0]
+    extra = EXTRA_OF_MODULE.get(name)
+    return None if extra is None else MissingExtraError(name, extra, what=what)

@@ -4,14 +4,15 @@ stdout carries only the requested document or report; messages go to stderr.
 Exit status (all verbs): 0 success, 1 check failed, 2 bad usage or input,
 3 no verdict; verify and diff 4 equivalent. Heavy modules are imported inside each verb.
 
-This module is the thin top: ``build_parser`` registers the thirteen verbs in
-the order ``manifest --help`` lists them, and ``main`` runs one and turns what
-escapes it into one sentence on stderr (a :class:`ManifestError` its own exit
-status, an ``OSError`` 2, anything else 3 with ``MANIFEST_DEBUG=1`` for the
-traceback; never a traceback by default). The verbs live by what they do:
-``verbs_record`` (capture, show, schema, hash), ``verbs_check`` (diff,
-verify, gate), ``verbs_study`` (explain, lab) and ``verbs_travel`` (pack,
-sign, attest, export); they were one 851-line module until the split.
+This module is the thin top: ``build_parser`` registers every verb in the order
+``manifest --help`` lists them, and ``main`` runs one and turns what escapes it into
+one sentence on stderr: a :class:`ManifestError` its own exit status, an ``OSError`` 2,
+an optional library's failed import 2 with the line that installs its extra
+(``manifest.errors.EXTRA_OF_MODULE``), anything else 3 with ``MANIFEST_DEBUG=1`` for
+the traceback; never a traceback by default. The verbs live by what they do:
+``verbs_record`` (capture, show, schema, hash), ``verbs_check`` (diff, verify, gate),
+``verbs_study`` (explain, lab), ``verbs_travel`` (pack, sign, attest, export) and
+``verbs_nodes`` (merge).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ _VERBS: list[tuple[str, Callable[[argparse._SubParsersAction[Parser]], None]]] =
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``manifest`` parser: every verb, or only the one ``argv`` names.
 
-    Building all thirteen costs ~10 ms (argparse makes a formatter and looks
+    Building them all costs ~10 ms (argparse makes a formatter and looks
     up translations for each of ~110 arguments), a tenth of ``manifest hash``
     on a small file; a command line that starts with a verb needs only that
     verb's parser. Anything else (``--help``, no verb, an unknown word) gets
@@ -148,6 +149,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(redact_urls(f"manifest: {exc.strerror or exc}{where}.\n"))
         return EXIT_BAD_INPUT
     except Exception as exc:
+        if isinstance(exc, ImportError):  # an optional library absent: its install line
+            from manifest.errors import missing_extra
+
+            verb = getattr(args, "verb", None)
+            absent = missing_extra(exc, what=f"manifest {verb}" if verb else None)
+            if absent is not None:
+                sys.stderr.write(f"manifest: {absent.diagnostics()}\n")
+                return absent.exit_code
         if os.environ.get("MANIFEST_DEBUG"):
             raise
         from manifest.redact import redact_urls

@@ -91,6 +91,9 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, describe: Callable[[], str] | None = None,
                  **kwargs: Any) -> None:
         self._describe = describe
+        # No prefixes: ``--thread 1`` would otherwise be taken as ``--threads 1``, and a
+        # typo could pick another flag; a mistyped flag gets "did you mean" instead.
+        kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
     @property
@@ -102,7 +105,34 @@ class Parser(argparse.ArgumentParser):
         self._description = text
 
     def error(self, message: str) -> NoReturn:
+        close = self._close_flags(message)
+        if close:
+            raise UsageError(f"{message}{close}; see '{self.prog} --help'.")
         raise UsageError(f"{message} (see '{self.prog} --help').")
+
+    def _close_flags(self, message: str) -> str:
+        """``" (did you mean --artifact?)"`` for each unrecognised flag with a close one.
+
+        The top parser reports a verb's leftovers, so the flags are every parser's below
+        this one (``main`` builds only the verb the command line names)."""
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        from manifest.config import did_you_mean
+
+        words = [w.partition("=")[0] for w in message[len(prefix):].split()
+                 if w.startswith("--")]
+        return did_you_mean(words, set(self._all_flags())) if words else ""
+
+    def _all_flags(self) -> list[str]:
+        flags: list[str] = []
+        for action in self._actions:
+            flags += [s for s in action.option_strings if s.startswith("--")]
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    if isinstance(sub, Parser):
+                        flags += sub._all_flags()
+        return flags
 
 
 def seed_value(text: str) -> int:
@@ -156,7 +186,9 @@ def add_rerun_options(parser: argparse.ArgumentParser, *, received: bool = True)
     cluster = parser.add_argument_group(
         "where to re-run", "run where the run ran (manifest.rerun.cluster); options also come "
         "from [tool.manifest.executors.ray|slurm|k8s] in pyproject.toml")
-    cluster.add_argument("--on", choices=["local", "ray", "slurm", "k8s"], default="local",
+    from manifest.rerun.cluster.options import EXECUTORS
+
+    cluster.add_argument("--on", choices=["local", *EXECUTORS], default="local",
                          help="the executor: this machine (default), Ray Jobs, SLURM "
                          "(submitit) or a Kubernetes Indexed Job")
     cluster.add_argument("--address", metavar="URL",
@@ -186,6 +218,9 @@ def add_rerun_options(parser: argparse.ArgumentParser, *, received: bool = True)
                          help="data under PATH is seen at the same path by every node of the "
                          "cluster: mounted, not shipped (repeatable; data outside the "
                          "repository is otherwise bundled, up to max_data_bytes)")
+    cluster.add_argument("--other-gpu", dest="other_hardware", action="store_true",
+                         help="run even where the cluster has no node with the recorded GPU "
+                         "model (then no numeric verdict is given across GPU models)")
 
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterOptions | None:
@@ -201,10 +236,18 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterOptions | None:
     if problem is not None:
         raise UsageError(problem)
     table = load_config(Path.cwd())[0].get("executors", {})
-    flags = {name: getattr(args, name, None) for name in (
-        "address", "partition", "account", "time_min", "image", "namespace", "timeout_s",
-        "fetch_outputs", "dry_run", "claim", "bundle_url", "shared_paths")}
+    flags = {name: getattr(args, name, None) for name in cluster_flag_names()}
     return cluster_options(on, flags, table)
+
+
+def cluster_flag_names() -> list[str]:
+    """Every cluster option that has a flag (each executor's and the common ones)."""
+    from manifest.rerun.cluster.options import REGISTRY, ClusterOptions
+
+    names = dict.fromkeys(ClusterOptions.FLAGS)
+    for row in REGISTRY.values():
+        names.update(dict.fromkeys(row.options.FLAGS))
+    return list(names)
 
 
 def show_plan(plan: RerunPlan) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from manifest.config import string_list
+from manifest.config import did_you_mean, string_list
 from manifest.errors import (
     ConfigError,
 )
@@ -64,7 +64,8 @@ def parse_policy(table: Any, origin: Path | None) -> GatePolicy:
         raise ConfigError(f"{where} must be a table.")
     unknown = sorted(set(table) - _POLICY_KEYS)
     if unknown:
-        raise ConfigError(f"{where} has unknown key(s): {', '.join(unknown)}.",
+        raise ConfigError(f"{where} has unknown key(s): {', '.join(unknown)}"
+                          f"{did_you_mean(unknown, _POLICY_KEYS)}.",
                           hint=f"Known keys: {', '.join(sorted(_POLICY_KEYS))}.")
 
     def strings(key: str) -> tuple[str, ...] | None:
@@ -89,7 +90,8 @@ def parse_policy(table: Any, origin: Path | None) -> GatePolicy:
     if checks is not None:
         bad = sorted(set(checks) - set(CHECK_NAMES))
         if bad:
-            raise ConfigError(f"{where}: unknown check(s) {', '.join(bad)}.",
+            raise ConfigError(f"{where}: unknown check(s) {', '.join(bad)}"
+                              f"{did_you_mean(bad, set(CHECK_NAMES))}.",
                               hint=f"Checks: {', '.join(CHECK_NAMES)}.")
     if command is not None and (not isinstance(command, list) or not command
                                 or not all(isinstance(a, str) for a in command)):

@@ -103,12 +103,15 @@ def _parse_table(table: Any, origin: Path, where: str,
                  allowed: frozenset[str] = KNOWN_KEYS, *, open_keys: bool = True) -> TrustPolicy:
     """The policy a table states; ``open_keys=False`` checks its shape but opens no key
     file (a repository's table the user did not opt into: its paths are the clone's)."""
+    from manifest.config import did_you_mean
+
     if not isinstance(table, dict):
         raise ConfigError(f"{where} in {origin} must be a table.")
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise ConfigError(f"{where} in {origin} has unknown key(s): {', '.join(unknown)} "
-                          f"(known: {', '.join(sorted(allowed))}).")
+                          f"(known: {', '.join(sorted(allowed))})"
+                          f"{did_you_mean(unknown, allowed)}.")
     keys = []
     raw_keys = table.get("keys", [])
     if not isinstance(raw_keys, list):
@@ -159,6 +162,17 @@ def _read_toml(path: Path, kind: InputKind = InputKind.POLICY) -> dict[str, Any]
 def user_policy_path() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / USER_POLICY
+
+
+def untrusted_hint(what: str = "key") -> str:
+    """Where to list an untrusted signer so that it is trusted next time: the user's own
+    file, by its path on this machine (the repository's ``[tool.manifest.trust]`` counts
+    only once that file sets ``repository_policy = true``)."""
+    entry = ("its public key's path to keys" if what == "key"
+             else "{ subject = \"…\", issuer = \"…\" } to identities")
+    return (f"Add {entry} in your trust file {user_policy_path()} (the repository's "
+            "[tool.manifest.trust] counts only if that file sets repository_policy = true), "
+            "or pass --trust.")
 
 
 def load_policy(start: Path) -> TrustPolicy:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from manifest.errors import NoVerdictError, SignatureError, UntrustedSignerError, UsageError
-from manifest.travel.policy import TrustPolicy, key_name
+from manifest.travel.policy import TrustPolicy, key_name, untrusted_hint
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -300,7 +300,7 @@ def verify_bundle(raw: bytes, policy: TrustPolicy, *, accept_untrusted: bool = F
                 return key_name(hint), "key", False, payload
             raise UntrustedSignerError(
                 f"the manifest is signed by {key_name(hint)}, which no trust policy lists.",
-                hint="Add its public key to [tool.manifest.trust] keys, or pass --trust.")
+                hint=untrusted_hint("key"))
         from cryptography.hazmat.primitives import serialization
 
         public = serialization.load_pem_public_key(trusted.pem)
@@ -315,7 +315,7 @@ def verify_bundle(raw: bytes, policy: TrustPolicy, *, accept_untrusted: bool = F
     if not listed and not accept_untrusted:
         raise UntrustedSignerError(
             f"the manifest is signed by {signer}, which no trust policy lists.",
-            hint="Add it to [tool.manifest.trust] identities, or pass --trust.")
+            hint=untrusted_hint("identity"))
     _verify_keyless(raw, subject, issuer, offline=offline)
     return signer, "sigstore", bool(listed), payload
 
