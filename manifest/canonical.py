@@ -78,6 +78,8 @@ def identity_of(doc: dict[str, Any]) -> dict[str, Any]:
     """The object whose canonical bytes the run_id names (see the module docstring)."""
     identity = {k: doc[k] for k in IDENTITY_SECTIONS if k in doc}
     env = identity.get("env")
+    if isinstance(env, dict) and ("distributions" in env or "sources" in env):
+        env = identity["env"] = _env_identity(env)
     if isinstance(env, dict) and isinstance(env.get("imported"), list):
         used = {name for name in env["imported"] if isinstance(name, str)}
         packages = env.get("packages")
@@ -87,7 +89,38 @@ def identity_of(doc: dict[str, Any]) -> dict[str, Any]:
                 "packages": {name: version for name, version in packages.items()
                              if name in used or name.startswith(ALWAYS_BITS_PREFIXES)},
             }
+        distributions = env.get("distributions")
+        if isinstance(distributions, dict):
+            identity["env"]["distributions"] = {
+                name: record for name, record in distributions.items()
+                if name in used or name.startswith(ALWAYS_BITS_PREFIXES)}
     return identity
+
+
+def _env_identity(env: dict[str, Any]) -> dict[str, Any]:
+    """``env`` as the run_id sees its distribution records: version and files only.
+
+    The installer, wheel tags, direct URL and configured indexes say how and
+    from where a distribution came, not what its files are (the files digest
+    does), so they and the environment digest (a summary of the records,
+    recorded and covered by ``digest``) stay out. An editable install's files
+    are a ``.pth`` naming the checkout's absolute path: they count as
+    ``editable``, and the code itself is named by the ``code`` section.
+    """
+    out = {k: v for k, v in env.items() if k not in ("sources", "environment_digest")}
+    distributions = env.get("distributions")
+    if isinstance(distributions, dict):
+        projected: dict[str, Any] = {}
+        for name, record in distributions.items():
+            if not isinstance(record, dict):
+                projected[name] = record
+                continue
+            direct = record.get("direct_url")
+            editable = isinstance(direct, dict) and direct.get("editable") is True
+            projected[name] = {"version": record.get("version"),
+                               "files": "editable" if editable else record.get("files")}
+        out["distributions"] = projected
+    return out
 
 
 def compute_run_id(doc: dict[str, Any]) -> str:

@@ -164,6 +164,43 @@ ALWAYS_BITS_PREFIXES = ("torch", "nvidia-", "triton", "pytorch-triton")
 torch, and the CUDA libraries torch loads as shared objects (never imported)."""
 
 
+class DirectUrl(Model):
+    """PEP 610 ``direct_url.json`` of a distribution installed from a URL, path or VCS."""
+
+    url: str
+    """Credentials, query and fragment stripped (``manifest.redact.strip_url_credentials``)."""
+    editable: bool = False
+    vcs: str | None = None
+    commit_id: str | None = None
+    archive_hash: str | None = None
+    """``sha256=<hex>`` when ``archive_info`` gives one."""
+
+
+class Distribution(Model):
+    """One installed distribution, by content (``manifest.probes.distributions``)."""
+
+    version: str
+    """Exact, local label kept (``2.13.0+cpu``)."""
+    tags: list[str]
+    """The ``Tag:`` lines of ``WHEEL``; [] for egg-info or unknown."""
+    installer: str | None
+    """What ``INSTALLER`` says (pip, uv, ...)."""
+    direct_url: DirectUrl | None
+    files: Digest | None
+    """blake3 of its RECORD lines inside site-packages, installer bookkeeping, bytecode and
+    console scripts left out; None where there is no RECORD (egg-info, some editable
+    installs)."""
+
+
+class Sources(Model):
+    """Where the distributions can come from, as pip and uv were configured at capture."""
+
+    indexes: list[str]
+    find_links: list[str]
+    origin: str
+    """Which configuration files and variables said so, or that nothing was configured."""
+
+
 class Env(Model):
     python: str
     implementation: str
@@ -186,6 +223,16 @@ class Env(Model):
     imported: list[str] | None = later(
         "distributions (normalised names) whose modules the run imported; only these, torch "
         "and its CUDA libraries can change the bits")
+    distributions: dict[str, Distribution] | None = later(
+        "each installed distribution (normalised name) by version, wheel tags, installer, "
+        "direct URL and a digest of its files; files count for the run_id where the version "
+        "does, unless the install is editable (its files name the checkout's path)")
+    sources: Sources | None = later(
+        "the indexes and find-links pip and uv were configured with at capture; where-from, "
+        "not bits")
+    environment_digest: Digest | None = later(
+        "blake3 over (name, version, files) of every distribution; like packages_digest, "
+        "out of the run_id when env.imported is known")
 
 
 # ----------------------------------------------------------------- hardware

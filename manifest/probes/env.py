@@ -112,16 +112,31 @@ def distribution_paths() -> list[str]:
     return list(sys.path[1:])
 
 
+def dist_name_version(site: Path, dirname: str) -> tuple[str, str] | None:
+    """Normalised name and version of the ``*.dist-info``/``*.egg-info`` ``dirname`` in ``site``.
+
+    Read from the ``name-version.dist-info`` directory name, which installers
+    write from the metadata (wheel spec: name normalised with ``_``, so
+    exactly one ``-``); anything else (egg-info of develop installs, unusual
+    names) is read from its metadata headers.
+    """
+    stem = dirname.rsplit(".", 1)[0]
+    parts = stem.split("-")
+    if dirname.endswith(".dist-info") and len(parts) == 2 and all(parts):
+        return normalise_name(parts[0]), parts[1]
+    try:
+        return _metadata_headers(site / dirname)
+    except (OSError, ValueError):
+        return None
+
+
 def installed_distributions(paths: list[str] | None = None) -> dict[str, str]:
     """``{normalised name: version}`` of the importable distributions.
 
     Same precedence as importlib.metadata (first on the path wins) over
-    :func:`distribution_paths` unless ``paths`` is given. The name and version
-    are read from the ``name-version.dist-info`` directory name, which
-    installers write from the metadata (wheel spec: name normalised with
-    ``_``, so exactly one ``-``); anything else (egg-info of develop installs,
-    unusual names) is read from its metadata headers. The tests check this
-    equals importlib.metadata's answer on the test environment.
+    :func:`distribution_paths` unless ``paths`` is given, each directory
+    parsed by :func:`dist_name_version`. The tests check this equals
+    importlib.metadata's answer on the test environment.
     """
     found: dict[str, str] = {}
     for entry in paths if paths is not None else distribution_paths():
@@ -130,17 +145,9 @@ def installed_distributions(paths: list[str] | None = None) -> dict[str, str]:
                 names = sorted(e.name for e in it if e.name.endswith(_DIST_SUFFIXES))
         except OSError:
             continue
+        site = Path(entry or ".")
         for dirname in names:
-            stem = dirname.rsplit(".", 1)[0]
-            parts = stem.split("-")
-            parsed: tuple[str, str] | None = None
-            if dirname.endswith(".dist-info") and len(parts) == 2 and all(parts):
-                parsed = (normalise_name(parts[0]), parts[1])
-            else:
-                try:
-                    parsed = _metadata_headers(Path(entry or ".") / dirname)
-                except (OSError, ValueError):
-                    parsed = None
+            parsed = dist_name_version(site, dirname)
             if parsed is not None and parsed[0] not in found and parsed[0] != SELF:
                 found[parsed[0]] = parsed[1]
     return found
@@ -247,6 +254,13 @@ def probe_env(cuda_driver: str | None = None, cuda_driver_reason: str | None = N
     if "numpy" not in packages:
         unavailable["numpy"] = "numpy is not installed"
     listing = sorted(f"{n}=={v}" for n, v in packages.items())
+    from manifest.probes.distributions import (
+        environment_digest,
+        probe_distributions,
+        probe_sources,
+    )
+
+    distributions = {n: d for n, d in probe_distributions().items() if n in packages}
     return Env(
         python=python_version(),
         implementation=sys.implementation.name,
@@ -265,4 +279,7 @@ def probe_env(cuda_driver: str | None = None, cuda_driver_reason: str | None = N
         container=probe_container(),
         variables=numerics_variables(),
         unavailable=unavailable,
+        distributions=distributions,
+        sources=probe_sources(),
+        environment_digest=environment_digest(distributions),
     )
