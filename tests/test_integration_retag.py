@@ -217,9 +217,11 @@ def test_hf_active_mlflow_run_is_located_and_tagged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """HF ``report_to="mlflow"`` leaves the active run; a relative file store is made
     absolute, so the capture (another working directory) reaches the same store."""
+    from datetime import UTC, datetime
     from types import SimpleNamespace
 
     from manifest.canonical import load_manifest
+    from manifest.capture.snapshot import now_iso
     from manifest.capture.trackers import tag_trackers
     from manifest.integrations._locators import transformers_locators
 
@@ -237,7 +239,11 @@ def test_hf_active_mlflow_run_is_located_and_tagged(
         {"kind": "mlflow", "tracking_uri": (tmp_path / "mlruns").as_uri(),
          "run_id": run.info.run_id},
         {"kind": "log_dir", "path": str(tmp_path / "hf_out")}]
-    manifest = load_manifest(GOLDEN.read_bytes())
+    golden = load_manifest(GOLDEN.read_bytes())
+    # Tagged only as a run this capture started: the golden manifest's window is made now.
+    started = datetime.fromtimestamp(run.info.start_time / 1000, UTC)
+    manifest = golden.model_copy(update={"observed": golden.observed.model_copy(update={
+        "started_at": started.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "finished_at": now_iso()})})
     monkeypatch.chdir(tmp_path.parent)
     said: list[str] = []
     tag_trackers(manifest, [{"rank": 0, "trackers": locators}], tree=tmp_path, say=said.append)
