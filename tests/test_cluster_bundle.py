@@ -15,6 +15,7 @@ import pytest
 
 from manifest.rerun.cluster import cluster_options, missing_extra
 from manifest.rerun.cluster.bundle import INDEX, PATCH, TREE, build_bundle
+from manifest.rerun.cluster.options import RayOptions, SlurmOptions
 
 SCRIPT = "from pathlib import Path\nPath('out').mkdir(exist_ok=True)\n" \
          "Path('out/x.txt').write_text('hello')\n"
@@ -108,6 +109,7 @@ def test_fetch_outputs_brings_the_file_back(tmp_path: Path) -> None:
 
 def test_address_is_kept_without_credentials() -> None:
     options = cluster_options("ray", {"address": "http://alice:s3cret@head:8265"}, {})
+    assert isinstance(options, RayOptions)
     assert options.address == "http://head:8265"
     assert "s3cret" not in json.dumps(options.to_json())
 
@@ -115,6 +117,7 @@ def test_address_is_kept_without_credentials() -> None:
 def test_options_come_from_pyproject_and_flags_win() -> None:
     table = {"slurm": {"partition": "gpu", "account": "proj", "time_min": 30}}
     options = cluster_options("slurm", {"partition": "debug", "account": None}, table)
+    assert isinstance(options, SlurmOptions)
     assert (options.partition, options.account, options.time_min) == ("debug", "proj", 30)
 
 

@@ -129,9 +129,12 @@ def test_image_from_the_flag_then_the_record() -> None:
     from manifest.errors import UsageError
     from manifest.rerun.cluster import cluster_options
     from manifest.rerun.cluster.image import image_for
+    from manifest.rerun.cluster.options import K8sOptions
 
     given = cluster_options("k8s", {"image": "mine:1"}, {})
     bare = cluster_options("k8s", {}, {})
+    assert isinstance(given, K8sOptions)
+    assert isinstance(bare, K8sOptions)
     assert image_for(given, IMAGE) == "mine:1"  # the user's wins
     assert image_for(bare, IMAGE) == IMAGE
     # podman's image id names no repository: a node could not pull it

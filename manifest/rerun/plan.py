@@ -40,6 +40,7 @@ from manifest.trust import TrustDecision, escape_text, quote_arg
 if TYPE_CHECKING:
     from manifest.launch.runner import LaunchSettings
     from manifest.models import Manifest
+    from manifest.rerun.cluster.hardware import GpuNeed
     from manifest.rerun.cluster.options import ClusterOptions
 
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -120,6 +121,8 @@ class RerunPlan:
     """The recorded code: a cluster's side refuses a bundle whose patch is not this one."""
     topology: dict[str, int] | None = None
     """Nodes, processes and GPUs the recorded run used (a cluster places the job by it)."""
+    gpu: GpuNeed | None = None
+    """Each node's recorded GPU model and count, as a cluster asks for them."""
     sandbox_requested: bool = True
     """Whether to confine where the job runs (a cluster's host decides if it can)."""
     nodes: tuple[NodeRun, ...] = ()
@@ -186,7 +189,10 @@ class RerunPlan:
             "confinement": self.confinement, "network": self.network,
             "trust": {"allowed": self.trust.allowed, "basis": self.trust.basis,
                       "reason": self.trust.reason},
-            **({"cluster": self.cluster.to_json(), "topology": self.topology}
+            **({"cluster": self.cluster.to_json(), "topology": self.topology,
+                "gpu": None if self.gpu is None else {
+                    "model": self.gpu.model, "count": self.gpu.count, "mig": self.gpu.mig,
+                    "ecc": self.gpu.ecc}}
                if self.cluster is not None else {}),
             **({"layout": self.layout,
                 "nodes": [{"node": n.node, "argv": list(n.argv)} for n in self.nodes]}
@@ -333,12 +339,15 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
         local = node_runs(list(plan.argv), recorded, options.layout)
         return plan if local is None else replace(plan, nodes=local.nodes, layout=local.layout)
     cluster = options.cluster
-    if cluster.on == "k8s":  # the recorded container image is the default --image
+    from manifest.rerun.cluster.options import K8sOptions
+
+    if isinstance(cluster, K8sOptions):  # the recorded container image is the default --image
         from manifest.rerun.cluster.image import with_recorded_image
 
         cluster = with_recorded_image(cluster, recorded.env.container.image_digest)
     plan = replace(plan, cluster=cluster, commit=recorded.code.commit,
-                   diff_digest=recorded.code.diff_digest, topology=recorded_topology(recorded))
+                   diff_digest=recorded.code.diff_digest, topology=recorded_topology(recorded),
+                   gpu=recorded_gpu(recorded))
     launches = cluster_node_runs(list(plan.argv), recorded, options.layout)
     if launches is None or launches.placed is None:
         return plan
@@ -347,6 +356,19 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
     return replace(plan, argv=launches.argv, layout=launches.layout,
                    topology={**(plan.topology or {}), "nodes": nodes, "per_node": per_node},
                    network=plan.network or nodes > 1)
+
+
+def recorded_gpu(recorded: Manifest) -> GpuNeed:
+    """Each node's GPUs as recorded: node 0's model (a merged run records every node's, and
+    a node of another model is named by the device rule), per node."""
+    from manifest.rerun.cluster.hardware import gpu_need
+
+    hardware = recorded.hardware
+    topology = recorded.command.topology if recorded.command is not None else None
+    nodes = topology.nodes if topology is not None else 1
+    total = hardware.gpu_count or 0
+    gpus = [(g.name, g.mig_mode, g.ecc_mode) for g in hardware.gpus or []]
+    return gpu_need(gpus, -(-total // nodes) if total else 0)
 
 
 def recorded_topology(recorded: Manifest) -> dict[str, int]:

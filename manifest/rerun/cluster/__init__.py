@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 
 from manifest.rerun.cluster.options import (
     EXECUTORS,
-    EXTRA,
-    MODULE,
+    REGISTRY,
     ClusterOptions,
     cluster_options,
     default_folder,
@@ -40,16 +39,8 @@ if TYPE_CHECKING:
     from manifest.rerun.executor import Executor
     from manifest.rerun.plan import RerunPlan
 
-__all__ = ["EXECUTORS", "EXTRA", "MODULE", "REGISTRY", "ClusterOptions", "cluster_options",
-           "default_folder", "executor_for_cluster", "missing_extra"]
-
-REGISTRY: dict[str, str] = {
-    "ray": "manifest.rerun.cluster.ray:RayExecutor",
-    "slurm": "manifest.rerun.cluster.slurm:SlurmExecutor",
-    "k8s": "manifest.rerun.cluster.k8s:KubernetesExecutor",
-}
-"""``--on NAME`` → the executor class, by import path (fsspec's registry pattern): an
-executor is imported on first use, and none imports this table back."""
+__all__ = ["EXECUTORS", "REGISTRY", "ClusterOptions", "cluster_options", "default_folder",
+           "executor_for_cluster", "missing_extra"]
 
 
 def executor_for_cluster(plan: RerunPlan) -> Executor:
@@ -61,6 +52,6 @@ def executor_for_cluster(plan: RerunPlan) -> Executor:
     problem = missing_extra(options.on)
     if problem is not None:
         raise UsageError(problem)
-    module, _, name = REGISTRY[options.on].partition(":")
+    module, _, name = REGISTRY[options.on].executor.partition(":")
     executor: Executor = getattr(importlib.import_module(module), name)(options)
     return executor

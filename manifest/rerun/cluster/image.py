@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from manifest.errors import UsageError
 
 if TYPE_CHECKING:
-    from manifest.rerun.cluster.options import ClusterOptions
+    from manifest.rerun.cluster.options import K8sOptions
 
 MAX_NAME = 255
 """The longest repository name (domain and path) the grammar allows."""
@@ -86,7 +86,7 @@ def check_reference(ref: str, where: str = "--image") -> str:
     return ref
 
 
-def image_for(options: ClusterOptions, recorded_image: str | None) -> str:
+def image_for(options: K8sOptions, recorded_image: str | None) -> str:
     """The pods' image: ``--image`` (or ``[tool.manifest.executors.k8s] image``), else the
     container image the manifest recorded (``env.container.image_digest``) when it names a
     repository (``registry/train@sha256:…``). A bare ``sha256:…`` (podman's image id) is
@@ -104,7 +104,7 @@ def image_for(options: ClusterOptions, recorded_image: str | None) -> str:
                      "(MANIFEST_CONTAINER_IMAGE_DIGEST=registry/train@sha256:… at capture).")
 
 
-def with_recorded_image(options: ClusterOptions, recorded_image: str | None) -> ClusterOptions:
+def with_recorded_image(options: K8sOptions, recorded_image: str | None) -> K8sOptions:
     """``options`` with the image decided (:func:`image_for`) before anything runs, so the plan
     shows it and a missing one stops the verb before a workspace is built."""
     return replace(options, image=image_for(options, recorded_image))

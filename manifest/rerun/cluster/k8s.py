@@ -12,7 +12,10 @@ so a field the API does not have fails here, not on the cluster:
   (:func:`rank_env` turns it into ``NODE_RANK``/``RANK``, ``WORLD_SIZE``,
   ``MASTER_ADDR``, ``MASTER_PORT``, and for a multi-node torchrun the
   ``PET_*`` variables of ``manifest.nodes.layout.node_env``); CPU and GPU
-  requests follow the recorded thread and GPU counts;
+  requests follow the recorded thread and GPU counts, and a node selector on the GPU
+  product label that NVIDIA's GPU feature discovery sets (``nvidia.com/gpu.product``;
+  key and names configurable) puts the pods on the recorded GPU model; before
+  submitting, the nodes' labels say whether the cluster has it;
 * the image is the user's (``--image``) or the container image the manifest
   recorded (``env.container.image_digest``, when it names a repository),
   decided when the plan is made (:func:`with_recorded_image`): without one
@@ -58,6 +61,7 @@ from manifest.rerun.cluster.remote_run import ClusterExecutor
 
 if TYPE_CHECKING:
     from manifest.rerun.cluster.bundle import Bundle
+    from manifest.rerun.cluster.options import K8sOptions
     from manifest.rerun.plan import RerunPlan
 
 MASTER_PORT = 29500
@@ -94,7 +98,8 @@ def job_name(bundle_name: str) -> str:
 
 def render(*, name: str, bundle_name: str, image: str, namespace: str, nodes: int,
            threads: int, gpus: int, claim: str | None, python: str = "python",
-           bundle_url: str | None = None) -> tuple[Any, Any]:
+           bundle_url: str | None = None, node_selector: dict[str, str] | None = None
+           ) -> tuple[Any, Any]:
     """(V1Service, V1Job) for one re-run, built from the client's models. The bundle comes
     from ``claim`` (a PersistentVolumeClaim holding it as ``<hash>``) or, with
     ``bundle_url``, from an init container that fetches ``<bundle_url>/<hash>.tar``."""
@@ -144,7 +149,8 @@ def render(*, name: str, bundle_name: str, image: str, namespace: str, nodes: in
                 metadata=client.V1ObjectMeta(labels=labels),
                 spec=client.V1PodSpec(restart_policy="Never", subdomain=name,
                                       init_containers=init, containers=[container],
-                                      volumes=volumes or None))))
+                                      volumes=volumes or None,
+                                      node_selector=node_selector or None))))
     return service, job
 
 
@@ -357,6 +363,44 @@ def upload_bundle(path: Path, url: str) -> int:
 class KubernetesExecutor(ClusterExecutor):
     """Renders the Job and Service; ``--dry-run`` prints them, else submits and watches them."""
 
+    options: K8sOptions
+
+    def node_selector(self, plan: RerunPlan) -> dict[str, str]:
+        """The recorded GPU model as a node selector (none: no GPU, or ``--other-gpu``)."""
+        from manifest.rerun.cluster.hardware import k8s_selector
+
+        if plan.gpu is None or self.options.other_hardware:
+            return {}
+        return k8s_selector(plan.gpu, self.options.gpu_label, self.options.gpu_products)
+
+    def placement_problem(self, plan: RerunPlan) -> str | None:
+        """Whether enough nodes carry the selector's label value, from the API's node list
+        (None: nothing to ask, a dry run, or the API cannot be asked)."""
+        from manifest.rerun.cluster.hardware import missing_model
+        from manifest.rerun.cluster.placement import need_of
+
+        selector = self.node_selector(plan)
+        if not selector or self.options.dry_run or plan.gpu is None:
+            return None
+        try:
+            from kubernetes import client
+
+            nodes = client.CoreV1Api(api_client()).list_node(_request_timeout=30).items
+        except Exception:  # no kubeconfig, unreachable, forbidden: submission will say
+            return None
+        ((key, value),) = selector.items()
+        declared = [str((n.metadata.labels or {}).get(key)) for n in nodes
+                    if (n.metadata.labels or {}).get(key)]
+        per_node = []
+        for n in nodes:
+            if (n.metadata.labels or {}).get(key) == value:
+                allocatable = (n.status.allocatable or {}) if n.status else {}
+                per_node.append((str(n.metadata.name),
+                                 int(str(allocatable.get("nvidia.com/gpu", "0")) or 0)))
+        need = need_of(plan.topology, plan.settings.threads)
+        return missing_model(plan.gpu, declared, wanted=f"{key}={value}", nodes=need.nodes,
+                             per_node=per_node)
+
     def stage(self) -> Path:
         import tempfile
 
@@ -378,7 +422,8 @@ class KubernetesExecutor(ClusterExecutor):
             name=name, bundle_name=bundle.name,
             image=image, namespace=self.options.namespace,
             nodes=need.nodes, threads=need.cpus, gpus=need.gpus, claim=self.options.claim,
-            python=self.options.python, bundle_url=self.options.bundle_url)
+            python=self.options.python, bundle_url=self.options.bundle_url,
+            node_selector=self.node_selector(plan))
         if not (self.options.bundle_url or self.options.claim):  # --dry-run too: the Job
             # it would print could not get its bundle
             raise UsageError("--on k8s needs a way to bring the bundle to the pods: --claim "

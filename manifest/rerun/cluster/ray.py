@@ -9,8 +9,9 @@ anyway (a ``.rayignore``) is refused on arrival, not silently missed.
 
 The entrypoint runs with ``--emit``: its result comes back in the job's log
 between marker lines, because a Ray cluster shares no filesystem with the
-submitter. The job reserves the recorded run's CPUs (its thread count) and
-GPUs, so Ray places it on a node that has them.
+submitter. The job reserves the recorded run's CPUs (its thread count), GPUs and
+GPU model (``accelerator_type:<T>``, the resource Ray declares on a node from NVML's
+name: ``manifest.rerun.cluster.hardware``), so Ray places it on a node that has them.
 
 A multi-node plan's entrypoint is the driver ``manifest.rerun.cluster.ray_nodes``
 instead: a placement group of one bundle per recorded node, ``STRICT_SPREAD``,
@@ -39,6 +40,7 @@ from manifest.rerun.cluster.remote_run import ClusterExecutor
 
 if TYPE_CHECKING:
     from manifest.rerun.cluster.bundle import Bundle
+    from manifest.rerun.cluster.options import RayOptions
     from manifest.rerun.plan import RerunPlan
 
 _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -113,7 +115,19 @@ class RayJob:
 class RayExecutor(ClusterExecutor):
     """Submits each run of a plan as a Ray job."""
 
+    options: RayOptions
+
+    def gpu_resources(self, plan: RerunPlan) -> dict[str, float]:
+        """The recorded GPU model as Ray's ``accelerator_type`` resource (none: no GPU, or
+        ``--other-gpu``)."""
+        from manifest.rerun.cluster.hardware import ray_resources
+
+        if plan.gpu is None or self.options.other_hardware:
+            return {}
+        return ray_resources(plan.gpu, self.options.accelerator_types)
+
     def placement_problem(self, plan: RerunPlan) -> str | None:
+        from manifest.rerun.cluster.hardware import missing_model
         from manifest.rerun.cluster.placement import need_of, shortfall
 
         try:
@@ -123,10 +137,23 @@ class RayExecutor(ClusterExecutor):
                                timeout=30, raise_on_missing_output=False)
         except Exception:  # the state API unreachable: submission will say what is wrong
             return None
+        alive = [n for n in nodes if n.state == "ALIVE"]
+        need = need_of(plan.topology, plan.settings.threads)
+        wanted = self.gpu_resources(plan)
+        if wanted and plan.gpu is not None:
+            (key,) = wanted
+            declared = [k.removeprefix("accelerator_type:") for n in alive
+                        for k in n.resources_total if k.startswith("accelerator_type:")]
+            per_node = [(str(n.node_id), int(n.resources_total.get("GPU", 0)))
+                        for n in alive if key in n.resources_total]
+            problem = missing_model(plan.gpu, declared, wanted=key, nodes=need.nodes,
+                                    per_node=per_node)
+            if problem is not None:
+                return problem
+            alive = [n for n in alive if key in n.resources_total]
         free = [(f"{n.node_ip}:{str(n.node_id)[:8]}", float(n.resources_total.get("CPU", 0)),
-                 float(n.resources_total.get("GPU", 0)))
-                for n in nodes if n.state == "ALIVE"]
-        return shortfall(need_of(plan.topology, plan.settings.threads), free)
+                 float(n.resources_total.get("GPU", 0))) for n in alive]
+        return shortfall(need, free)
 
     def submit(self, plan: RerunPlan, bundle: Bundle) -> RayJob:
         from ray.job_submission import JobSubmissionClient
@@ -143,13 +170,15 @@ class RayExecutor(ClusterExecutor):
                                  f"{redact_text(str(exc))}") from exc
         job_id = f"manifest-{bundle.name.removeprefix('blake3:')[:12]}-{uuid.uuid4().hex[:8]}"
         need = need_of(plan.topology, plan.settings.threads)
+        model = self.gpu_resources(plan)
         words: tuple[str | int, ...] = (
             self.options.python, "-I", "-m", "manifest.rerun.remote", ".", "--expect",
             bundle.name, "--emit")
         if need.nodes > 1:
             words = (self.options.python, "-I", "-m", "manifest.rerun.cluster.ray_nodes", ".",
                      "--expect", bundle.name, "--nodes", need.nodes, "--cpus", need.cpus,
-                     "--gpus", need.gpus, "--python", self.options.python)
+                     "--gpus", need.gpus, "--python", self.options.python,
+                     *(word for k, v in model.items() for word in ("--resource", f"{k}={v}")))
         entrypoint = " ".join(shlex.quote(str(a)) for a in words)
         import logging
 
@@ -171,6 +200,7 @@ class RayExecutor(ClusterExecutor):
                         # A multi-node driver only waits: its nodes hold the resources.
                         entrypoint_num_cpus=need.cpus if need.nodes == 1 else 0,
                         entrypoint_num_gpus=(need.gpus or None) if need.nodes == 1 else None,
+                        entrypoint_resources=(model or None) if need.nodes == 1 else None,
                         metadata={"manifest.bundle": bundle.name, "manifest.verb": plan.verb})
                     break
                 except RuntimeError as exc:

@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=1)
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--resource", action="append", default=[], metavar="NAME=AMOUNT",
+                        help="a custom resource each node's task asks for (the GPU model)")
     parser.add_argument("--place-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
 
@@ -119,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     shape: dict[str, float] = {"CPU": float(args.cpus)}
     if args.gpus:
         shape["GPU"] = float(args.gpus)
+    resources = {name: float(amount) for name, _, amount in
+                 (r.partition("=") for r in args.resource)}
+    shape.update(resources)
     group = placement_group([dict(shape) for _ in range(args.nodes)], strategy="STRICT_SPREAD",
                             name=f"manifest-{args.expect.removeprefix('blake3:')[:12]}")
     if not group.wait(timeout_seconds=args.place_timeout):
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{host}:{port}\n")
     sys.stdout.flush()
     task = ray.remote(run_node)
-    pending = [task.options(num_cpus=args.cpus, num_gpus=args.gpus,
+    pending = [task.options(num_cpus=args.cpus, num_gpus=args.gpus, resources=resources,
                             scheduling_strategy=on(i)).remote(
         i, host, port, args.expect, args.python) for i in range(args.nodes)]
     docs = ray.get(pending)

@@ -158,6 +158,21 @@ class ClusterExecutor:
         anything is submitted (None: it can, or the engine cannot be asked)."""
         return None
 
+    def _say_gpu(self, plan: RerunPlan) -> None:
+        """What of the recorded GPUs the request cannot hold, said before submitting."""
+        from manifest.rerun.cluster.hardware import shown
+
+        gpu = plan.gpu
+        if gpu is None or gpu.model is None or not gpu.count:
+            return
+        if self.options.other_hardware:
+            self.note(f"--other-gpu: the re-run may run on another GPU model than the "
+                      f"recorded {shown(gpu.model)}; across GPU models no numeric verdict is "
+                      "given (the device rule).")
+        for what in gpu.unexpressed:
+            self.note(f"the run recorded {what}; --on {self.name} cannot request it, so the "
+                      "node's own mode applies (the verdict's drift names a difference).")
+
     # -- the shared flow
     def run(self, plan: RerunPlan, workspace: Workspace, settings: LaunchSettings,
             env: dict[str, str], *, writable: Sequence[Path] = ()) -> LaunchResult:
@@ -186,6 +201,7 @@ class ClusterExecutor:
         if problem is not None:
             raise NoVerdictError(f"{self.name} cannot place this re-run: {problem}; nothing "
                                  "was submitted.")
+        self._say_gpu(plan)
         inputs, data = self._outside_data(plan, workspace.root)
         staged = self.stage()
         try:

@@ -15,8 +15,11 @@ path is the report's log location.
 
 Placement follows the recorded topology: one task per node (the command
 starts its own ranks, as ``torchrun`` does), ``cpus_per_task`` the recorded
-thread count, ``gpus_per_node`` the recorded GPU count. Partition, account
-and time limit come from the user.
+thread count, and the recorded GPUs by model: a typed GRES
+(``--gres=gpu:h100:2``) or, where ``[tool.manifest.executors.slurm] gpu_features`` names
+the model as a node feature, ``--constraint`` with ``gpus_per_node``
+(``manifest.rerun.cluster.hardware``). Partition, account and time limit come from the
+user.
 
 A multi-node run is one job of ``nodes=N``, ``tasks_per_node=1``: each task
 is one node's torchrun (``manifest.rerun.cluster.placement``), its node rank
@@ -24,7 +27,8 @@ the task's node, the rendezvous on the job's first node (its address as
 ``scontrol show node`` gives it, ``NodeAddr``) at a port derived from the job
 id, so every task computes the same endpoint without talking to the others.
 Before submitting, ``sinfo`` says whether the partition has N nodes with the
-CPUs one node needs; a layout it cannot hold is said and nothing is submitted.
+CPUs one node needs and the recorded GPU model (GRES types and features); a layout it
+cannot hold is said and nothing is submitted.
 
 The job's state is SLURM's own: ``squeue``, then ``scontrol show job`` once
 it has left the queue (submitit reads ``sacct``, which a cluster without
@@ -49,6 +53,7 @@ from manifest.rerun.cluster.remote_run import ClusterExecutor
 
 if TYPE_CHECKING:
     from manifest.rerun.cluster.bundle import Bundle
+    from manifest.rerun.cluster.options import SlurmOptions
     from manifest.rerun.plan import RerunPlan
 
 
@@ -58,6 +63,19 @@ _QUEUED = {"PENDING", "CONFIGURING", "REQUEUED", "RESV_DEL_HOLD", "REQUEUE_HOLD"
            "REQUEUE_FED", "SUSPENDED"}
 PORT_BASE = 20000
 PORT_SPAN = 20000
+
+
+def gpu_gres(field: str) -> dict[str, int]:
+    """GPUs per type in one node's ``sinfo %G`` field (``gpu:h100:2(S:0),gpu:a100:1``;
+    an untyped ``gpu:2`` counts under ""): what a typed request can land on."""
+    found: dict[str, int] = {}
+    for item in field.split(","):
+        words = item.split("(")[0].split(":")
+        if words[0] != "gpu" or len(words) < 2 or not words[-1].isdigit():
+            continue
+        kind = words[1] if len(words) > 2 else ""
+        found[kind] = found.get(kind, 0) + int(words[-1])
+    return found
 
 
 def rendezvous_port(job_id: str) -> int:
@@ -193,6 +211,8 @@ class SlurmJob:
 class SlurmExecutor(ClusterExecutor):
     """Submits each run of a plan as one SLURM job through submitit."""
 
+    options: SlurmOptions
+
     def folder(self) -> Path:
         from manifest.rerun.cluster.options import default_folder
 
@@ -212,7 +232,7 @@ class SlurmExecutor(ClusterExecutor):
         if self.local():
             return None
         need = need_of(plan.topology, plan.settings.threads)
-        command = ["sinfo", "-h", "-N", "-o", "%N %c %G %t"]
+        command = ["sinfo", "-h", "-N", "-o", "%N %c %G %t %f"]
         if self.options.partition:
             command += ["-p", self.options.partition]
         try:
@@ -223,16 +243,49 @@ class SlurmExecutor(ClusterExecutor):
         if proc.returncode != 0:
             return None  # sbatch will say what is wrong
         free: dict[str, tuple[str, float, float]] = {}
+        typed: dict[str, dict[str, int]] = {}
+        features: dict[str, set[str]] = {}
         for line in proc.stdout.splitlines():
             parts = line.split()
             if len(parts) < 4 or parts[3].rstrip("*~#!%$@^-").lower() in {
                     "down", "drain", "drained", "draining", "fail", "failing", "future",
                     "maint", "unknown", "inval"}:
                 continue
-            gpus = sum(int(g.split(":")[-1].split("(")[0]) for g in parts[2].split(",")
-                       if g.startswith("gpu") and g.split(":")[-1].split("(")[0].isdigit())
-            free[parts[0]] = (parts[0], float(parts[1]), float(gpus))
+            typed[parts[0]] = gpu_gres(parts[2])
+            features[parts[0]] = set(parts[4].split(",")) if len(parts) > 4 else set()
+            free[parts[0]] = (parts[0], float(parts[1]), float(sum(typed[parts[0]].values())))
+        problem = self.model_problem(plan, need.nodes, typed, features)
+        if problem is not None:
+            return problem
         return shortfall(need, list(free.values()))
+
+    def gpu_request(self, plan: RerunPlan) -> dict[str, str]:
+        """submitit's parameters for the recorded GPUs: typed GRES, or a feature constraint
+        where the site names the model that way (``--other-gpu``: the count only)."""
+        from manifest.rerun.cluster.hardware import GpuNeed, slurm_request
+
+        gpu = plan.gpu or GpuNeed(model=None, count=0)
+        if self.options.other_hardware or self.local():
+            gpu = GpuNeed(model=None, count=gpu.count)
+        return slurm_request(gpu, self.options.gpu_types, self.options.gpu_features)
+
+    def model_problem(self, plan: RerunPlan, nodes: int, typed: dict[str, dict[str, int]],
+                      features: dict[str, set[str]]) -> str | None:
+        """Why no ``nodes`` nodes have the recorded model (GRES type or feature), or None."""
+        from manifest.rerun.cluster.hardware import missing_model
+
+        request = self.gpu_request(plan)
+        if plan.gpu is None or not ({"slurm_gres", "slurm_constraint"} & set(request)):
+            return None
+        if "slurm_constraint" in request:
+            feature = request["slurm_constraint"]
+            per_node = [(n, sum(typed[n].values())) for n in typed if feature in features[n]]
+            return missing_model(plan.gpu, {f for fs in features.values() for f in fs},
+                                 wanted=f"feature {feature}", nodes=nodes, per_node=per_node)
+        kind = request["slurm_gres"].split(":")[1]
+        per_node = [(n, gres.get(kind, 0)) for n, gres in typed.items()]
+        return missing_model(plan.gpu, {k for gres in typed.values() for k in gres if k},
+                             wanted=f"GRES gpu:{kind}", nodes=nodes, per_node=per_node)
 
     def submit(self, plan: RerunPlan, bundle: Bundle) -> SlurmJob:
         import logging
@@ -260,9 +313,11 @@ class SlurmExecutor(ClusterExecutor):
             "tasks_per_node": 1, "cpus_per_task": need.cpus,
             "timeout_min": self.options.time_min or 60,
         }
-        if need.gpus:
-            params["gpus_per_node"] = need.gpus
+        gpus = self.gpu_request(plan)
+        if "gpus_per_node" in gpus:
+            params["gpus_per_node"] = int(gpus.pop("gpus_per_node"))
         if cluster is None:
+            params.update(gpus)
             params.update({f"slurm_{k}": v for k, v in (
                 ("partition", self.options.partition), ("account", self.options.account))
                 if v})
