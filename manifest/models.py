@@ -692,6 +692,16 @@ def _absent(value: object) -> bool:
     return value is None
 
 
+class LockfileDisagreement(Model):
+    """An installed package at a version its lockfile does not pin (``manifest.probes.code``)."""
+
+    package: str
+    lockfile: str
+    locked: str
+    """The pinned version, or versions joined by ``or`` where the lock forks by platform."""
+    installed: str
+
+
 class Observed(Model):
     """Facts that cannot change the bits: never part of ``run_id``."""
 
@@ -720,6 +730,10 @@ class Observed(Model):
     inputs_not_digested: dict[str, Count] | None = later(
         "files the run read that git does not track and that were too large to digest "
         "unasked (path -> bytes): declare them with --data")
+    lockfile_disagrees: list[LockfileDisagreement] | None = later(
+        "installed packages at another version than a lockfile at the repository root pins "
+        "(requirements*.txt == lines, uv.lock, poetry.lock): the lockfile does not describe "
+        "this run's environment")
 
 
 # ----------------------------------------------------------------- manifest

@@ -26,7 +26,10 @@
   to distributions, as ``importlib.metadata.packages_distributions`` maps them
   (:func:`imported_distributions`, ~25 ms where that call took 219 ms);
   only those, torch and its CUDA libraries count for the bits (see
-  ``manifest.diff.rules``).
+  ``manifest.diff.rules``). A library the launcher itself loaded before user
+  code (blake3, to fingerprint the generators) is the run's only when one of the
+  run's modules holds it (``_manifest_observe.modules_imported``); nvidia-ml-py
+  stays where installed: ``import torch`` itself imports ``pynvml``.
 """
 
 from __future__ import annotations

@@ -295,6 +295,13 @@ def build_run_manifest(
         doc["observed"]["compute"] = compute
     if not_digested:
         doc["observed"]["inputs_not_digested"] = dict(sorted(not_digested.items()))
+    if snap.code.root is not None and doc["code"]["lockfiles"]:
+        from manifest.probes.code import lockfile_disagreements
+
+        disagree = lockfile_disagreements(snap.code.root, list(doc["code"]["lockfiles"]),
+                                          doc["env"]["packages"])
+        if disagree:  # left out when none, so a run whose lockfiles agree keeps its bytes
+            doc["observed"]["lockfile_disagrees"] = disagree
     if doc["command"].get("topology") is not None:
         from manifest.nodes.topology import rendezvous_of
 

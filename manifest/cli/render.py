@@ -40,6 +40,9 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
         add("", "diff", code.diff_digest)
     for name, digest in code.lockfiles.items():
         add("", f"lockfile {name}", digest)
+    for lock in manifest.observed.lockfile_disagrees or []:
+        add("", f"{lock.lockfile} disagrees", f"{lock.package} pinned {lock.locked}, the run "
+            f"used {lock.installed}")
     for ds in manifest.data:
         found = " discovered" if ds.source == "discovered" else ""
         if ds.remote is not None:
@@ -374,6 +377,9 @@ def run_notes(manifest: Manifest) -> list[str]:
         notes.append(f"{len(names)} untracked file(s) over 1 MiB left out of the code patch "
                      f"({', '.join(names[:3])}{' …' if len(names) > 3 else ''}); if they are "
                      f"not code, add to .gitignore: {' '.join(tops[:5])}")
+    for lock in obs.lockfile_disagrees or []:
+        notes.append(f"{lock.lockfile} pins {lock.package} {lock.locked}, but the run used "
+                     f"{lock.installed}: the lockfile does not describe this run's environment.")
     if obs.inputs_not_digested:
         names = sorted(obs.inputs_not_digested)
         total = sum(obs.inputs_not_digested.values())

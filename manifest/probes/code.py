@@ -243,3 +243,78 @@ def probe_code(cwd: Path, store: BlobStore | None = None, *,
         unavailable=unavailable,
     )
     return CodeProbe(code, root, state.branch, remote_url(config), patch or None, large)
+
+
+# ------------------------------------------------------------------ lockfile pins
+
+LOCK_PIN_FILES = ("uv.lock", "poetry.lock")
+"""TOML lockfiles whose ``[[package]]`` tables give each package's locked version."""
+
+
+def lockfile_pins(root: Path, names: list[str]) -> dict[str, dict[str, set[str]]]:
+    """Exact versions the lockfiles at ``root`` pin: lockfile -> package -> versions.
+
+    Only what needs no resolver: ``name==version`` lines of ``requirements*.txt``
+    (``constraints*.txt`` too), without environment markers, wildcards or ``===``,
+    and the ``[[package]]`` name and version of ``uv.lock`` and ``poetry.lock``
+    (a lock that forks per platform lists several versions of one package: any of
+    them agrees). An unreadable file pins nothing.
+    """
+    from manifest.probes.env import normalise_name
+
+    out: dict[str, dict[str, set[str]]] = {}
+    for name in names:
+        try:
+            text = (root / name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        pins: dict[str, set[str]] = {}
+        if name in LOCK_PIN_FILES:
+            import tomllib
+
+            try:
+                packages = tomllib.loads(text).get("package", [])
+            except tomllib.TOMLDecodeError:
+                continue
+            for table in packages if isinstance(packages, list) else []:
+                pkg, version = (table.get("name"), table.get("version")) if isinstance(
+                    table, dict) else (None, None)
+                if isinstance(pkg, str) and isinstance(version, str):
+                    pins.setdefault(normalise_name(pkg), set()).add(version)
+        elif name.endswith(".txt"):
+            for raw in text.splitlines():
+                line = raw.split(" #", 1)[0].strip().rstrip("\\").strip()
+                if not line or line.startswith(("#", "-")) or ";" in line:
+                    continue
+                pkg, sep, version = line.partition("==")
+                version = version.split()[0] if version.split() else ""
+                if not sep or not version or "*" in version or version.startswith("="):
+                    continue
+                pkg = pkg.split("[", 1)[0].strip()
+                if pkg and "," not in version:
+                    pins.setdefault(normalise_name(pkg), set()).add(version)
+        if pins:
+            out[name] = pins
+    return out
+
+
+def _agrees(installed: str, pinned: str) -> bool:
+    """``==2.13.0`` admits ``2.13.0+cpu`` (PEP 440: a pin without a local label
+    matches any local label)."""
+    return installed == pinned or ("+" not in pinned and installed.split("+", 1)[0] == pinned)
+
+
+def lockfile_disagreements(root: Path, names: list[str],
+                           installed: dict[str, str]) -> list[dict[str, str]]:
+    """Installed packages whose version no pin of a lockfile names, one entry each:
+    ``{"package", "lockfile", "locked", "installed"}``, sorted by package then lockfile.
+    A pinned package that is not installed is not listed (the run did not use it)."""
+    found: list[dict[str, str]] = []
+    for lockfile, pins in lockfile_pins(root, names).items():
+        for pkg, versions in pins.items():
+            have = installed.get(pkg)
+            if have is None or any(_agrees(have, v) for v in versions):
+                continue
+            found.append({"package": pkg, "lockfile": lockfile,
+                          "locked": " or ".join(sorted(versions)), "installed": have})
+    return sorted(found, key=lambda f: (f["package"], f["lockfile"]))

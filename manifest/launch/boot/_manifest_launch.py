@@ -504,6 +504,7 @@ def install() -> None:
             _state["hooked"].add(name)
             callback(sys.modules[name])
     sys.excepthook = _excepthook_wrapper(sys.excepthook)
+    observe.note_user_start()
     atexit.register(_write_record)
     if "--multiprocessing-fork" in sys.argv:  # a spawned multiprocessing child
         note_worker()

@@ -588,14 +588,78 @@ def _after_fork_in_child() -> None:
         util.Finalize(None, _obs["launch"]._write_record, exitpriority=0)
 
 
+def _top_names() -> set[str]:
+    return {name.partition(".")[0] for name in list(sys.modules)}
+
+
+def note_user_start() -> None:
+    """Called by the launcher when its start-up is done, right before user code: the
+    libraries it loaded itself (blake3, for the generators' fingerprints) are the tool's."""
+    _obs["tool"] = frozenset(_top_names() - _obs.get("startup", frozenset())
+                             - frozenset(sys.stdlib_module_names))
+
+
 def modules_imported() -> list[str]:
-    """Top-level names of every imported module (the launcher's own left out)."""
+    """Top-level names of every imported module (the launcher's own left out).
+
+    A library the launcher loaded before user code counts only where the run's
+    own modules hold it (:func:`_held_elsewhere`): ``import blake3`` in the script
+    finds it already loaded, so that import leaves no other trace.
+    """
     own = {"_manifest_launch", "_manifest_observe", "_manifest_rng", "_manifest_state",
            "_manifest_switches", "_manifest_trail", "_manifest_opstream", "_manifest_escape",
            "sitecustomize",
            "__main__"}
-    return sorted({name.partition(".")[0] for name in list(sys.modules)} - own
-                  - _obs.get("startup", frozenset()))
+    names = _top_names() - own - _obs.get("startup", frozenset())
+    tool = frozenset(_obs.get("tool", frozenset())) & names
+    if tool:
+        names -= tool - _held_elsewhere(tool)
+    return sorted(names)
+
+
+def _held_elsewhere(names: frozenset[str]) -> set[str]:
+    """Which of these top-level modules a module outside them and outside this tool holds:
+    the module itself, or a class or function it defines, bound to a global
+    (``import blake3``, ``from blake3 import blake3``) or the type of one (a hasher kept
+    at module level). A name bound only inside a function is not seen. Reads every
+    module's globals by identity, without attribute look-ups that a module's own
+    ``__getattr__`` could answer: ~6 ms at exit with torch and numpy loaded."""
+    from types import BuiltinFunctionType, FunctionType
+
+    targets: dict[int, str] = {}
+    for name, module in list(sys.modules.items()):
+        top = name.partition(".")[0]
+        if top not in names:
+            continue
+        targets[id(module)] = top
+        with contextlib.suppress(Exception):
+            for value in list(object.__getattribute__(module, "__dict__").values()):
+                kind = type(value)
+                if issubclass(kind, type):
+                    owner = type.__getattribute__(value, "__module__")
+                elif kind is FunctionType or kind is BuiltinFunctionType:
+                    owner = object.__getattribute__(value, "__module__")
+                else:
+                    continue
+                if isinstance(owner, str) and owner.partition(".")[0] == top:
+                    targets[id(value)] = top
+    skip = frozenset(sys.stdlib_module_names) | names
+    held: set[str] = set()
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] in skip or name.startswith("_manifest_"):
+            continue
+        space = object.__getattribute__(module, "__dict__") if isinstance(
+            module, ModuleType) else None
+        if not isinstance(space, dict):
+            continue
+        where = space.get("__file__")
+        if isinstance(where, str) and where.startswith(_obs["own"]):
+            continue
+        for value in list(space.values()):
+            found = targets.get(id(value)) or targets.get(id(type(value)))
+            if found is not None:
+                held.add(found)
+    return held
 
 
 @contextlib.contextmanager

@@ -1,0 +1,90 @@
+"""Reports that say what changed, through the real CLI on real git repositories.
+
+* the launcher's own libraries (blake3) are not the run's imports, unless the
+  script imports them itself;
+* a lockfile pinning another version than the run used is said at capture
+  (a note) and by ``show``.
+
+Scripts here import no torch: each capture is a plain Python process (~1 s).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.conftest import GitRepo, run_cli
+
+
+def _capture(repo: GitRepo, env: dict[str, str], *command: str) -> tuple[dict[str, Any], str]:
+    result = run_cli("capture", "--", *command, cwd=repo.path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (repo.path / "run.json").write_bytes(result.stdout)
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc, result.stderr
+
+
+def _show(repo: GitRepo, env: dict[str, str]) -> str:
+    result = run_cli("show", "run.json", cwd=repo.path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.text
+
+
+# ------------------------------------------------------------ imported by the run
+
+
+def test_the_launchers_blake3_is_not_the_runs_import_but_the_scripts_is(
+        repo: GitRepo, cli_env: dict[str, str]) -> None:
+    repo.write("plain.py", "import json\nprint(json.dumps([1]))\n")
+    repo.write("helper.py", "from blake3 import blake3 as hasher\n")
+    repo.write("hashes.py", "import helper\nprint(helper.hasher(b'x').hexdigest()[:8])\n")
+    repo.write(".gitignore", "*.json\n")
+    repo.commit("scripts")
+    doc, _ = _capture(repo, cli_env, "python", "plain.py")
+    # The launcher hashed the generators with blake3 before the script started.
+    assert doc["env"]["imported"] == []
+    assert "blake3" not in _show(repo, cli_env).split("imported by the run")[1].split("\n")[0]
+    # Positive control: a module of the script holds blake3's class, so the run imported it.
+    doc, _ = _capture(repo, cli_env, "python", "hashes.py")
+    assert doc["env"]["imported"] == ["blake3"]
+    line = _show(repo, cli_env).split("imported by the run")[1].split("\n")[0]
+    assert line.split() == ["blake3"]
+
+
+# ------------------------------------------------------------------- lockfiles
+
+
+def test_a_lockfile_pinning_another_version_is_noted_and_shown(
+        repo: GitRepo, cli_env: dict[str, str]) -> None:
+    import importlib.metadata
+
+    rich = importlib.metadata.version("rich")
+    pydantic = importlib.metadata.version("pydantic")
+    repo.write("requirements.txt",
+               f"rich==0.0.1 \\\n    --hash=sha256:00\npydantic=={pydantic}\n"
+               "blake3==0.0.2 ; python_version < '3'\nnot-installed-anywhere==1.0\n")
+    repo.write("uv.lock", 'version = 1\n\n[[package]]\nname = "Rich"\nversion = "0.0.3"\n\n'
+               f'[[package]]\nname = "pydantic"\nversion = "{pydantic}"\n')
+    repo.write(".gitignore", "*.json\n")
+    repo.commit("locks")
+    doc, stderr = _capture(repo, cli_env, "python", "-c", "pass")
+    assert doc["observed"]["lockfile_disagrees"] == [
+        {"package": "rich", "lockfile": "requirements.txt", "locked": "0.0.1",
+         "installed": rich},
+        {"package": "rich", "lockfile": "uv.lock", "locked": "0.0.3", "installed": rich}]
+    notes = [line for line in stderr.splitlines() if "pins" in line]
+    assert notes == [
+        f"manifest: note: requirements.txt pins rich 0.0.1, but the run used {rich}: the "
+        "lockfile does not describe this run's environment.",
+        f"manifest: note: uv.lock pins rich 0.0.3, but the run used {rich}: the lockfile does "
+        "not describe this run's environment."]
+    shown = _show(repo, cli_env)
+    assert f"requirements.txt disagrees  rich pinned 0.0.1, the run used {rich}" in shown
+    assert "uv.lock disagrees" in shown and "pydantic pinned" not in shown
+    # Positive control of silence: pins that agree leave no field and no note.
+    repo.write("requirements.txt", f"rich=={rich}\n")
+    repo.write("uv.lock", "version = 1\n")
+    repo.commit("agree")
+    doc, stderr = _capture(repo, cli_env, "python", "-c", "pass")
+    assert "lockfile_disagrees" not in doc["observed"]
+    assert "pins" not in stderr and "disagrees" not in _show(repo, cli_env)
