@@ -1,0 +1,91 @@
+"""Rebuilt environments, cached by what they hold, so the second rebuild is instant.
+
+A rebuilt venv lives at ``$XDG_CACHE_HOME/manifest/envs/<key>`` (default
+``~/.cache/manifest/envs``), where the key is a digest of what decides its files
+(:func:`environment_key`: the Python version and each rebuilt distribution's name,
+version and recorded content digest). It is built in a temporary folder beside its place
+and renamed into it (``rename`` on one file system is atomic), so a reader sees a whole
+environment or none; when two rebuilds race, the first rename wins and the second
+discards its copy.
+
+A hit is re-proven, not believed: every file is hashed again against the record
+(``manifest.pyenv.prove``), because the venv is a folder a re-run's script could write
+to. uv's own cache is never linked into it (``--link-mode copy``), so editing a rebuilt
+file cannot reach the cache either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from manifest.pyenv.sources import Pin
+
+STAMP = "manifest-env.json"
+"""Inside each cached venv: its key and the proof made when it was built."""
+KEY_FORMAT = "manifest-env/v1"
+
+
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/manifest/envs`` (XDG base directory spec; a relative value is
+    ignored), else ``~/.cache/manifest/envs``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
+    return root / "manifest" / "envs"
+
+
+def environment_key(python: str, pins: list[Pin]) -> str:
+    """``blake3:<hex>`` over the Python version and every pin's name, version and files."""
+    lines = [KEY_FORMAT, f"python {python}"]
+    lines += sorted(f"{p.name} {p.version} {p.files or '-'} {p.kind}" for p in pins)
+    return "blake3:" + blake3.blake3("\n".join(lines).encode("utf-8")).hexdigest()
+
+
+def _folder(root: Path, key: str) -> Path:
+    return root / key.partition(":")[2]
+
+
+def lookup(root: Path, key: str) -> tuple[Path, dict[str, Any]] | None:
+    """The cached venv for ``key`` and its stamp, or None."""
+    folder = _folder(root, key)
+    try:
+        stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict) or stamp.get("key") != key:
+        return None
+    return folder, stamp
+
+
+def staging(root: Path) -> Path:
+    """A fresh temporary folder beside the cached venvs (same file system: rename works)."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+
+
+def publish(root: Path, key: str, built: Path, stamp: dict[str, Any]) -> Path:
+    """Stamp ``built`` and rename it to its key's place; the place's venv is returned.
+
+    When another rebuild put the same key there first, ``built`` is removed and the
+    existing venv is used.
+    """
+    (built / STAMP).write_text(json.dumps(dict(stamp, key=key), sort_keys=True),
+                               encoding="utf-8")
+    final = _folder(root, key)
+    try:
+        os.rename(built, final)
+    except OSError:
+        if lookup(root, key) is None:
+            raise
+        shutil.rmtree(built, ignore_errors=True)
+    return final
+
+
+def discard(built: Path) -> None:
+    shutil.rmtree(built, ignore_errors=True)

@@ -1,0 +1,164 @@
+"""The proof of a rebuild: each distribution's files against the run's record.
+
+A rebuilt environment is the run's only if its files are: for each recorded
+distribution, :func:`manifest.probes.distributions.prove_distribution` hashes the files
+present in the rebuilt site-packages (not what their RECORD claims) and the digest is
+compared with the one recorded at capture. Each distribution gets one status
+(:class:`Status`, a stable code for JSON and a sentence for people):
+
+* ``identical``: the same files;
+* ``vanished``: no source serves its file any more (named before anything is built);
+* ``built-here``: an sdist, an editable or local-path install, a VCS checkout: built from
+  code, not fetched; the project's own checkout is rebuilt from the recorded code by the
+  verb that re-runs it, so the rebuild does not install it and does not claim it;
+* ``other-build``: the same version with other files (another index's build, a wheel
+  rebuilt, a file edited after install);
+* ``unproven``: the record holds no content digest (an egg-info install), so nothing can
+  be compared.
+
+:attr:`Proof.proven` is true only when every distribution is ``identical``; the user sees
+one line (:meth:`Proof.line`), "rebuilt: N distributions, files identical to the run's",
+or what stands in the way, before any training starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from manifest.pyenv.sources import Pin, normalise
+
+
+class Status(StrEnum):
+    """One distribution's standing after a rebuild (exhaustive)."""
+
+    IDENTICAL = "identical"
+    VANISHED = "vanished"
+    BUILT_HERE = "built-here"
+    OTHER_BUILD = "other-build"
+    UNPROVEN = "unproven"
+
+
+_REASONS = {
+    Status.IDENTICAL: "files identical to the run's",
+    Status.VANISHED: "no source serves its file",
+    Status.BUILT_HERE: "built from code (sdist, local path, editable or VCS), not fetched",
+    Status.OTHER_BUILD: "the same version with other files",
+    Status.UNPROVEN: "the record holds no digest of its files",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str
+    version: str
+    status: Status
+    reason: str
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Every rebuilt distribution's status; :attr:`built` is false when nothing was built."""
+
+    findings: tuple[Finding, ...]
+    built: bool
+
+    @property
+    def proven(self) -> bool:
+        return self.built and all(f.status is Status.IDENTICAL for f in self.findings)
+
+    def differing(self) -> list[Finding]:
+        return [f for f in self.findings if f.status is not Status.IDENTICAL]
+
+    def line(self) -> str:
+        """The one line for the user."""
+        n = len(self.findings)
+        if self.proven:
+            return f"rebuilt: {n} distribution{'s' if n != 1 else ''}, files identical to " \
+                   "the run's"
+        counts: dict[str, int] = {}
+        for f in self.differing():
+            counts[f.status.value] = counts.get(f.status.value, 0) + 1
+        said = ", ".join(f"{c} {s}" for s, c in sorted(counts.items()))
+        if not self.built:
+            return f"not rebuilt: {said}; no environment was built"
+        return f"not proven: {n - sum(counts.values())} of {n} identical, {said}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"proven": self.proven, "built": self.built, "line": self.line(),
+                "distributions": [{"name": f.name, "version": f.version,
+                                   "status": f.status.value, "reason": f.reason}
+                                  for f in self.findings]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Proof | None:
+        """A proof kept in a cache stamp, or None if it is not one."""
+        try:
+            findings = tuple(Finding(str(d["name"]), str(d["version"]), Status(d["status"]),
+                                     str(d["reason"])) for d in data["distributions"])
+            return cls(findings, bool(data["built"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def finding(pin: Pin, status: Status, reason: str | None = None) -> Finding:
+    return Finding(pin.name, pin.version, status, reason or _REASONS[status])
+
+
+def site_packages(venv: Path) -> Path:
+    """The venv's purelib folder (``lib/pythonX.Y/site-packages``)."""
+    found = sorted(venv.glob("lib/python*/site-packages"))
+    if not found:
+        raise FileNotFoundError(venv / "lib")
+    return found[0]
+
+
+def _dist_infos(site: Path) -> dict[str, tuple[str, Path]]:
+    out: dict[str, tuple[str, Path]] = {}
+    for entry in site.glob("*.dist-info"):
+        m = re.fullmatch(r"(.+)-([^-]+)\.dist-info", entry.name)
+        if m:
+            out[normalise(m[1])] = (m[2], entry)
+    return out
+
+
+def prove_pins(site: Path, pins: list[Pin], *, vanished: frozenset[str] = frozenset()
+               ) -> Proof:
+    """Compare each pin's recorded digest with the files in ``site`` (a rebuilt venv's)."""
+    from manifest.probes.distributions import prove_distribution
+
+    present = _dist_infos(site)
+    findings = []
+    for pin in pins:
+        if pin.name in vanished:
+            findings.append(finding(pin, Status.VANISHED))
+            continue
+        if pin.kind == "built-here":
+            findings.append(finding(pin, Status.BUILT_HERE))
+            continue
+        if pin.files is None:
+            findings.append(finding(pin, Status.UNPROVEN))
+            continue
+        installed = present.get(pin.name)
+        if installed is None:
+            findings.append(finding(pin, Status.OTHER_BUILD, "not installed by the rebuild"))
+            continue
+        version, dist_info = installed
+        digest = prove_distribution(dist_info, site)
+        if digest == pin.files:
+            findings.append(finding(pin, Status.IDENTICAL))
+        elif version != pin.version:
+            findings.append(finding(pin, Status.OTHER_BUILD,
+                                    f"version {version} installed, {pin.version} recorded"))
+        else:
+            findings.append(finding(pin, Status.OTHER_BUILD))
+    return Proof(tuple(findings), built=True)
+
+
+def not_built(pins: list[Pin], vanished: frozenset[str]) -> Proof:
+    """The proof of a rebuild refused before it started: the vanished named, nothing built."""
+    return Proof(tuple(finding(p, Status.VANISHED) for p in pins if p.name in vanished),
+                 built=False)

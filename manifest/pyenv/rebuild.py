@@ -1,0 +1,205 @@
+"""Rebuild a run's Python environment with uv, and prove it: the library entry point.
+
+    build_environment(manifest, trust=decision, find_links=[...], index_urls=[...])
+        -> BuiltEnvironment(python, proof, cached, plan)
+
+``python`` is the rebuilt venv's interpreter (None when nothing could be built: a
+distribution vanished), ``proof`` each distribution's status against the record
+(``manifest.pyenv.prove``), ``cached`` whether the venv came from the cache
+(``manifest.pyenv.cache``), ``plan`` the sources used and withheld
+(``manifest.pyenv.sources``). A verb that re-runs in the run's environment calls this,
+shows ``proof.line()`` before any training starts, and runs ``python`` only when it may.
+
+The steps, in order; nothing is installed before the first three pass:
+
+1. every recorded name, version, tag, URL and hash is validated (a hostile one is one
+   sentence, exit 2);
+2. the sources are decided: the user's, and the recorded ones only when the manifest is
+   trusted (the same decision verify uses);
+3. each wheel is located in them; a distribution no source serves is ``vanished``, and
+   then nothing is built;
+4. uv builds the venv: ``uv venv`` with the recorded Python, then ``uv pip install
+   --no-deps --no-index`` of exactly the located files, each by URL with its sha256
+   (``--require-hashes``): exact pins, no resolution;
+5. the proof hashes the installed files against the record.
+
+The machine's configuration never leaks in: uv runs with ``--no-config`` (no ``uv.toml``,
+no ``[tool.uv]``) and an environment with every ``PIP_*`` and ``UV_*`` variable removed,
+and it reads no pip configuration (pip's ``/etc/xdg/pip/pip.conf``, constraints and
+find-links are pip's alone). ``--link-mode copy``: a script that edits an installed file
+edits the venv's copy, never uv's cache.
+
+uv is an optional extra (``pip install 'torch-manifest[rebuild]'``), found lazily with
+``uv.find_uv_bin()``. Measured here (``benchmarks/rebuild.py``): see docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from manifest.errors import ManifestError, NoVerdictError, UsageError
+from manifest.pyenv import cache
+from manifest.pyenv.archives import Archive, locate
+from manifest.pyenv.prove import Proof, not_built, prove_pins, site_packages
+from manifest.pyenv.sources import Pin, SourcePlan, pins_of, plan_sources, rebuild_set
+
+if TYPE_CHECKING:
+    from manifest.models import Manifest
+    from manifest.trust import TrustDecision
+
+UV_TIMEOUT_S = 3600
+"""A cold CUDA stack is ~5 GB to download; an hour before uv is given up on."""
+
+
+class RebuildError(ManifestError):
+    """uv failed to build an environment whose files were all located (exit 3)."""
+
+    exit_code = NoVerdictError.exit_code
+
+
+@dataclass(frozen=True)
+class BuiltEnvironment:
+    python: Path | None
+    """The rebuilt venv's interpreter; None when nothing was built."""
+    proof: Proof
+    cached: bool
+    plan: SourcePlan
+    key: str
+    """The environment's cache key (``manifest.pyenv.cache.environment_key``)."""
+
+
+def find_uv() -> str:
+    """The uv binary of the ``rebuild`` extra; one sentence with the install line if absent."""
+    try:
+        import uv  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        try:
+            from manifest.errors import MissingExtraError
+        except ImportError:  # pragma: no cover - an errors module without the helper
+            raise UsageError("rebuilding an environment needs uv: "
+                             "pip install 'torch-manifest[rebuild]'.") from None
+        raise MissingExtraError("uv", "rebuild", what="rebuilding an environment") from None
+    found: str = uv.find_uv_bin()
+    return found
+
+
+def scrubbed_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment uv runs in: this one without any ``PIP_*`` or ``UV_*`` variable
+    (an index, a constraint, a find-links or a config file named there would leak in),
+    nor ``VIRTUAL_ENV``/``CONDA_PREFIX`` (uv is told its target)."""
+    env = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in env.items()
+            if not k.upper().startswith(("PIP_", "UV_"))
+            and k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME")}
+
+
+def recorded_pins(manifest: Manifest, tree: Path | None) -> list[Pin]:
+    """The distributions a rebuild installs, validated (``sources.pins_of``)."""
+    env = manifest.env
+    if not env.distributions:
+        raise UsageError("this manifest does not record its distributions by content "
+                         "(env.distributions): capture the run again with this version of "
+                         "manifest to rebuild its environment.")
+    only = rebuild_set(env.distributions, env.imported)
+    return pins_of(env.distributions, tree=tree, only=only)
+
+
+def find_python(version: str, uv_bin: str) -> str:
+    """An interpreter of exactly the recorded Python version: this one, or one uv knows
+    (never downloaded)."""
+    here = ".".join(str(p) for p in sys.version_info[:3])
+    if version == here:
+        return sys.executable
+    done = subprocess.run([uv_bin, "python", "find", "--no-config", "--no-python-downloads",
+                           "--", version], capture_output=True, text=True, check=False,
+                          env=scrubbed_environment(), timeout=120)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise NoVerdictError(f"the run used Python {version}, which is not installed here "
+                             f"(this is {here}): install it (uv python install {version}) "
+                             "to rebuild the run's environment.")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _uv(uv_bin: str, args: list[str], what: str) -> None:
+    done = subprocess.run([uv_bin, *args], capture_output=True, text=True, check=False,
+                          env=scrubbed_environment(), timeout=UV_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        from manifest.redact import redact_urls
+
+        tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise RebuildError(f"uv could not {what}: {redact_urls(tail)}")
+
+
+def requirements(pins: list[Pin], located: dict[str, Archive]) -> str:
+    """The requirement lines uv installs: each located file by URL, with its sha256."""
+    lines = []
+    for pin in pins:
+        archive = located.get(pin.name)
+        if archive is None:
+            continue
+        line = f"{pin.name} @ {archive.url}"
+        if archive.sha256:
+            line += f" --hash=sha256:{archive.sha256}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def build_environment(manifest: Manifest, *, trust: TrustDecision,
+                      find_links: Iterable[str | Path] = (), index_urls: Iterable[str] = (),
+                      tree: Path | None = None, cache_dir: Path | None = None,
+                      note: Callable[[str], None] | None = None) -> BuiltEnvironment:
+    """Rebuild ``manifest``'s environment and prove it (the module docstring's steps).
+
+    ``trust`` is :func:`manifest.trust.check_trust`'s decision for this manifest;
+    ``tree`` the project's tree (recorded ``file://`` URLs must lie inside it);
+    ``cache_dir`` defaults to :func:`manifest.pyenv.cache.cache_root`; ``note`` receives
+    progress sentences (the CLI prints them on stderr).
+    """
+    say = note or (lambda _text: None)
+    pins = recorded_pins(manifest, tree)
+    plan = plan_sources(manifest.env.sources, find_links=find_links, index_urls=index_urls,
+                        trust=trust, tree=tree)
+    root = cache_dir or cache.cache_root()
+    key = cache.environment_key(manifest.env.python, pins)
+    hit = cache.lookup(root, key)
+    if hit is not None:
+        folder, _stamp = hit
+        proof = prove_pins(site_packages(folder), pins)
+        return BuiltEnvironment(folder / "bin" / "python", proof, True, plan, key)
+    installable = [p for p in pins if p.kind in ("index", "archive")]
+    located: dict[str, Archive] = {}
+    for pin in installable:
+        found = locate(pin, plan)
+        if found is not None:
+            located[pin.name] = found
+    vanished = frozenset(p.name for p in installable if p.name not in located)
+    if vanished:
+        return BuiltEnvironment(None, not_built(pins, vanished), False, plan, key)
+    uv_bin = find_uv()
+    python = find_python(manifest.env.python, uv_bin)
+    built = cache.staging(root)
+    try:
+        say(f"building the run's environment ({len(located)} distributions) with uv")
+        _uv(uv_bin, ["venv", "--no-config", "--quiet", "--relocatable", "--python", python,
+                     "--no-python-downloads", str(built), "--allow-existing"],
+            "create a venv")
+        reqs = built / "manifest-requirements.txt"
+        reqs.write_text(requirements(pins, located), encoding="utf-8")
+        hashed = all(a.sha256 for a in located.values())
+        _uv(uv_bin, ["pip", "install", "--no-config", "--quiet", "--no-deps", "--no-index",
+                     "--link-mode", "copy", "--python", str(built / "bin" / "python"),
+                     *(["--require-hashes"] if hashed else []), "-r", str(reqs)],
+            "install the run's distributions")
+        proof = prove_pins(site_packages(built), pins)
+        folder = cache.publish(root, key, built, {"proof": proof.to_json()})
+    except BaseException:
+        cache.discard(built)
+        raise
+    return BuiltEnvironment(folder / "bin" / "python", proof, False, plan, key)
