@@ -1,7 +1,7 @@
 """The reference pages, generated from the code at every ``mkdocs build``.
 
-A mkdocs hook (``hooks:`` in mkdocs.yml). The pages it adds are never
-committed, so they cannot drift from what they describe:
+A mkdocs hook (``hooks:`` in mkdocs.yml). What it writes is never committed, so
+it cannot drift from what it describes:
 
 * ``reference/cli.md`` from the argparse parsers ``manifest.cli.app.build_parser`` builds;
 * ``reference/schema.md`` from ``schemas/manifest.v1.schema.json`` (itself kept
@@ -9,6 +9,11 @@ committed, so they cannot drift from what they describe:
 * ``reference/impact-rules.md`` from ``manifest.diff.rules.RULES``;
 * ``reference/exit-status.md`` from ``manifest.errors`` (the constants and the
   error tree drawn in its docstring).
+
+Each page's path holds a short committed stand-in (:func:`stand_in`, written by
+``python docs/gen_ref.py``) that the build replaces: docs/ read on GitHub, where
+nothing is built, still finds the page a guide links to (``../reference/cli.md#capture``
+lands on the verb's heading, which says the ``--help`` that prints the same text).
 
 It also drops nav entries whose page is not in ``docs/`` yet (pages other
 engineers are still writing), so the nav never points at a placeholder and
@@ -328,9 +333,52 @@ def on_config(config: Any) -> Any:
 
 
 def on_files(files: Any, config: Any) -> Any:
-    """Add the generated reference pages to the build."""
+    """Put the generated reference pages into the build, in place of their stand-ins."""
     from mkdocs.structure.files import File
 
     for page in GENERATED:
+        committed = files.get_file_from_path(page)
+        if committed is not None:
+            files.remove(committed)
         files.append(File.generated(config, page, content=render(page)))
     return files
+
+
+_STAND_IN_TITLES = {
+    "reference/cli.md": ("CLI reference", "manifest.cli.app.build_parser",
+                         "`manifest --help` and `manifest VERB --help` print the same text"),
+    "reference/schema.md": ("Manifest schema", "schemas/manifest.v1.schema.json",
+                            "the schema itself is [schemas/manifest.v1.schema.json]"
+                            "(../../schemas/manifest.v1.schema.json)"),
+    "reference/impact-rules.md": ("Impact rules", "manifest.diff.rules",
+                                  "the table is `RULES` in [manifest/diff/rules.py]"
+                                  "(../../manifest/diff/rules.py)"),
+    "reference/exit-status.md": ("Exit statuses", "manifest.errors",
+                                 "the statuses are the constants at the top of "
+                                 "[manifest/errors.py](../../manifest/errors.py)"),
+}
+
+
+def stand_in(page: str) -> str:
+    """The committed text at a generated page's path: what a reader on GitHub sees, where
+    the site is not built. The CLI's has one heading per verb, so a guide's link to a
+    verb's anchor lands on it."""
+    title, source, where = _STAND_IN_TITLES[page]
+    out = [f"# {title}\n",
+           f"This page is generated from `{source}` when the documentation site is built "
+           "(`mkdocs build` or `mkdocs serve` in a checkout, with the `docs` extra); this "
+           f"text stands in for it where the site is not built. Meanwhile, {where}.\n"]
+    if page == "reference/cli.md":
+        from manifest.cli.app import build_parser
+
+        for name, text, _ in _verbs(build_parser()):
+            out.append(f"## {name}\n\n{text}: `manifest {name} --help`.\n")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # rewrite the stand-ins (after adding a verb or a page)
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    for name in GENERATED:
+        (REPO / "docs" / name).write_text(stand_in(name), encoding="utf-8")
