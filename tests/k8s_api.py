@@ -60,9 +60,12 @@ class Pod:
 class FakeKube:
     """State of the fake cluster: requests seen, objects, pods."""
 
-    def __init__(self, claim_dir: Path | None, *, hold: bool = False) -> None:
+    def __init__(self, claim_dir: Path | None, *, hold: bool = False,
+                 nodes: list[dict[str, Any]] | None = None) -> None:
         self.claim_dir = claim_dir
         self.hold = hold
+        self.nodes = nodes or []
+        """The cluster's nodes as ``GET /api/v1/nodes`` lists them (labels, allocatable)."""
         """Keep pods Pending (never start them): a job that cannot be placed."""
         self.requests: list[tuple[str, str, Any]] = []
         self.services: dict[str, Any] = {}
@@ -155,6 +158,8 @@ class FakeKube:
             if method == "DELETE":
                 self.delete(name)
                 return 200, {"kind": "Status", "status": "Success"}
+        if path == "/api/v1/nodes" and method == "GET":
+            return 200, {"kind": "NodeList", "apiVersion": "v1", "items": self.nodes}
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", path)
         if m and method == "GET":
             name = query.split("manifest%2Fjob%3D", 1)[-1].split("&")[0]
@@ -180,10 +185,11 @@ def _missing(name: str | None) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def fake_kube(tmp: Path, *, claim_dir: Path | None = None, hold: bool = False
+def fake_kube(tmp: Path, *, claim_dir: Path | None = None, hold: bool = False,
+              nodes: list[dict[str, Any]] | None = None
               ) -> Iterator[tuple[FakeKube, dict[str, str]]]:
     """The fake API server and the environment (KUBECONFIG) that points the client at it."""
-    kube = FakeKube(claim_dir, hold=hold)
+    kube = FakeKube(claim_dir, hold=hold, nodes=nodes)
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:

@@ -177,3 +177,56 @@ def test_dry_run_says_where_the_bundle_is_and_prints_json_when_asked(
         assert proc.stdout == b""
         assert line.startswith("manifest: --on k8s needs a way to bring the bundle to the pods")
     assert kube.requests == []  # not one API call
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _on_h100s(manifest: Path, out: Path) -> Path:
+    """The run as if captured on two H100s (what the fake NVML records), sealed here."""
+    from manifest.canonical import dumps, seal
+    from manifest.trust import record_sealed
+
+    doc = json.loads(manifest.read_bytes())
+    doc["hardware"]["gpus"] = [{"index": i, "name": H100, "memory_bytes": 80 << 30,
+                                "compute_capability": "9.0", "mig_mode": False,
+                                "ecc_mode": True} for i in range(2)]
+    doc["hardware"]["gpu_count"] = 2
+    sealed = seal(doc)
+    out.write_bytes(dumps(sealed))
+    assert record_sealed(sealed.digest)
+    return out
+
+
+def _node(name: str, product: str, gpus: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+            "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(gpus)}}}
+
+
+def test_the_recorded_gpu_model_is_asked_for_and_refused_where_no_node_has_it(
+        recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    repo, manifest = recorded
+    h100 = _on_h100s(manifest, tmp_path / "h100.json")
+    others = [_node("a", "NVIDIA-A100-SXM4-80GB", 8), _node("b", "NVIDIA-H100-80GB-HBM3", 1)]
+    with fake_kube(tmp_path, claim_dir=_claim(repo), nodes=others) as (kube, env):
+        code, _, stderr = _verify(repo, h100, env, "--claim", "bundles")
+    assert code == 3, stderr
+    assert ("the run recorded 2 × \"NVIDIA H100 80GB HBM3\" (nvidia.com/gpu.product="
+            "NVIDIA-H100-80GB-HBM3) per node and the cluster has no node with them") in stderr
+    assert '"NVIDIA-A100-SXM4-80GB"' in stderr and "nothing was submitted" in stderr
+    assert not [p for m, p, _ in kube.requests if m == "POST"]  # nothing submitted
+    # control: a node with two of them takes the job, which carries count and selector
+    fits = [*others, _node("c", "NVIDIA-H100-80GB-HBM3", 2)]
+    with fake_kube(tmp_path, claim_dir=_claim(repo), nodes=fits) as (kube, env):
+        code, report, stderr = _verify(repo, h100, env, "--claim", "bundles")
+    spec = _posted(kube, "jobs")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert spec["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert "ECC mode on" in stderr and "MIG mode off" in stderr  # named: no request holds them
+    assert report["verdict"] in {"identical", "differs"}, stderr
+    # --other-gpu: no selector, the count only, and it says so
+    with fake_kube(tmp_path, claim_dir=_claim(repo), nodes=others) as (kube, env):
+        code, _, stderr = _verify(repo, h100, env, "--claim", "bundles", "--other-gpu")
+    spec = _posted(kube, "jobs")["spec"]["template"]["spec"]
+    assert "nodeSelector" not in spec
+    assert "--other-gpu: the re-run may run on another GPU model" in stderr

@@ -155,7 +155,9 @@ def missing_model(need: GpuNeed, have: Iterable[str], *, wanted: str, nodes: int
     has = ", ".join(shown(h) for h in seen[:6]) + (f" and {len(seen) - 6} more"
                                                    if len(seen) > 6 else "")
     each = f"{need.count} × {shown(need.model)} ({wanted})"
-    where = "a node" if nodes == 1 else f"{nodes} nodes"
-    return (f"the run recorded {each} per node and the cluster has no {where} with them "
+    where = ("no node with them" if nodes == 1 or not fit
+             else f"{len(fit)} node{'s' if len(fit) != 1 else ''} with them of the {nodes} "
+                  "needed")
+    return (f"the run recorded {each} per node and the cluster has {where} "
             f"(it declares {has or 'no GPU model'}); --other-gpu runs it anyway, and then "
             "no numeric verdict is given across GPU models")
