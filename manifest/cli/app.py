@@ -23,7 +23,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from manifest import __version__
-from manifest.cli import verbs_check, verbs_nodes, verbs_record, verbs_study, verbs_travel
+from manifest.cli import (
+    verbs_check,
+    verbs_env,
+    verbs_nodes,
+    verbs_record,
+    verbs_study,
+    verbs_travel,
+)
 from manifest.cli.options import Parser
 from manifest.cli.startup import keep_pydantic_plugins_out, pause_collector, resume_collector
 from manifest.errors import (
@@ -42,7 +49,7 @@ _VERBS: list[tuple[str, Callable[[argparse._SubParsersAction[Parser]], None]]] =
     ("gate", verbs_check.register_gate), ("explain", verbs_study.register_explain),
     ("pack", verbs_travel.register_pack), ("sign", verbs_travel.register_sign),
     ("attest", verbs_travel.register_attest), ("lab", verbs_study.register_lab),
-    ("export", verbs_travel.register_export),
+    ("export", verbs_travel.register_export), ("env", verbs_env.register_env),
 ]
 """Every verb's name and ``register_*``, in the order ``manifest --help`` lists them."""
 
