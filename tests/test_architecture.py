@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"explain/", "lab/", "gate/", "integrations/"},
     {"verify/"},
     {"rerun/"},
-    {"capture/", "diff/", "travel/"},
+    {"capture/", "diff/", "travel/", "pyenv/"},
     {"numeric/", "nodes/", "data/", "probes/", "ops/", "export/", "launch/", "trust", "__init__"},
     {"canonical", "store", "config", "weights/", "gitrun", "bounded", "schema", "verdicts"},
     {"models", "redact", "errors"},
