@@ -84,6 +84,11 @@ def _refine_by_run(d: Difference, a: Manifest, b: Manifest) -> Difference | None
         rule = REFINED["package-not-imported"]
         return _relabel(d, rule, reason_for(rule, d.change, d.before, d.after,
                                             (d.location[-1],), d.path))
+    if d.rule == "env.distributions[*].files":  # "same version, other files": as its package
+        if overrides.counts_for_bits(str(d.location[2]), a, b):
+            return None
+        rule = REFINED["package-not-imported"]
+        return _relabel(d, rule, f"{d.reason}: {rule.why}")
     generator = _RANK_RNG.get(d.rule) or _EXIT_RNG.get(d.rule)
     if generator is not None and generator in overrides.never_drawn(a, b):
         rule = REFINED["rng-never-drawn"]

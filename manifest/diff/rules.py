@@ -56,6 +56,10 @@ _INPUTS = "the run's inputs differ"
 _KEYED = ("a secret's value by a digest under one machine's key: verify compares it there; "
           "that it was read, and whether set, is compared under determinism")
 
+_RECORDS = "each distribution's version and files are compared on their own lines"
+_FILES_DECIDE = "its files are compared on their own line"
+_WHERE_FROM = "where distributions come from, not what they hold: their files are compared"
+
 RULES: Mapping[str, Rule] = {
     "schema": Rule(B, "schema"),
     # ---------------------------------------------------------------- code
@@ -147,6 +151,37 @@ RULES: Mapping[str, Rule] = {
     "env.variables[MKL_CBWR]": Rule(B, "MKL_CBWR", "MKL's reproducibility mode changes",
                                     missing="unset"),
     "env.unavailable[*]": Rule(N, "env: reason for {key}", _UNAVAILABLE, missing="none"),
+    "env.packages[cuda-toolkit]": Rule(B, "package cuda-toolkit",
+                                       "the CUDA 13 metapackage that pins torch's nvidia-* "
+                                       "wheels; they are compared on their own lines",
+                                       missing="not installed"),
+    "env.distributions": Rule(N, "distribution records", _RECORDS, show_values=False),
+    "env.distributions[*]": Rule(N, "distribution record {key}", _RECORDS,
+                                 show_values=False),
+    "env.distributions[*].version": Rule(N, "{keys[0]} version",
+                                         "compared on the package's own line"),
+    "env.distributions[*].tags": Rule(N, "{keys[0]} wheel tags", _FILES_DECIDE),
+    "env.distributions[*].installer": Rule(N, "{keys[0]} installer",
+                                           "how it was installed, not what it holds: "
+                                           + _FILES_DECIDE),
+    "env.distributions[*].direct_url": Rule(N, "{keys[0]} direct URL", _WHERE_FROM,
+                                            missing="from an index"),
+    "env.distributions[*].direct_url.url": Rule(N, "{keys[0]} direct URL", _WHERE_FROM),
+    "env.distributions[*].direct_url.editable": Rule(N, "{keys[0]} editable install",
+                                                     _WHERE_FROM),
+    "env.distributions[*].direct_url.vcs": Rule(N, "{keys[0]} VCS", _WHERE_FROM),
+    "env.distributions[*].direct_url.commit_id": Rule(N, "{keys[0]} VCS commit", _WHERE_FROM),
+    "env.distributions[*].direct_url.archive_hash": Rule(N, "{keys[0]} archive hash",
+                                                         _WHERE_FROM),
+    "env.distributions[*].files": Rule(B, "{keys[0]} files", "another build of the same "
+                                       "version", missing="not recorded"),
+    "env.sources": Rule(N, "configured package sources", _WHERE_FROM, show_values=False),
+    "env.sources.indexes": Rule(N, "configured package indexes", _WHERE_FROM),
+    "env.sources.find_links": Rule(N, "configured find-links", _WHERE_FROM),
+    "env.sources.origin": Rule(N, "package sources read from", _WHERE_FROM),
+    "env.environment_digest": Rule(N, "environment digest",
+                                   "a summary of the distribution records; each difference "
+                                   "is on its own line", show_values=False),
     "env.imported": Rule(N, "distributions imported by the run",
                          "which packages count; their versions are compared on their own lines",
                          show_values=False),
@@ -307,7 +342,7 @@ RULES: Mapping[str, Rule] = {
     "determinism.processes[*].environ[*]": Rule(B, "rank {keys[0]} {key}",
                                                 "read by the run's own code in only one run: "
                                                 "its code took another path",
-                                                missing="not read"),
+                                                missing="not read", show_values=False),
     "determinism.processes[*].environ[*].site": Rule(N, "rank {keys[0]} {key} read at",
                                                      "where it is read; the code is compared "
                                                      "under code"),
@@ -316,7 +351,11 @@ RULES: Mapping[str, Rule] = {
                                                     "default: " + _INPUTS),
     "determinism.processes[*].environ[*].digest": Rule(B, "rank {keys[0]} {key}", "another "
                                                        "value, read by the run's own code: "
-                                                       + _INPUTS, missing="unset or withheld"),
+                                                       + _INPUTS, missing="unset or withheld",
+                                                       show_values=False),
+    "determinism.processes[*].environ[*].key": Rule(N, "rank {keys[0]} {key} digest key",
+                                                    "which key its value is digested with",
+                                                    missing="none", show_values=False),
     "determinism.unavailable[*]": Rule(N, "determinism: reason for {key}", _UNAVAILABLE,
                                        missing="none"),
     # ------------------------------------------------------------- command
@@ -550,6 +589,8 @@ FALLBACK_RULE = Rule(B, "{path}", "not in the impact table, so assumed to change
 REFINED: Mapping[str, Rule] = {
     "package-not-imported": Rule(N, "package {key}", "installed, never imported by the run",
                                  missing="not installed"),
+    "editable-files": Rule(N, "{keys[0]} files", "an editable install: its files name the "
+                           "checkout's path, and the code section compares the code"),
     # The words are manifest.capture.environ.NOT_RECORDED's, which verify says (a test
     # holds them equal; importing it here would load the models into this table).
     "environ-not-recorded": Rule(N, "rank {key} environment variables read by the run's code",

@@ -21,14 +21,16 @@ manifests as a whole are applied afterwards (``manifest.diff.refine``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel
 
 from manifest.diff.reasons import reason_for
 from manifest.diff.result import ChangeKind, Difference, Key
-from manifest.diff.rules import FALLBACK_RULE, RULES, Rule
+from manifest.diff.rules import FALLBACK_RULE, REFINED, RULES, Impact, Rule
 
 KEYED_LISTS: Mapping[str, str] = {
     "code.submodules": "path",
@@ -99,8 +101,15 @@ class Walker:
                 va, vb = getattr(a, name), getattr(b, name)
                 if name == key_field or va == vb:
                     continue  # most fields are equal: skip them before building path strings
+                if pattern == "env" and name == "environment_digest" and any(
+                        getattr(a, f) != getattr(b, f) for f in ("distributions", "packages")):
+                    continue  # a summary: the lines that differ behind it are listed
                 self.walk(va, vb, (*loc, name), f"{path}.{name}", keys, f"{pattern}.{name}",
                           known_different=True)
+        elif isinstance(a, dict) and isinstance(b, dict) and pattern == "env.packages":
+            self.walk_packages(a, b, loc, path, keys, pattern)
+        elif isinstance(a, dict) and isinstance(b, dict) and pattern == "env.distributions":
+            self.walk_distributions(a, b, loc, path, keys, pattern)
         elif isinstance(a, dict) and isinstance(b, dict):
             self.walk_mapping(a, b, loc, path, keys, pattern)
         elif isinstance(a, list) and isinstance(b, list) and pattern in KEYED_LISTS:
@@ -129,6 +138,78 @@ class Walker:
             else:
                 self.walk(a[key], b[key], *child, child_pattern, known_different=True)
 
+    def walk_packages(
+        self, a: Mapping[Key, Any], b: Mapping[Key, Any], loc: tuple[Key, ...], path: str,
+        keys: tuple[Key, ...], pattern: str,
+    ) -> None:
+        """``env.packages``, with each CUDA-suffix rename (:func:`cuda_renames`) on one line."""
+        renames = cuda_renames(a, b)
+        if not renames:
+            self.walk_mapping(a, b, loc, path, keys, pattern)
+            return
+        gone = set(renames) | set(renames.values())
+        self.walk_mapping({k: v for k, v in a.items() if k not in gone},
+                          {k: v for k, v in b.items() if k not in gone},
+                          loc, path, keys, pattern)
+        for old, new in sorted(renames.items()):
+            rule_name, rule = rule_for(f"{path}[{new}]", f"{pattern}[*]")
+            before, after = f"{old}=={a[old]}", f"{new}=={b[new]}"
+            reason = (f"package {old} {a[old]} → {new} {b[new]}: renamed with CUDA "
+                      f"{_cuda_major(old) or '?'} → {_cuda_major(new) or '?'} (the same library "
+                      f"under its new wheel name)")
+            if a[old] != b[new]:
+                reason += f"; {rule.why}"
+            self.found.append(Difference(
+                location=(*loc, new), path=f"{path}[{old} → {new}]", rule=rule_name,
+                change=ChangeKind.CHANGED, impact=rule.impact, reason=reason,
+                before=before, after=after))
+
+    def walk_distributions(
+        self, a: Mapping[Key, Any], b: Mapping[Key, Any], loc: tuple[Key, ...], path: str,
+        keys: tuple[Key, ...], pattern: str,
+    ) -> None:
+        """``env.distributions``: only what ``env.packages`` cannot say.
+
+        A distribution added, removed or at another version is already one
+        line under ``env.packages``; here each distribution at the same
+        version is compared by its record, and "same version, other files"
+        is the line that matters (``bits`` where the version counts).
+        """
+        for name in sorted(a.keys() & b.keys(), key=_sort_key):
+            da, db = a[name], b[name]
+            if _same(da, db) or da.version != db.version:
+                continue
+            child_loc, child_path = (*loc, name), f"{path}[{name}]"
+            child_keys, child_pattern = (*keys, name), f"{pattern}[*]"
+            for field in type(da).model_fields:
+                va, vb = getattr(da, field), getattr(db, field)
+                if va == vb:
+                    continue
+                if field != "files":
+                    self.walk(va, vb, (*child_loc, field), f"{child_path}.{field}", child_keys,
+                              f"{child_pattern}.{field}", known_different=True)
+                    continue
+                self.found.append(self._files_difference(
+                    name, da, db, (*child_loc, field), f"{child_path}.{field}"))
+
+    def _files_difference(self, name: Key, da: Any, db: Any, loc: tuple[Key, ...],
+                          path: str) -> Difference:
+        rule_name = "env.distributions[*].files"
+        rule = RULES[rule_name]
+        editable = [d.direct_url is not None and d.direct_url.editable for d in (da, db)]
+        if any(editable):
+            rule = REFINED["editable-files"]
+            reason = f"{name} {da.version}: other files: {rule.why}"
+        elif da.files is None or db.files is None:
+            rule = replace(rule, impact=Impact.BENIGN)
+            where = "a" if da.files is None else "b"
+            reason = (f"{name} {da.version}: files not compared: {where} recorded no file list "
+                      "(no RECORD); the version is compared")
+        else:
+            reason = f"{name} {da.version}: same version, other files (another build)"
+        return Difference(location=loc, path=path, rule=rule_name, change=ChangeKind.CHANGED,
+                          impact=rule.impact, reason=reason, before=da.files, after=db.files)
+
     def emit(
         self, a: Any, b: Any, change: ChangeKind, loc: tuple[Key, ...], path: str,
         keys: tuple[Key, ...], pattern: str,
@@ -138,6 +219,36 @@ class Walker:
             location=loc, path=path, rule=rule_name, change=change, impact=rule.impact,
             reason=reason_for(rule, change, a, b, keys, path), before=a, after=b,
         ))
+
+
+_CUDA_SUFFIX = re.compile(r"-cu(\d+)$")
+
+
+def _cuda_major(name: Key) -> str | None:
+    m = _CUDA_SUFFIX.search(str(name))
+    return m.group(1) if m else None
+
+
+def cuda_renames(a: Mapping[Key, Any], b: Mapping[Key, Any]) -> dict[str, str]:
+    """``{name in a: name in b}`` for NVIDIA wheels renamed between CUDA majors.
+
+    NVIDIA's CUDA 12 wheels carry the major in the name (``nvidia-cublas-cu12``);
+    CUDA 13's drop it (``nvidia-cublas``, pinned through the ``cuda-toolkit``
+    metapackage) or carry ``-cu13`` (``nvidia-cudnn-cu13``, ``nvidia-nccl-cu13``).
+    An ``nvidia-*`` name only in ``a`` and one only in ``b`` with the same name
+    once the suffix is dropped is one library under two wheel names; a base
+    name that matches more than one on either side is left as it is.
+    """
+    def bases(names: set[Key]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for n in names:
+            if isinstance(n, str) and n.startswith("nvidia-"):
+                out.setdefault(_CUDA_SUFFIX.sub("", n), []).append(n)
+        return out
+
+    only_a, only_b = bases(a.keys() - b.keys()), bases(b.keys() - a.keys())
+    return {olds[0]: only_b[base][0] for base, olds in only_a.items()
+            if len(olds) == 1 and len(only_b.get(base, ())) == 1}
 
 
 def _same(a: Any, b: Any) -> bool:
