@@ -148,7 +148,7 @@ def build_lock(manifest: Manifest, *, trust: TrustDecision,
 
     pins = recorded_pins(manifest, tree)
     plan = plan_sources(manifest.env.sources, find_links=find_links, index_urls=index_urls,
-                        trust=trust, tree=tree)
+                        trust=trust, tree=tree, pins=pins)
     index = plan.index_urls[0] if plan.index_urls else None
     packages = []
     vanished = []

@@ -165,7 +165,7 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
     say = note or (lambda _text: None)
     pins = recorded_pins(manifest, tree)
     plan = plan_sources(manifest.env.sources, find_links=find_links, index_urls=index_urls,
-                        trust=trust, tree=tree)
+                        trust=trust, tree=tree, pins=pins)
     root = cache_dir or cache.cache_root()
     key = cache.environment_key(manifest.env.python, pins)
     hit = cache.lookup(root, key)

@@ -189,15 +189,8 @@ class Pin:
     vcs: Mapping[str, str] = field(default_factory=dict)
     """For a VCS record: ``vcs`` and ``commit_id``."""
     editable: bool = False
-
-    def requirement(self) -> str:
-        """The requirement line uv reads: exact pin, the archive hash when known."""
-        line = f"{self.name}=={self.version}"
-        if self.kind == "archive" and self.url:
-            line = f"{self.name} @ {self.url}"
-        if self.sha256:
-            line += f" --hash=sha256:{self.sha256}"
-        return line
+    withheld_url: str | None = None
+    """A recorded ``file://`` archive outside the tree: never read, shown as not used."""
 
 
 def _plain(value: Any) -> Any:
@@ -246,14 +239,22 @@ def _direct(name: str, raw: Any, tree: Path | None) -> dict[str, Any]:
                   what=f"the recorded VCS URL of {name}", tree=tree)
         return out
     path = unquote(urlsplit(url).path)
-    if path.endswith(".whl"):
-        out["kind"] = "archive"
-    else:
-        out["kind"] = "built-here"
-    if out["kind"] == "archive" or path.endswith(_ARCHIVES):
-        check_url(url, what=f"the recorded archive URL of {name}", tree=tree)
-    elif not url.startswith("file:"):  # a directory is the author's; never read from here
-        check_url(url, what=f"the recorded directory of {name}", tree=None)
+    out["kind"] = "archive" if path.endswith(".whl") else "built-here"
+    if url.startswith("file:") and not url.startswith("file:///"):
+        raise HostileRecordError(f"refusing the recorded URL of {name} "
+                                 f"'{escape_text(url)}': a file URL on another host.")
+    if out["kind"] == "archive":
+        try:
+            check_url(url, what=f"the recorded archive URL of {name}", tree=tree)
+        except HostileRecordError as exc:
+            if not url.startswith("file:") or "credentials" in exc.message:
+                raise
+            # A wheel the author installed from a file on their machine: that path is never
+            # read here. The same file (its recorded hash, when known) is looked for by name
+            # in the sources instead, and the URL is shown as not used.
+            out.update(kind="index", withheld=url, url=None)
+    elif not url.startswith("file:"):  # an sdist or directory elsewhere: shown, not fetched
+        check_url(url, what=f"the recorded URL of {name}", tree=None)
     return out
 
 
@@ -292,7 +293,8 @@ def pins_of(distributions: Mapping[str, Any], *, tree: Path | None,
             continue
         d = _direct(name, direct, tree)
         pins.append(Pin(name, version, tags, files, url=d["url"], sha256=d.get("sha256"),
-                        kind=d["kind"], vcs=d.get("vcs", {}), editable=d["editable"]))
+                        kind=d["kind"], vcs=d.get("vcs", {}), editable=d["editable"],
+                        withheld_url=d.get("withheld")))
     return sorted(pins, key=lambda p: p.name)
 
 
@@ -330,13 +332,14 @@ class SourcePlan:
 
 def plan_sources(recorded: Any, *, find_links: Iterable[str | Path] = (),
                  index_urls: Iterable[str] = (), trust: TrustDecision,
-                 tree: Path | None) -> SourcePlan:
+                 tree: Path | None, pins: Iterable[Pin] = ()) -> SourcePlan:
     """Decide the sources: the user's always, the recorded ones (``env.sources``) if trusted.
 
     ``recorded`` is the manifest's ``env.sources`` (``indexes``, ``find_links``) or None.
     The user's folders must exist; the user's URLs are checked like recorded ones except
     that a ``file://`` URL may name any folder (the user typed it). Recorded values are
     validated even when withheld, so a hostile record is refused, not merely unused.
+    A pin's recorded ``file://`` archive outside the tree is listed as withheld too.
     """
     links: list[str] = []
     for folder in find_links:
@@ -373,5 +376,6 @@ def plan_sources(recorded: Any, *, find_links: Iterable[str | Path] = (),
     else:
         withheld = [u for u in rec_indexes + rec_links + unusable
                     if u not in indexes and u not in links]
+    withheld += [p.withheld_url for p in pins if p.withheld_url]
     return SourcePlan(tuple(links), tuple(indexes), tuple(withheld), trust.reason,
                       trust.allowed)
