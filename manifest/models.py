@@ -362,9 +362,16 @@ class EnvRead(Model):
     set: bool
     """Whether it was set when read (an unset one made the script fall back to a default)."""
     digest: Digest | None
-    """blake3 of the value (UTF-8). None when unset, when withheld because the name looks
-    like a secret's (``manifest.redact.is_secret_name``), or when the run's Python had no
+    """The value's digest, keyed (``manifest.capture.environ.keyed_digest``: blake3 in keyed
+    mode, under ``key``, of the value's blake3, UTF-8); a manifest made before reads were
+    keyed holds the plain blake3 here, with no ``key``. None when unset, when withheld
+    because the value looks like a secret (by its name, ``manifest.redact.is_secret_name``,
+    or its shape), when no key could be read or made, or when the run's Python had no
     blake3 to digest it with."""
+    key: Digest | None = later(
+        "the blake3 of the key the digest is keyed with (the capturing user's environ.key): "
+        "digests under two keys are not comparable, and without the key no dictionary of "
+        "values leads back to one")
 
 
 class ProcessDeterminism(Model):
@@ -621,6 +628,15 @@ class Segment(Model):
         "reductions differ from the attempt before")
 
 
+class SiblingFile(Model):
+    """A file beside a checkpoint in a Hugging Face ``checkpoint-N/`` directory
+    (``trainer_state.json``, ``optimizer.pt``, ``rng_state.pth`` …), which a resume reads."""
+
+    bytes: Count
+    digest: Digest
+    """blake3 of its bytes."""
+
+
 class Checkpoint(Model):
     """A checkpoint the run wrote during training (``manifest.capture.checkpoints``)."""
 
@@ -632,6 +648,10 @@ class Checkpoint(Model):
     """Digest and tensor table; None when ``lost`` says why it is not there."""
     lost: str | None
     """Why it could not be recorded: saved again at a later step, gone, outside the tree."""
+    siblings: dict[str, SiblingFile] | None = later(
+        "for a checkpoint in a Hugging Face checkpoint-N/ directory: the other regular files "
+        "there, by name, as capture saw them; verify --at copies exactly these, of these "
+        "sizes and digests, beside it for the resume")
 
 
 class Outputs(Model):
