@@ -41,6 +41,7 @@ bytes were recorded was hashed whole).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -393,3 +394,72 @@ def open_regular(path: str | Path, kind: InputKind, *, size: int | None = None,
         os.close(fd)
         raise
     return fd, st
+
+
+COPY_CHUNK = 1 << 20
+"""Bytes read at a time by :func:`copy_regular_at` (its memory, whatever the file's size)."""
+
+
+def copy_regular_at(dir_fd: int, name: str, target: Path | None, kind: InputKind, *,
+                    size: int | None = None, cap: int | None = None,
+                    shown: str | None = None) -> tuple[int, str]:
+    """Copy the regular file ``name`` of the directory ``dir_fd`` to ``target`` (None: read
+    it only), digesting it on the way; its size and blake3 (``blake3:…``).
+
+    Opened as :func:`open_regular_at` opens (no link, no FIFO or device, the very file that
+    was looked at, checked after the open); ``size``: exactly that many bytes (the size a
+    manifest recorded), checked before a byte is read and again while reading, so a file
+    that grows or whose size lies is refused, not copied past it; without it, ``cap`` (or
+    the kind's cap) bounds it. ``target`` is created ``O_EXCL | O_NOFOLLOW`` (the caller
+    clears the place first) and removed again when the copy is refused. Each refusal is
+    one sentence, the kind's error, naming ``shown`` (or the name).
+    """
+    import blake3
+
+    rule = kind.value
+    label = shown or name
+    opened = open_regular_at(dir_fd, name, kind, shown=label)
+    assert opened is not None
+    fd, st = opened
+    limit = size if size is not None else (cap if cap is not None else cap_of(kind))
+    out = -1
+    try:
+        if size is not None and st.st_size != size:
+            raise rule.error(f"{label} is {st.st_size:,} bytes, not the {size:,} recorded; "
+                             "refusing to copy it.")
+        if st.st_size > limit:
+            raise rule.error(f"{label} is {st.st_size:,} bytes, over the {limit:,}-byte limit "
+                             f"for a {rule.what}; refusing to copy it.")
+        if target is not None:
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | getattr(os, "O_CLOEXEC", 0), 0o644)
+        hasher = blake3.blake3()
+        total = 0
+        while True:
+            chunk = os.read(fd, min(COPY_CHUNK, limit + 1 - total))
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                raise rule.error(f"{label} grew past {limit:,} bytes while it was copied; "
+                                 "refusing to copy it.")
+            hasher.update(chunk)
+            if out >= 0:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+        if size is not None and total != size:
+            raise rule.error(f"{label} gave {total:,} bytes, not the {size:,} recorded; "
+                             "refusing to copy it.")
+    except BaseException:
+        if out >= 0 and target is not None:
+            os.close(out)
+            out = -1
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+        raise
+    finally:
+        os.close(fd)
+        if out >= 0:
+            os.close(out)
+    return total, "blake3:" + hasher.hexdigest()

@@ -28,8 +28,11 @@ import pytest
 from manifest.canonical import seal
 from manifest.capture.environ import (
     NOT_RECORDED,
+    _machine_key,
     environ_reads,
     environ_recorded,
+    key_name,
+    keyed_digest,
     keyed_reads,
     read_changes,
     reads_not_compared,
@@ -59,6 +62,9 @@ with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "seen.json
     _json.dump(sorted(_seen), _f)
 """
 
+
+KEY = bytes(range(32))
+"""A fixed key for the digests of tests that build records by hand."""
 
 SECRET = "hunter2"
 """A low-entropy secret: the kind a plain digest would give back to a dictionary attack."""
@@ -148,11 +154,19 @@ def test_a_secret_looking_name_keeps_no_digest_and_others_compared_elsewhere_go(
     record = {name: {"site": "train.py:3", "set": True,
                      "digest": "blake3:" + blake3.blake3(b"hunter2").hexdigest()}
               for name in ("HF_TOKEN", "LRSCALE", "OMP_NUM_THREADS", "MASTER_PORT", "RANK",
-                           "MANIFEST_LAUNCH", "PYTHONPATH", "NCCL_PROTO")}
-    kept = environ_reads(record)
+                           "MANIFEST_LAUNCH", "PYTHONPATH", "NCCL_PROTO",
+                           # compared nowhere else: a sweep's index, the script's own switches
+                           "SLURM_ARRAY_TASK_ID", "MANIFEST_MY_LR", "NCCL_DEBUG_SUBSYS",
+                           "TORCHELASTIC_MY_FLAG", "OMPI_MY_FLAG", "PMI_MY_FLAG")}
+    kept = environ_reads(record, key=KEY)
     assert kept is not None
-    assert set(kept) == {"HF_TOKEN", "LRSCALE"}
-    assert kept["LRSCALE"].digest == record["LRSCALE"]["digest"]  # control: a digest is kept
+    assert set(kept) == {"HF_TOKEN", "LRSCALE", "SLURM_ARRAY_TASK_ID", "MANIFEST_MY_LR",
+                         "NCCL_DEBUG_SUBSYS", "TORCHELASTIC_MY_FLAG", "OMPI_MY_FLAG",
+                         "PMI_MY_FLAG"}
+    # control: a digest is kept, keyed, never the plain one
+    assert kept["LRSCALE"].digest == keyed_digest(KEY, record["LRSCALE"]["digest"])
+    assert kept["LRSCALE"].digest != record["LRSCALE"]["digest"]
+    assert kept["LRSCALE"].key == key_name(KEY)
     assert kept["HF_TOKEN"].digest is None
     assert kept["HF_TOKEN"].set is True
 
@@ -172,9 +186,11 @@ def _with_reads(reads: dict[str, Any] | None, keyed: dict[str, Any] | None = Non
     return seal(doc)
 
 
-def _read(value: str | None, site: str = "train.py:4") -> dict[str, Any]:
-    return {"site": site, "set": value is not None,
-            "digest": None if value is None else "blake3:" + digest_of(value).decode()}
+def _read(value: str | None, site: str = "train.py:4", key: bytes = KEY) -> dict[str, Any]:
+    if value is None:
+        return {"site": site, "set": False, "digest": None}
+    return {"site": site, "set": True, "key": key_name(key),
+            "digest": keyed_digest(key, "blake3:" + digest_of(value).decode())}
 
 
 def test_diff_labels_another_value_bits_and_the_same_value_nothing() -> None:
@@ -186,14 +202,15 @@ def test_diff_labels_another_value_bits_and_the_same_value_nothing() -> None:
     [line] = diff_manifests(base, other).differences
     assert (line.path, line.impact) == ("determinism.processes[0].environ[LRSCALE].digest",
                                         Impact.BITS)
-    assert line.reason.startswith("rank 0 LRSCALE blake3:")
-    assert line.reason.endswith("another value, read by the run's own code: the run's inputs "
-                                "differ")
+    # No digest of a value is printed, keyed or not.
+    assert line.reason == ("rank 0 LRSCALE changed: another value, read by the run's own "
+                           "code: the run's inputs differ")
     unset = diff_manifests(base, _with_reads({"LRSCALE": _read(None),
                                               "HF_TOKEN": _read(None)})).differences
     assert {(d.path, d.impact) for d in unset} == {
         ("determinism.processes[0].environ[LRSCALE].set", Impact.BITS),
-        ("determinism.processes[0].environ[LRSCALE].digest", Impact.BITS)}
+        ("determinism.processes[0].environ[LRSCALE].digest", Impact.BITS),
+        ("determinism.processes[0].environ[LRSCALE].key", Impact.BENIGN)}
     moved = diff_manifests(base, _with_reads({"LRSCALE": _read("1", "train.py:9"),
                                               "HF_TOKEN": _read(None)})).differences
     assert [(d.path, d.impact) for d in moved] == [
@@ -267,14 +284,15 @@ scale = os.environ.get("LRSCALE")
     assert not is_secret_name("DATABASE_URL") and not is_secret_name("HUB")
     assert raw["DATABASE_URL"]["secret"] is True and raw["HUB"]["secret"] is True
     assert "secret" not in raw["LRSCALE"]
-    kept = environ_reads(raw)
+    kept = environ_reads(raw, key=KEY)
     assert kept is not None
     assert kept["DATABASE_URL"].digest is None and kept["HUB"].digest is None
-    assert kept["LRSCALE"].digest == "blake3:" + digest_of("1").decode()
+    assert kept["LRSCALE"].digest == keyed_digest(KEY, "blake3:" + digest_of("1").decode())
     keyed = keyed_reads(raw)
     assert keyed is not None and set(keyed) == {"DATABASE_URL", "HUB"}
     stored = json.dumps({k: v.model_dump() for k, v in kept.items()}).encode()
-    assert digest_of(url) not in stored and digest_of("1") in stored
+    assert digest_of(url) not in stored and digest_of("1") not in stored
+    assert kept["LRSCALE"].digest.encode() in stored  # the control: the keyed one is there
 
 
 def test_reads_through_a_thin_indirection_are_the_scripts_and_expanduser_is_not(
@@ -372,9 +390,9 @@ def test_pwd_is_the_working_directory_not_a_password() -> None:
     record = {name: {"site": "t.py:1", "set": True,
                      "digest": "blake3:" + digest_of("/home/u/proj").decode()}
               for name in ("PWD", "DB_PWD")}
-    kept = environ_reads(record)
+    kept = environ_reads(record, key=KEY)
     assert kept is not None
-    assert kept["PWD"].digest == record["PWD"]["digest"]
+    assert kept["PWD"].digest == keyed_digest(KEY, record["PWD"]["digest"])
     assert kept["DB_PWD"].digest is None
 
 
@@ -447,7 +465,12 @@ def test_a_variable_the_script_read_is_a_bits_cause_for_diff_and_verify(
     # The secret: neither its value nor its digest is in the manifest or the store, while
     # a plain variable's digest is (so a grep for one would have found it).
     stored = [one] + [p.read_bytes() for p in (repo / ".manifest").rglob("*") if p.is_file()]
-    assert any(digest_of("1") in blob for blob in stored)
+    # No plain digest of any value: LRSCALE's is keyed with this user's key (the control:
+    # a grep for the keyed one finds it).
+    key = _machine_key()
+    assert key is not None
+    assert not any(digest_of("1") in blob for blob in stored)
+    assert keyed_digest(key, "blake3:" + digest_of("1").decode()).encode() in one
     for blob in stored:
         assert SECRET.encode() not in blob
         assert digest_of(SECRET) not in blob

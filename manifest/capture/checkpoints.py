@@ -12,7 +12,16 @@ process into entries, after the run:
   ``saved again at step N`` and the last one is digested only if its stat
   signature is the one the launcher saw (a file rewritten by something other
   than a recorded save is named, not trusted);
-* a checkpoint outside the repository is named: no re-run could find it.
+* a checkpoint outside the repository is named: no re-run could find it;
+* a checkpoint in a Hugging Face ``checkpoint-N/`` directory carries the other regular
+  files there (``trainer_state.json``, ``optimizer.pt``, ``rng_state.pth`` …: what
+  ``Trainer`` reads when it resumes) by name, size and blake3 (``siblings``): ``verify
+  --at`` copies exactly those, bounded by those sizes and checked against those digests,
+  and refuses a file placed there since (a planted ``trainer_state.json`` would steer the
+  resume unseen). Each directory is read once, whatever the number of checkpoints in it
+  (the Trainer's ``torch.save`` of its optimizer and RNG states are checkpoints too), at
+  most :data:`MAX_SIBLINGS` files; links and anything not a regular file are left out, as
+  verify leaves them out.
 """
 
 from __future__ import annotations
@@ -21,7 +30,42 @@ import os
 from pathlib import Path
 from typing import Any
 
-from manifest.models import Checkpoint
+from manifest.models import Checkpoint, SiblingFile
+
+MAX_SIBLINGS = 256
+"""Files recorded beside one checkpoint (a Trainer's checkpoint directory holds about 8; a
+run that saves one file per rank there, one per rank): past it, the rest are not recorded,
+so verify refuses them by name."""
+
+
+def siblings_of(path: Path, cache: dict[str, dict[str, SiblingFile]]) -> dict[str, SiblingFile]:
+    """The regular files beside ``path`` in its directory (``path`` itself left out), each
+    read once through the bounded reader (no link followed, checked after the open)."""
+    from manifest.bounded import InputKind, copy_regular_at
+    from manifest.errors import ManifestError
+
+    directory = str(path.parent)
+    if directory not in cache:
+        found: dict[str, SiblingFile] = {}
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            cache[directory] = found
+            return found
+        try:
+            with os.scandir(fd) as entries:
+                names = sorted(e.name for e in entries if e.is_file(follow_symlinks=False))
+            for name in names[:MAX_SIBLINGS + 1]:
+                try:
+                    size, digest = copy_regular_at(fd, name, None, InputKind.WEIGHTS)
+                except (ManifestError, OSError):
+                    continue  # replaced by a link or a FIFO meanwhile: not recorded
+                found[name] = SiblingFile(bytes=size, digest=digest)
+        finally:
+            os.close(fd)
+        cache[directory] = found
+    kept = {name: f for name, f in cache[directory].items() if name != path.name}
+    return dict(list(kept.items())[:MAX_SIBLINGS])
 
 
 def _signature(path: Path, kind: str) -> list[int] | None:
@@ -68,6 +112,7 @@ def record_checkpoints(records: list[dict[str, Any]], cwd: Path,
                        root: Path) -> list[Checkpoint]:
     """``outputs.checkpoints`` from the processes' records (sorted by step, then path)."""
     from manifest.errors import MalformedArtifactError
+    from manifest.verify.placing import HF_CHECKPOINT
     from manifest.weights.tables import digest_artifact
 
     saves: dict[tuple[str, int], tuple[str, list[int] | None]] = {}
@@ -82,6 +127,7 @@ def record_checkpoints(records: list[dict[str, Any]], cwd: Path,
     for path_text, step in saves:
         last[path_text] = max(step, last.get(path_text, step))
     out = []
+    beside: dict[str, dict[str, SiblingFile]] = {}
     root = root.resolve()
     order = sorted(saves.items(), key=lambda kv: (kv[0][1], kv[0][0]))
     for (path_text, step), (kind, sig) in order:
@@ -114,5 +160,8 @@ def record_checkpoints(records: list[dict[str, Any]], cwd: Path,
             out.append(Checkpoint(step=step, path=display, artifact=None,
                                   lost=f"unreadable: {exc}"[:300]))
             continue
-        out.append(Checkpoint(step=step, path=display, artifact=artifact, lost=None))
+        siblings = (siblings_of(path, beside) if HF_CHECKPOINT.fullmatch(path.parent.name)
+                    and path.is_file() else None)
+        out.append(Checkpoint(step=step, path=display, artifact=artifact, lost=None,
+                              siblings=siblings))
     return out

@@ -55,23 +55,32 @@ false ``bits`` cause).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 from manifest.models import EnvRead, EnvReadsRecorded, KeyedRead, Manifest
 
-_ELSEWHERE_PREFIXES = ("MANIFEST_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "NCCL_")
 _ADDRESSES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
+LAUNCHER_VARIABLES = frozenset({
+    "MANIFEST_LAUNCH", "MANIFEST_LAUNCH_RECORDS", "MANIFEST_OPS", "MANIFEST_OPS_DEVICE_SUMS",
+    "MANIFEST_SEGMENT", "MANIFEST_RESUME_FROM", "MANIFEST_RESUME_PROBE", "MANIFEST_AUDIT",
+    "MANIFEST_DEBUG", "MANIFEST_SEALED_RUN", "MANIFEST_ENTRY", "MANIFEST_DIR",
+})
+"""The launcher's own control variables, by exact name: capture and verify set them per
+launch (a replay's segment, the records' directory), so they say how the run was launched,
+not what it computes. Any other ``MANIFEST_*`` a script reads is its input."""
 
 
 def compared_elsewhere(name: str) -> bool:
-    """Whether another field of the manifest already records this variable (or it names a
-    machine, not the run): not kept among the run's reads."""
+    """Whether another field of the manifest already records this variable by its exact name
+    (or it names a machine or a launch, not the run): not kept among the run's reads. Only
+    exact names: ``SLURM_ARRAY_TASK_ID``, which picks a sweep's hyper-parameter, or an
+    ``NCCL_*`` setting outside the topology's list, is the script's input like any other."""
     from manifest.capture.observed import CODE_ENV_VARS
     from manifest.launch.boot._manifest_topology import LAUNCH_VARS, NCCL_VARS
     from manifest.probes.env import NUMERICS_VARIABLES
 
     return (name in NUMERICS_VARIABLES or name in CODE_ENV_VARS or name in LAUNCH_VARS
-            or name in NCCL_VARS or name in _ADDRESSES or name.startswith(_ELSEWHERE_PREFIXES))
+            or name in NCCL_VARS or name in _ADDRESSES or name in LAUNCHER_VARIABLES)
 
 
 def is_secret(name: str, item: dict[str, Any]) -> bool:
@@ -83,23 +92,50 @@ def is_secret(name: str, item: dict[str, Any]) -> bool:
     return is_secret_name(name) or item.get("secret", False) is not False
 
 
-def environ_reads(raw: Any) -> dict[str, EnvRead] | None:
-    """A process record's ``environ`` as manifest entries (None when nothing counts)."""
+def environ_reads(raw: Any, key: bytes | Literal["user"] | None = "user"
+                  ) -> dict[str, EnvRead] | None:
+    """A process record's ``environ`` as manifest entries (None when nothing counts): each
+    value by a digest keyed with ``key`` (:func:`keyed_digest`; by default this user's,
+    :func:`_machine_key`), never the plain one the process recorded; with no key, by its
+    site and set/unset alone."""
     from pydantic import ValidationError
 
     if not isinstance(raw, dict):
         return None
+    if key == "user":
+        key = _machine_key() if raw else None
     out: dict[str, EnvRead] = {}
+    key_id = key_name(key) if key is not None else None
     for name, item in raw.items():
         if not isinstance(name, str) or not isinstance(item, dict) or compared_elsewhere(name):
             continue
-        digest = None if is_secret(name, item) else item.get("digest")
+        plain = item.get("digest")
+        digest = (keyed_digest(key, plain) if key is not None and isinstance(plain, str)
+                  and not is_secret(name, item) else None)
         try:
             out[name] = EnvRead(site=str(item.get("site")), set=bool(item.get("set")),
-                                digest=digest)
+                                digest=digest, key=key_id if digest is not None else None)
         except ValidationError:
             continue
     return dict(sorted(out.items())) or None
+
+
+def key_name(key: bytes) -> str:
+    """The key's name in a manifest: its blake3, which tells two keys apart and gives
+    nothing of 32 random bytes back."""
+    import blake3
+
+    return "blake3:" + str(blake3.blake3(key).hexdigest())
+
+
+def keyed_digest(key: bytes, plain: str) -> str:
+    """A value's digest keyed with ``key``: blake3 in keyed mode over the value's plain
+    blake3 (which the run's process computed and which leaves no process record): without
+    the key, no dictionary of values leads back to it."""
+    import blake3
+
+    return "blake3:" + str(blake3.blake3(plain.encode(), key=key).hexdigest())
+
 
 
 def environ_recorded(record: dict[str, Any]) -> EnvReadsRecorded | None:
@@ -155,8 +191,6 @@ def _machine_key() -> bytes | None:
 def keyed_reads(raw: Any) -> dict[str, KeyedRead] | None:
     """The secret-looking variables of a process record's ``environ``, each by a keyed digest
     of the value's plain one (module docstring); None when there are none, or no key."""
-    import blake3
-
     if not isinstance(raw, dict):
         return None
     plain = {name: item["digest"] for name, item in raw.items()
@@ -167,10 +201,14 @@ def keyed_reads(raw: Any) -> dict[str, KeyedRead] | None:
     key = _machine_key()
     if key is None:
         return None
-    key_id = "blake3:" + blake3.blake3(key).hexdigest()
-    return {name: KeyedRead(key=key_id, digest="blake3:" + blake3.blake3(
-        digest.encode(), key=key).hexdigest()) for name, digest in sorted(plain.items())}
+    key_id = key_name(key)
+    return {name: KeyedRead(key=key_id, digest=keyed_digest(key, digest))
+            for name, digest in sorted(plain.items())}
 
+
+OTHER_KEY = ("its value is not compared: the two runs digested it under different keys "
+             "(each user's environ.key; copy one to the other machine to compare values)")
+"""Said (benign) for a variable both runs read whose digests are keyed differently."""
 
 NOT_RECORDED = ("not compared: one run did not record the environment variables its code "
                 "read (made before the launcher recorded them)")
@@ -226,7 +264,8 @@ def read_changes(recorded: Manifest, again: Manifest) -> list[tuple[str, str]]:
                 state = "is unset in the re-run" if a.set else "is set in the re-run, unset then"
                 out.append((path, f"{who}{name}, read by {a.site}, {state}: the run's "
                                   "inputs differ"))
-            elif a.digest != b.digest and a.digest is not None and b.digest is not None:
+            elif (a.digest != b.digest and a.digest is not None and b.digest is not None
+                  and a.key == b.key):
                 out.append((path, f"{who}{name}, read by {a.site}, has another value in the "
                                   "re-run: the run's inputs differ"))
     out.extend(_secret_changes(recorded, again, len(now) > 1))
@@ -235,8 +274,9 @@ def read_changes(recorded: Manifest, again: Manifest) -> list[tuple[str, str]]:
 
 def reads_not_compared(recorded: Manifest, again: Manifest) -> list[tuple[str, str]]:
     """(path, sentence), benign: said once when some rank's reads only one manifest recorded
-    (one made before the launcher recorded them), and per rank whose reads went past the
-    launcher's limit (the names past it are not in the list, so not compared)."""
+    (one made before the launcher recorded them), per variable whose two digests are keyed
+    differently (:data:`OTHER_KEY`), and per rank whose reads went past the launcher's limit
+    (the names past it are not in the list, so not compared)."""
     out: list[tuple[str, str]] = []
     ranks = sorted(unrecorded_on_one_side(recorded, again))
     if ranks:
@@ -244,6 +284,14 @@ def reads_not_compared(recorded: Manifest, again: Manifest) -> list[tuple[str, s
         out.append((f"determinism.processes[{ranks[0]}].environ",
                     f"environment variables read by the run's code: {NOT_RECORDED}; "
                     f"{which} did not"))
+    now = _reads(again)
+    for rank, reads in sorted(_reads(recorded).items()):
+        for name, a in sorted(reads.items()):
+            b = now.get(rank, {}).get(name)
+            if (b is not None and a.digest is not None and b.digest is not None
+                    and a.key != b.key):
+                out.append((f"determinism.processes[{rank}].environ[{name}].key",
+                            f"{name}, read by {a.site}: {OTHER_KEY}"))
     for label, m in (("the recorded run", recorded), ("the re-run", again)):
         for process in (m.outputs.processes if m.outputs is not None else []):
             kept = process.environ_recorded

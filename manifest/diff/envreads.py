@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from manifest.capture.environ import unrecorded_on_one_side
-from manifest.diff.rules import REFINED, Impact
+from manifest.capture.environ import OTHER_KEY, unrecorded_on_one_side
+from manifest.diff.rules import REFINED, Impact, Rule
 from manifest.models import Manifest
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 _READS = "determinism.processes[*].environ"
 _MARKER = "outputs.processes[*].environ_recorded"
+_DIGEST = "determinism.processes[*].environ[*].digest"
 
 
 def relabel_unrecorded(found: list[Difference], a: Manifest, b: Manifest) -> list[Difference]:
@@ -39,6 +40,7 @@ def relabel_unrecorded(found: list[Difference], a: Manifest, b: Manifest) -> lis
     from manifest.diff.reasons import reason_for
     from manifest.diff.result import Difference
 
+    found = _relabel_other_key(found, a, b)
     ranks = unrecorded_on_one_side(a, b)
     if not ranks:
         return found
@@ -56,4 +58,32 @@ def relabel_unrecorded(found: list[Difference], a: Manifest, b: Manifest) -> lis
                 reason=reason_for(rule, d.change, d.before, d.after, (rank,), d.path)))
         elif not (d.rule == _MARKER and rank in said):
             out.append(d)
+    return out
+
+
+_OTHER_KEY = Rule(Impact.BENIGN, "rank {keys[0]} {key}", "not compared: " + OTHER_KEY,
+                  show_values=False)
+
+
+def _relabel_other_key(found: list[Difference], a: Manifest, b: Manifest) -> list[Difference]:
+    """A read's digest line relabelled benign where both runs digested a value and keyed
+    their digests with different keys (each user's ``environ.key``): two digests of one value then differ, so
+    the line says the value is not compared, never "another value"."""
+    from manifest.diff.reasons import reason_for
+    from manifest.diff.result import Difference
+
+    keys_a = {(p.rank, n): r.key for p in a.determinism.processes
+              for n, r in (p.environ or {}).items() if r.digest is not None}
+    keys_b = {(p.rank, n): r.key for p in b.determinism.processes
+              for n, r in (p.environ or {}).items() if r.digest is not None}
+    out: list[Difference] = []
+    for d in found:
+        where = (d.location[2], d.location[4]) if len(d.location) > 4 else None
+        if (d.rule == _DIGEST and where in keys_a and where in keys_b
+                and keys_a[where] != keys_b[where]):
+            d = Difference(location=d.location, path=d.path, rule=d.rule, change=d.change,
+                           impact=Impact.BENIGN, before=d.before, after=d.after,
+                           reason=reason_for(_OTHER_KEY, d.change, d.before, d.after,
+                                             where, d.path))
+        out.append(d)
     return out

@@ -17,6 +17,13 @@ byte is hashed (a 32 GiB sparse file where 2,205 bytes were recorded was hashed
 whole). Any of these gives the stretch a no-verdict that names the file, in
 milliseconds.
 
+A checkpoint in a Hugging Face ``checkpoint-N/`` directory is the whole directory
+for a resume: the files beside it are copied through the bounded reader (regular
+files, no link, checked after the open), only those capture recorded, each of its
+recorded size and digest (a sparse 3 GiB file placed there, or a planted
+``trainer_state.json``, is refused by name before it is copied or read by the
+replay); for a manifest that recorded none, bounded in all (:data:`SIBLING_FACTOR`).
+
 A stretch's end checkpoints are declared outputs of its replay, each checked as
 a path in the scratch tree before the run (about 1 ms each: 100,000 recorded at
 one step took 102 s before a verdict). More than :data:`MAX_AT_ONE_STEP` at the
@@ -111,10 +118,9 @@ def place(checkpoint: Checkpoint, original_cwd: Path, tree: Path, cwd: Path) -> 
         return f"{where} changed since capture (its digest is not the recorded one)"
     if hf:
         # A Hugging Face Trainer checkpoint is its whole directory (trainer_state.json,
-        # rng_state.pth …): copied beside the file whose digest was checked.
-        for member in member_files(original.parent):
-            _copy(member, target.parent / member.name)
-        return None
+        # rng_state.pth …): copied beside the file whose digest was checked, bounded.
+        return _place_directory(checkpoint, original, target,
+                                _user_root(original_cwd, tree, cwd), where)
     if original.is_dir():
         _clear(target)
         target.mkdir()
@@ -127,6 +133,85 @@ def place(checkpoint: Checkpoint, original_cwd: Path, tree: Path, cwd: Path) -> 
             for name, shard in shard_paths(original).items():
                 _copy(shard, target.parent / name)
         _copy(original, target)
+    return None
+
+
+SIBLING_ALLOWANCE = 64 << 20
+"""Bytes beside a checkpoint copied for a manifest that recorded none (made before capture
+recorded them), besides :data:`SIBLING_FACTOR` times the checkpoint's own size."""
+SIBLING_FACTOR = 4
+"""A Trainer's optimizer.pt holds Adam's two moments (twice the weights); its scheduler,
+RNG states and trainer_state.json are kilobytes: four times the weights and 64 MiB cover a
+real directory, and bound what a sparse file placed there can cost the scratch tree."""
+
+
+def _place_directory(checkpoint: Checkpoint, original: Path, target: Path, root: Path,
+                     where: str) -> str | None:
+    """Copy a Hugging Face ``checkpoint-N/`` directory's regular files into the scratch
+    tree through the bounded reader (``manifest.bounded.copy_regular_at``: no link, checked
+    after the open); the reason when it cannot be.
+
+    The checkpoint itself is bounded by its recorded size. The files beside it are the
+    ones capture recorded (``siblings``): each of its recorded size and digest, and any
+    other regular file there (a ``trainer_state.json`` placed since would steer the
+    resume) is refused by name. A manifest that recorded none is bounded in all by
+    :data:`SIBLING_FACTOR` times the checkpoint and :data:`SIBLING_ALLOWANCE`."""
+    from manifest.bounded import InputKind, copy_regular_at
+    from manifest.errors import ManifestError
+
+    assert checkpoint.artifact is not None
+    source = os.path.realpath(original.parent)
+    if os.path.commonpath([os.path.realpath(root), source]) != os.path.realpath(root):
+        return f"{where} is in a directory that leads out of the repository ({source})"
+    recorded = checkpoint.siblings
+    budget = SIBLING_FACTOR * checkpoint.artifact.bytes + SIBLING_ALLOWANCE
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"{where} cannot be read: {exc.strerror or exc}"
+    try:
+        with os.scandir(fd) as entries:
+            names = sorted(e.name for e in entries if e.is_file(follow_symlinks=False))
+        if recorded is not None:
+            planted = [n for n in names if n != original.name and n not in recorded]
+            if planted:
+                shown = ", ".join(planted[:3]) + (" …" if len(planted) > 3 else "")
+                return (f"{where}: {shown} beside it {'was' if len(planted) == 1 else 'were'}"
+                        " not there at capture (not recorded); refusing to copy "
+                        f"{'it' if len(planted) == 1 else 'them'} for the resume")
+            missing = sorted(set(recorded) - set(names))
+            if missing:
+                return f"{where}: {missing[0]}, recorded beside it, is missing"
+        for name in names:
+            out = target.parent / name
+            _clear(out)
+            label = f"{original.parent.name}/{name}"
+            if name == original.name:
+                copy_regular_at(fd, name, out, InputKind.WEIGHTS, shown=label,
+                                size=checkpoint.artifact.bytes if original.is_file() else None)
+                continue
+            if recorded is not None:
+                size, digest = copy_regular_at(fd, name, out, InputKind.WEIGHTS, shown=label,
+                                               size=recorded[name].bytes)
+                if digest != recorded[name].digest:
+                    out.unlink()
+                    return (f"{where}: {name} beside it changed since capture (its digest "
+                            "is not the recorded one)")
+                continue
+            try:
+                size, _ = copy_regular_at(fd, name, out, InputKind.WEIGHTS, shown=label,
+                                          cap=budget)
+            except ManifestError as exc:
+                return (f"{where}: the files beside it are over the {SIBLING_FACTOR}x its "
+                        f"size and {SIBLING_ALLOWANCE >> 20} MiB copied for a manifest that "
+                        f"recorded none ({str(exc).rstrip('.')})")
+            budget -= size
+    except ManifestError as exc:
+        return f"{where} cannot be read: {str(exc).rstrip('.')}"
+    except OSError as exc:
+        return f"{where} cannot be read: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
     return None
 
 

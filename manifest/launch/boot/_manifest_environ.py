@@ -113,17 +113,19 @@ _env: dict[str, Any] = {
     "helper_modules": None,
     "redact": None,
     "errors": 0,
+    "plumbing_globals": (),
 }
 _reads: dict[str, Any] = {}
 """This process's reads (the dict its record holds)."""
 _done: set[Any] = set()
 """Keys, ``str`` or ``bytes`` as the caller gave them, settled for good (kept, or counted
 past the limit): a repeated read stops at this set."""
-_not_own: set[tuple[str, int]] = set()
+_not_own: dict[tuple[str, int], Any] = {}
 """Functions that read for themselves (libraries, the standard library, this tool), by file
-and first line: their reads stop after one look at one or two frames. Not by code object
-(hashing one hashes its bytecode and constants) nor by ``id`` (an audited call: 1.3 µs
-under the launcher's audit hook)."""
+and first line, each with its module's globals (the same file and line in other globals is
+not that function): their reads stop after one look at one or two frames. Not by code
+object (hashing one hashes its bytecode and constants) nor by ``id`` (an audited call: 1.3
+µs under the launcher's audit hook)."""
 _dropped: set[str] = set()
 _original: Any = None
 _original_iter: Any = None
@@ -155,21 +157,59 @@ def _helper_codes() -> frozenset[Any]:
         if code is not None:
             codes.add(code)
             codes.update(c for c in code.co_consts if hasattr(c, "co_name"))
-    chain = getattr(getattr(getattr(collections, "ChainMap", None), "__getitem__", None),
-                    "__code__", None)
-    if chain is not None:
-        codes.add(chain)
+    chain = getattr(collections, "ChainMap", None)
+    for method in ("__getitem__", "get", "__contains__", "__missing__"):
+        code = getattr(getattr(chain, method, None), "__code__", None)
+        if code is not None:
+            codes.add(code)
+            codes.update(c for c in code.co_consts if hasattr(c, "co_name"))
     _env["helpers"], _env["helper_modules"] = frozenset(codes), (string, collections)
     return _env["helpers"]  # type: ignore[no-any-return]
+
+
+def _plumbing(frame: Any) -> bool:
+    """Whether a frame is ``os``'s or ``collections.abc``'s own code: its file is theirs and
+    its globals are their module's dict (code a script compiled under ``<frozen os>`` runs
+    in the script's globals, and is the script's)."""
+    return frame.f_code.co_filename in _PLUMBING_FILES and any(
+        frame.f_globals is g for g in _env["plumbing_globals"])
+
+
+def _known(frame: Any) -> bool:
+    """Whether the frame's function was settled as not the run's: same file, same first
+    line and the same module's globals (a script's code compiled under a library's file
+    name and line runs in other globals)."""
+    code = frame.f_code
+    return _not_own.get((code.co_filename, code.co_firstlineno)) is frame.f_globals
+
+
+def _library(frame: Any) -> bool:
+    """Whether a frame is a library's (or the standard library's, or this tool's) by the
+    code's real origin, not the file name its code object carries, which is the script's
+    to choose (``compile(src, "<frozen os>", "exec")``, a path under site-packages): its
+    globals must be the dict of an imported module other than ``__main__``, and its file
+    either that frozen module's own ``<frozen NAME>`` (``__spec__.origin == "frozen"``) or
+    a real file under a library prefix."""
+    g = frame.f_globals
+    name = g.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is None or name == "__main__" or getattr(module, "__dict__", None) is not g:
+        return False  # exec'd in a namespace no imported module owns: the script's code
+    filename = frame.f_code.co_filename
+    if filename.startswith("<frozen"):
+        spec = g.get("__spec__")
+        return (filename == f"<frozen {name}>"
+                and getattr(spec, "origin", None) == "frozen")
+    return filename.startswith(_env["skip"]) and os.path.isfile(filename)
 
 
 def _asker(key: Any, frame: Any) -> Any:
     """The run's own frame that asked for this one variable, or None (module docstring)."""
     calls = []
-    while frame is not None and frame.f_code.co_filename in _PLUMBING_FILES:
+    while frame is not None and _plumbing(frame):
         calls.append(frame.f_code.co_name)
         frame = frame.f_back
-    if frame is None or (frame.f_code.co_filename, frame.f_code.co_firstlineno) in _not_own:
+    if frame is None or _known(frame):
         return None
     if calls and not _KEYED_CALLS.issuperset(calls):
         return None  # copy(), items(), iteration: the whole environment
@@ -179,10 +219,9 @@ def _asker(key: Any, frame: Any) -> Any:
         frame, helped = frame.f_back, True
     if frame is None:
         return None
-    filename = frame.f_code.co_filename
-    if filename.startswith(_env["skip"]) or filename.startswith("<frozen"):
+    if _library(frame):
         if not helped:
-            _not_own.add((filename, frame.f_code.co_firstlineno))
+            _not_own[(frame.f_code.co_filename, frame.f_code.co_firstlineno)] = frame.f_globals
         return None
     if calls or helped:
         return frame
@@ -284,12 +323,10 @@ def _getitem(self: Any, key: Any) -> Any:
 def _settle(key: Any, value: str | bytes | None, frame: Any) -> None:
     """Note a read unless a function known not to be the run's asked for it, directly or
     through one plumbing frame (a library's repeated read stops here)."""
-    code = frame.f_code
-    if (code.co_filename, code.co_firstlineno) in _not_own:
+    if _known(frame):
         return
     back = frame.f_back
-    if (code.co_filename in _PLUMBING_FILES and back is not None
-            and (back.f_code.co_filename, back.f_code.co_firstlineno) in _not_own):
+    if back is not None and _known(back) and _plumbing(frame):
         return
     try:
         _note(key, value, frame)
@@ -302,7 +339,7 @@ def _iter(self: Any) -> Any:
     the frame and instruction where a copy then takes each value (see :func:`_asker`)."""
     if not _env["busy"]:
         frame: Any = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename in _PLUMBING_FILES:
+        while frame is not None and _plumbing(frame):
             frame = frame.f_back
         _env["copying"] = None if frame is None else (id(frame), frame.f_lasti)
     yield from _original_iter(self)
@@ -324,7 +361,8 @@ def install(record: dict[str, Any], skip: tuple[str, ...],
         state.clear()
     record["environ"] = _reads
     record["environ_dropped"] = 0
-    _env.update(skip=skip, where=where, record=record, copying=None)
+    _env.update(skip=skip, where=where, record=record, copying=None, plumbing_globals=tuple(
+        vars(m) for m in (os, sys.modules.get("_collections_abc")) if m is not None))
     cls = type(os.environ)
     if _original is None:
         _original, _original_iter = cls.__getitem__, cls.__iter__
