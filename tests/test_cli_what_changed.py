@@ -88,3 +88,72 @@ def test_a_lockfile_pinning_another_version_is_noted_and_shown(
     doc, stderr = _capture(repo, cli_env, "python", "-c", "pass")
     assert "lockfile_disagrees" not in doc["observed"]
     assert "pins" not in stderr and "disagrees" not in _show(repo, cli_env)
+
+
+# ------------------------------------------------------------- code in diff
+
+SCRIPT = ('import os\nlr = 0.1\nos.makedirs("out", exist_ok=True)\n'
+          'open("out/w.bin", "w").write(str(lr))\n')
+
+
+def _run(repo: GitRepo, env: dict[str, str], name: str) -> None:
+    result = run_cli("capture", "--artifact", "out/*", "--", "python", "train.py",
+                     cwd=repo.path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (repo.path / name).write_bytes(result.stdout)
+
+
+def _diff(repo: GitRepo, env: dict[str, str], a: str, b: str) -> tuple[int, list[str]]:
+    result = run_cli("diff", a, b, cwd=repo.path, env=env, timeout=300)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, [line for line in result.text.splitlines()
+                               if line.startswith(("code:", "  "))]
+
+
+def test_diff_names_the_changed_line_and_the_untracked_files_of_a_patch(
+        repo: GitRepo, cli_env: dict[str, str]) -> None:
+    repo.write("train.py", SCRIPT)
+    repo.write(".gitignore", "out/\n*.json\n")
+    repo.commit("train")
+    _run(repo, cli_env, "a.json")
+    repo.write("train.py", SCRIPT.replace("lr = 0.1", "lr = 0.2"))
+    repo.write("logs/a.log", "x\n")
+    repo.write("logs/b.log", "y\n")
+    _run(repo, cli_env, "b.json")
+    status, lines = _diff(repo, cli_env, "a.json", "b.json")
+    assert status == 1
+    assert lines == [
+        "code: the uncommitted changes differ in 3 file(s):",
+        "  logs/a.log +1 -0, line 1: + x",
+        "  logs/b.log +1 -0, line 1: + y",
+        "  train.py +1 -1, line 2: - lr = 0.1 + lr = 0.2",
+        "code: untracked, not ignored, so packed with the code of b: logs/a.log, "
+        "logs/b.log; if they are not code, add them to .gitignore (logs/).",
+    ]
+    # Positive control: the same run twice has no code lines at all.
+    status, lines = _diff(repo, cli_env, "b.json", "b.json")
+    assert (status, lines) == (0, [])
+
+
+def test_a_readme_only_commit_is_bits_and_says_the_outputs_are_identical(
+        repo: GitRepo, cli_env: dict[str, str]) -> None:
+    repo.write("train.py", SCRIPT)
+    repo.write(".gitignore", "out/\n*.json\n")
+    repo.commit("train")
+    _run(repo, cli_env, "a.json")
+    repo.write("README.md", "# a project\n\nHow to train.\n")
+    repo.commit("docs")
+    _run(repo, cli_env, "b.json")
+    status, lines = _diff(repo, cli_env, "a.json", "b.json")
+    assert status == 1  # another commit can change the bits: still bits
+    assert lines == ["code: the commits differ in 1 file(s):",
+                     "  README.md +2 -0, line 2: + (blank line)",
+                     "code: only README.md changed; the outputs are identical."]
+    # Positive control: a change the outputs show is never called "only".
+    repo.write("train.py", SCRIPT.replace("lr = 0.1", "lr = 0.3"))
+    repo.commit("lr")
+    _run(repo, cli_env, "c.json")
+    status, lines = _diff(repo, cli_env, "b.json", "c.json")
+    assert status == 1
+    assert lines == ["code: the commits differ in 1 file(s):",
+                     "  train.py +1 -1, line 2: - lr = 0.1 + lr = 0.3"]

@@ -85,8 +85,10 @@ def render_diff(
     only: Impact | None = None,
     fold: bool = True,
     file: TextIO | None = None,
+    code: tuple[str, ...] | list[str] = (),
 ) -> None:
-    """A readable report: the non-determinism note, a header, the table, a summary line."""
+    """A readable report: the non-determinism note, a header, the table, what changed in
+    the code (``code``: ``manifest.nodes.patches.code_report``'s lines), a summary line."""
     from rich.table import Table
 
     from manifest.cli.text import make_console
@@ -131,4 +133,6 @@ def render_diff(
         console.print(table)
     elif only is not None and result.differences:
         console.print(f"No {only.value} differences.")
+    for line in code:
+        console.print(escape(line), soft_wrap=True)
     console.print(_summary(result))

@@ -98,8 +98,12 @@ def _diff(args: argparse.Namespace) -> int:
                                    trail=trail_between(a, b, "a vs b")).encode(), None)
     else:
         from manifest.cli.render_diff import render_diff
+        from manifest.nodes.patches import code_report
 
-        render_diff(result, a_file=args.a, b_file=args.b, only=only, fold=not args.all)
+        code = code_report(a, b, roots, outputs_identical=result.outputs == "identical",
+                           only_code=all(d.section == "code" for d in result.bits))
+        render_diff(result, a_file=args.a, b_file=args.b, only=only, fold=not args.all,
+                    code=code)
     return result.exit_code
 
 
