@@ -18,7 +18,8 @@ _CAUSES = {
                       "computation",
     "outside-input": "a value entered from outside torch (Python or numpy data, os.urandom, "
                      "a clock, a file): seeding torch cannot fix it",
-    "configuration": "the runs were made under different settings (see runs)",
+    "threads": "the thread count ({threads}): a CPU kernel splits its sums over the threads, "
+               "so the same op adds in another order",
     "environment": "the environment or the inputs differ from the recorded run's",
 }
 
@@ -55,6 +56,8 @@ def _finding_lines(f: Finding) -> list[str]:
 
 
 def _what(f: Finding) -> str:
+    if f.kind == "op-differs" and (f.module == "(backward)" or f.module_type.endswith("backward")):
+        return "first op whose inputs matched and whose outputs differ (backward pass)"
     if f.kind == "op-differs":
         return "first op whose inputs matched and whose outputs differ"
     if f.kind == "input-from-outside":
@@ -78,7 +81,9 @@ def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
     else:
         out.write(f"{head}\n")
     if report.cause:
-        out.write(f"cause: {_CAUSES.get(report.cause, report.cause)}\n")
+        counts = " → ".join(map(str, report.threads or [])) or "see runs"
+        cause = _CAUSES.get(report.cause, report.cause).replace("{threads}", counts)
+        out.write(f"cause: {cause}\n")
     for f in report.findings:
         out.write("\n".join(_finding_lines(f)) + "\n")
     if report.reason:

@@ -42,6 +42,14 @@ from manifest.verdicts import EXPLAIN_VERDICTS
 from manifest.verify.pipeline import environment_drift, threads_drift
 from manifest.verify.report import Drift
 
+LOOKBACK = 2
+"""Optimizer steps recorded before the explained one. A value step k reads may be
+made before step k begins: with two or three optimizers each stepping after one
+``backward()``, the gradient the later ones read was made in the earlier steps'
+window; a buffer (batch-norm statistics, an EMA) is updated in the step before. Each
+extra step costs one recorded step (~4.5x a bare step): two is noise beside the
+process start-up of each pinpoint run."""
+
 if TYPE_CHECKING:
     from manifest.launch.runner import LaunchSettings
     from manifest.rerun.plan import RerunPlan
@@ -71,7 +79,10 @@ class ExplainReport:
     verdict: str = "no-verdict"
     """``parted`` (a step and a cause were found), ``agree``, ``no-verdict``."""
     cause: str | None = None
-    """``nondeterminism``, ``outside-input``, ``configuration``, ``environment``."""
+    """``nondeterminism``, ``outside-input``, ``threads`` (B's thread count, the one setting
+    it changes), ``environment``."""
+    threads: list[int] | None = None
+    """Run A's and run B's thread counts."""
     reason: str | None = None
     first_step: int | None = None
     recorded_step: int | None = None
@@ -100,6 +111,7 @@ class ExplainReport:
             "format": "manifest-explain/v1",
             "file": self.file, "run_id": self.run_id, "command": self.command,
             "verdict": self.verdict, "cause": self.cause, "reason": self.reason,
+            "threads": self.threads,
             "first_step": self.first_step, "recorded_step": self.recorded_step,
             "steps_run": self.steps_run, "runs": self.runs,
             "drift": [d.__dict__ for d in self.drift],
@@ -220,6 +232,7 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
     base = replace(plan.settings, trail="all", root=str(workspace.mount_at))
     other = base if options.threads is None else replace(base, threads=options.threads)
     report.runs = [_describe("A", base), _describe("B", other)]
+    report.threads = [base.threads, other.threads]
     env, _ = rerun_env(recorded, workspace.mount_at)
     executor = executor_for(plan)
     scratch = workspace.scratch
@@ -274,28 +287,45 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
             _environment(report, step)
             return
     report.first_step = step
-    window = {"from": step, "to": step, "stop": step, "values_budget": options.values_budget}
+    since = max(1, step - LOOKBACK)
+    window = {"from": since, "to": step, "stop": step, "values_budget": options.values_budget}
     dir_a, dir_b = scratch / "ops-a", scratch / "ops-b"
     dir_a.mkdir()
     dir_b.mkdir()
     a2 = launch("pinpoint A", base, {**window, "dir": str(dir_a)})
     b2 = launch("pinpoint B", other, {**window, "dir": str(dir_b)})
     if a2.exit_code != 0 or b2.exit_code != 0:
-        failed = _failure(plan, a2 if a2.exit_code else b2)
-        report.reason = f"the re-run up to step {step} failed: {failed}"
+        failed_run = a2 if a2.exit_code else b2
+        if options.step is None:
+            # The same command ran to its end twice moments ago without the recorder.
+            report.reason = (f"the re-run up to step {step} failed only while manifest recorded "
+                             f"its ops ({_child_error(plan, failed_run)}): a fault in manifest's "
+                             "op recorder, not in the command or its confinement; please "
+                             "report it")
+        else:
+            report.reason = f"the re-run up to step {step} failed: {_failure(plan, failed_run)}"
         return
     streams_a, streams_b = streams_in(dir_a), streams_in(dir_b)
     if not streams_a:
         report.reason = "no op stream was recorded (is this torch without TorchDispatchMode?)"
         return
-    report.findings = compare_streams(streams_a, streams_b, step, "run A vs run B")
+    broken = [(label, s.error) for label, streams in (("A", streams_a), ("B", streams_b))
+              for s in streams.values() if s.error]
+    if broken:
+        label, error = broken[0]
+        report.reason = (f"manifest's op recorder failed in run {label} ({error}): a fault in "
+                         f"manifest, not in the command or its confinement; please report it")
+        return
+    report.findings = compare_streams(streams_a, streams_b, step, "run A vs run B", since=since)
     report.verdict = "parted"
     if report.findings:
         kinds = {f.kind for f in report.findings}
         if "input-from-outside" in kinds:
             report.cause = "outside-input"
         elif options.threads is not None and other != base:
-            report.cause = "configuration"
+            # The only setting B changes: the thread count is the cause, whichever
+            # op (forward, backward or optimizer) first computes differently.
+            report.cause = "threads"
         else:
             report.cause = "nondeterminism"
         return
@@ -307,15 +337,21 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
                                           "recorded op stream vs run A", values=False)
 
 
+def _child_error(plan: RerunPlan, result: Any) -> str:
+    """The failed child's error, redacted (a child's exception can quote its credentials)."""
+    from manifest.capture.run import _process_error
+    from manifest.redact import redact_text
+
+    error = _process_error(result.records) or f"command exited with status {result.exit_code}"
+    return redact_text(error, argv=list(plan.argv))
+
+
 def _failure(plan: RerunPlan, result: Any) -> str:
     """Why a run failed, as verify says it: the child's error (redacted), its exit status,
     and that it ran confined."""
-    from manifest.capture.run import _process_error
-    from manifest.redact import redact_text
     from manifest.rerun.executor import confined_hint
 
-    error = _process_error(result.records) or f"command exited with status {result.exit_code}"
-    return redact_text(error, argv=list(plan.argv)) + confined_hint(plan)
+    return _child_error(plan, result) + confined_hint(plan)
 
 
 def _environment(report: ExplainReport, step: int) -> None:

@@ -8,9 +8,10 @@ pairs in order, the first pair that disagrees is the answer:
 
 * inputs equal, outputs differ: this op computed differently (a
   nondeterministic kernel, another thread count, library or device);
-* an input differs that no earlier op of either stream produced: the value
-  entered from outside torch (Python or numpy data, ``os.urandom``, a clock,
-  a file) at this op's source line;
+* an input differs that no earlier op of either stream produced, or a number
+  passed to the op (``loss + np.random.rand()``) differs: the value entered
+  from outside torch (Python or numpy data, ``os.urandom``, a clock, a file)
+  at this op's source line;
 * an input differs that an op present in only one stream produced, or after
   one stream ran ops the other did not (an in-place write through a view
   changes its base without any op returning it): the first such extra op
@@ -66,9 +67,23 @@ def first_divergence(a: list[Op], b: list[Op]) -> Divergence | None:
     return extra
 
 
+NUMBERS = "="
+"""The prefix of the input entry that fingerprints an op's number arguments
+(``manifest/launch/boot/_manifest_ops.py``: ``numbers_text``)."""
+
+
+def _split(inputs: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """An op's tensor inputs, and its number arguments' entry (None without one)."""
+    if inputs and inputs[-1].startswith(NUMBERS):
+        return inputs[:-1], inputs[-1]
+    return inputs, None
+
+
 def _compare(x: Op, y: Op, skipped_a: list[Op], skipped_b: list[Op]) -> Divergence | None:
     if x.inputs != y.inputs:
-        for pos, (fa, fb) in enumerate(zip(x.inputs, y.inputs, strict=False)):
+        tensors_x, numbers_x = _split(x.inputs)
+        tensors_y, numbers_y = _split(y.inputs)
+        for pos, (fa, fb) in enumerate(zip(tensors_x, tensors_y, strict=False)):
             if fa == fb:
                 continue
             made_by_skipped = any(fa in op.outputs for op in skipped_a) or any(
@@ -79,8 +94,12 @@ def _compare(x: Op, y: Op, skipped_a: list[Op], skipped_b: list[Op]) -> Divergen
             # then changed without an aten op (written through .numpy(), a buffer):
             # either way the difference came from outside torch.
             return Divergence("input-from-outside", x, y, pos)
-        if len(x.inputs) != len(y.inputs):
+        if len(tensors_x) != len(tensors_y):
             return Divergence("paths-differ", x, y, None)
+        if numbers_x is not None and numbers_y is not None and numbers_x != numbers_y:
+            # A Python or numpy number passed to the op differs: no op made it.
+            return Divergence("input-from-outside", x, y, len(tensors_x))
+        # One stream without the numbers' entry (recorded before they were): not compared.
     if x.outputs != y.outputs:
         out = next((i for i, (fa, fb) in enumerate(zip(x.outputs, y.outputs, strict=False))
                     if fa != fb), None)

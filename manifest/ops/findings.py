@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from manifest.ops.align import Divergence, first_divergence
+from manifest.ops.align import NUMBERS, Divergence, first_divergence
 from manifest.ops.stream import Op, OpStream
 
 
@@ -63,6 +63,9 @@ def _finding(rank: int, step: int, div: Divergence, compared: str, a: OpStream,
         tensor = op.meta[div.position]
     elif div.kind == "op-differs":
         tensor = ", ".join(op.meta)
+    elif div.position is not None and div.position < len(op.inputs) and op.inputs[
+            div.position].startswith(NUMBERS):
+        tensor = "a number argument (a Python or numpy scalar, not a tensor)"
     else:
         tensor = "input " + ("" if div.position is None else f"#{div.position}")
     other = None
@@ -77,16 +80,24 @@ def _finding(rank: int, step: int, div: Divergence, compared: str, a: OpStream,
 
 
 def compare_streams(a: dict[int, OpStream], b: dict[int, OpStream], step: int,
-                    compared: str, *, values: bool = True) -> list[Finding]:
-    """Per rank, the first op where the streams of ``step`` part."""
+                    compared: str, *, values: bool = True,
+                    since: int | None = None) -> list[Finding]:
+    """Per rank, the first op where the streams of ``step`` (or of steps ``since`` to
+    ``step``, aligned as one sequence) part; each finding carries its op's own step.
+
+    A window that starts before ``step`` sees the ops that made the values ``step``
+    reads: a gradient made by the backward pass before another optimizer's step, a
+    buffer updated in the previous step. With ``step`` alone, such a value would look
+    as if it came from outside torch.
+    """
     found: list[Finding] = []
     for rank in sorted(set(a) & set(b)):
-        div = first_divergence(a[rank].step(step), b[rank].step(step))
+        div = first_divergence(a[rank].step(step, since), b[rank].step(step, since))
         if div is not None:
-            found.append(_finding(rank, step, div, compared, a[rank], b[rank] if values else None))
+            op = div.a or div.b
+            at = op.step if op is not None and op.step else step
+            found.append(_finding(rank, at, div, compared, a[rank], b[rank] if values else None))
     return found
-
-
 
 
 _TABLE: Any = None

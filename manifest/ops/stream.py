@@ -49,10 +49,14 @@ class OpStream:
     ops: list[Op]
     steps: tuple[int, int]
     values: Path | None = None
+    error: str | None = None
+    """The recorder's own fault, when one stopped it (the ops before it are kept)."""
     _tensors: dict[str, Any] | None = field(default=None, repr=False)
 
-    def step(self, step: int) -> list[Op]:
-        return [op for op in self.ops if op.step == step]
+    def step(self, step: int, since: int | None = None) -> list[Op]:
+        """The ops of ``step``, or of every step from ``since`` to ``step``."""
+        lo = step if since is None else since
+        return [op for op in self.ops if lo <= op.step <= step]
 
     def tensor(self, key: str) -> Any:
         """RawTensor ``key`` from the values file, or None."""
@@ -87,8 +91,9 @@ def parse_stream(data: bytes, *, values: Path | None = None, what: str = "op str
             for i, r in enumerate(doc["ops"])
         ]
         lo, hi = doc.get("steps") or (0, 0)
+        error = doc.get("error")
         return OpStream(rank=int(doc.get("rank") or 0), ops=ops, steps=(int(lo), int(hi)),
-                        values=values)
+                        values=values, error=str(error) if error else None)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise UsageError(f"{what} is not a manifest op stream ({exc}).") from exc
 

@@ -36,6 +36,7 @@ fingerprints) and ``benchmarks/trail_overhead.py``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -77,7 +78,17 @@ def _leaves(obj: Any) -> Iterator[Any]:
 
 
 def _describe(t: Any) -> str:
-    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+    """``dtype[shape]``, with the layout when it is not dense (``float32[4, 4] sparse_coo``)."""
+    try:
+        dtype = str(t.dtype).removeprefix("torch.")
+    except Exception:
+        return _what_kind(t)
+    try:
+        shape = str(list(t.shape))
+    except Exception:  # a nested tensor has no single shape
+        shape = "[?]"
+    kind = _what_kind(t)
+    return f"{dtype}{shape}" if kind in ("Tensor", "Parameter") else f"{dtype}{shape} {kind}"
 
 
 DEVICE_SUMS_VAR = "MANIFEST_OPS_DEVICE_SUMS"
@@ -96,7 +107,7 @@ class _Fingerprinter:
 
     def __init__(self, torch: Any, *, device_sums: bool | None = None) -> None:
         self.torch = torch
-        self.pending: list[tuple[list[str], int, Any]] = []
+        self.pending: list[tuple[list[str], str, Any]] = []
         self._weights: dict[tuple[str, int], Any] = {}
         self.busy = False
         if device_sums is None:
@@ -104,20 +115,35 @@ class _Fingerprinter:
         self.device_sums = device_sums
 
     def __call__(self, t: Any) -> str:
-        torch = self.torch
-        try:
-            if t.is_sparse or t.is_quantized or t.device.type == "meta" or t.is_complex():
-                return "~"
-            if t.numel() == 0:
-                return "empty"
-            flat = t.detach().reshape(-1)
-            if t.device.type == "cpu" and not self.device_sums:
-                return _blake3_16(flat.view(torch.uint8).numpy())
-            return self._device_sum(flat)
-        except Exception:  # an exotic tensor subclass: recorded as unfingerprinted
-            return "~"
+        """``t``'s fingerprint; ``unreadable: <what>`` when its bytes cannot be read here.
 
-    def _device_sum(self, flat: Any) -> str:
+        Never raises: the recorder runs inside the user's training step, and a
+        tensor it cannot read (a meta or fake tensor, an unknown subclass) must
+        not stop it. A dense tensor's text is the same as before any other
+        layout was read, so streams recorded earlier still compare.
+        """
+        try:
+            parts = _value_parts(self.torch, t)
+        except Exception:  # a subclass whose accessors fail: named, never fatal
+            parts = f"unreadable: {_what_kind(t)}"
+        if isinstance(parts, str):
+            return parts
+        prefix, tensors = parts
+        try:
+            if all(p.numel() == 0 for p in tensors):
+                return "empty" if not prefix else f"{prefix}:empty"
+            if len(tensors) == 1 and not prefix:
+                flat = tensors[0].detach().contiguous().reshape(-1)  # expanded: stride 0
+            else:  # another layout: its parts' bytes in order, shapes in the prefix
+                flat = self.torch.cat([_bytes_of(self.torch, p) for p in tensors])
+            if flat.device.type == "cpu" and not self.device_sums:
+                digest = _blake3_16(flat.view(self.torch.uint8).numpy())
+                return f"{prefix}:{digest}" if prefix else digest
+            return self._device_sum(flat, prefix)
+        except Exception:
+            return f"unreadable: {_what_kind(t)}"
+
+    def _device_sum(self, flat: Any, prefix: str = "") -> str:
         torch = self.torch
         width = flat.element_size()
         ints = flat.view(getattr(torch, _INT_VIEW[width])) if width in _INT_VIEW else flat
@@ -129,7 +155,7 @@ class _Fingerprinter:
             self._weights[key] = weights
         sums = torch.stack([ints.sum(), (ints * weights).sum()])
         slot: list[str] = ["?"]
-        self.pending.append((slot, 0, sums))
+        self.pending.append((slot, prefix, sums))
         return slot  # type: ignore[return-value]  # resolved to text by resolve()
 
     def resolve(self) -> None:
@@ -143,8 +169,85 @@ class _Fingerprinter:
             values = self.torch.stack([s for _, _, s in pending]).cpu().tolist()
         finally:
             self.busy = False
-        for (slot, _, _), (a, b) in zip(pending, values, strict=True):
-            slot[0] = f"s{a & 0xFFFFFFFFFFFFFFFF:016x}{b & 0xFFFFFFFFFFFFFFFF:016x}"
+        for (slot, prefix, _), (a, b) in zip(pending, values, strict=True):
+            text = f"s{a & 0xFFFFFFFFFFFFFFFF:016x}{b & 0xFFFFFFFFFFFFFFFF:016x}"
+            slot[0] = f"{prefix}:{text}" if prefix else text
+
+
+_COMPRESSED = {"sparse_csr": ("crow_indices", "col_indices"),
+               "sparse_bsr": ("crow_indices", "col_indices"),
+               "sparse_csc": ("ccol_indices", "row_indices"),
+               "sparse_bsc": ("ccol_indices", "row_indices")}
+
+
+def _value_parts(torch: Any, t: Any) -> str | tuple[str, list[Any]]:
+    """The dense tensors that hold ``t``'s value, with a prefix naming its layout.
+
+    A dense tensor is itself, prefix ``""``. A sparse COO tensor is its stored
+    indices and values as they are (never coalesced: coalescing is an op of its
+    own, and a run that coalesces records that op); a compressed one (CSR, CSC,
+    BSR, BSC) its index arrays and values; a quantized one its integer
+    representation with scale and zero point; a nested one its components; a
+    traceable wrapper subclass (DTensor, a jagged nested tensor) its inner
+    tensors. A tensor with no bytes here (meta, fake) gives ``unreadable: <what>``.
+    """
+    layout = str(t.layout).removeprefix("torch.")
+    if t.device.type == "meta" or type(t).__name__ == "FakeTensor":
+        return f"unreadable: {_what_kind(t)}"
+    if layout == "sparse_coo":
+        return f"{layout}{list(t.shape)}", [t._indices(), t._values()]
+    if layout in _COMPRESSED:
+        first, second = _COMPRESSED[layout]
+        return (f"{layout}{list(t.shape)}",
+                [getattr(t, first)(), getattr(t, second)(), t.values()])
+    if t.is_quantized:
+        if t.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            return f"quantized({t.q_scale()!r},{t.q_zero_point()})", [t.int_repr()]
+        return "quantized", [t.int_repr(), t.q_per_channel_scales(),
+                             t.q_per_channel_zero_points()]
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        tensors: list[Any] = []
+        for name in names:
+            inner = getattr(t, name)
+            if inner is None:
+                continue
+            sub = _value_parts(torch, inner)
+            if isinstance(sub, str):
+                return f"unreadable: {_what_kind(t)}"
+            tensors.extend(sub[1])
+        return type(t).__name__, tensors
+    if t.is_nested:
+        parts = list(t.unbind())
+        return f"nested[{len(parts)}]", parts
+    if layout != "strided":
+        return f"unreadable: {layout}"
+    return "", [t]
+
+
+def _what_kind(t: Any) -> str:
+    """A tensor's layout or kind, in words, for ``unreadable: <what>``."""
+    try:
+        layout = str(t.layout).removeprefix("torch.")
+        if type(t).__name__ == "FakeTensor":
+            return "fake"
+        if t.device.type == "meta":
+            return "meta"
+        if layout != "strided":
+            return layout
+        if getattr(t, "is_nested", False):
+            return "nested"
+        if t.is_quantized:
+            return "quantized"
+    except Exception:  # a subclass whose attributes fail: named by its type
+        return type(t).__name__
+    return type(t).__name__
+
+
+def _bytes_of(torch: Any, t: Any) -> Any:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def _blake3_16(buffer: Any) -> str:
@@ -189,6 +292,30 @@ def _written_args(func: Any, args: Any, kwargs: dict[str, Any]) -> Iterator[Any]
             continue
         value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
         yield from _leaves(value)
+
+
+NUMBERS = "="
+"""The prefix of an op's last input fingerprint when it has number arguments."""
+
+
+def numbers_text(args: Any, kwargs: dict[str, Any]) -> str:
+    """The fingerprint of an op's number arguments (``x + 0.5``: ``0.5``), ``""`` if none.
+
+    torch passes a Python or numpy scalar to an op as a number, not a tensor, so
+    no tensor fingerprint sees it: a random number added to the loss would look
+    like an op whose inputs matched and whose outputs differ. ``repr`` of a float
+    is exact, so equal texts mean equal numbers. Recorded after the tensor inputs,
+    as one entry: the tensors keep their positions.
+    """
+    import numbers
+
+    found = [x for x in _leaves((args, kwargs)) if isinstance(x, numbers.Number)]
+    if not found:
+        return ""
+    import hashlib
+
+    text = repr([x.item() if hasattr(x, "item") else x for x in found]).encode()
+    return NUMBERS + hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
 def fingerprint_text(fp: Any) -> str:
@@ -290,6 +417,18 @@ def _short(filename: str) -> str:
 # ---------------------------------------------------------------- recorder
 
 
+def _fault_line(exc: BaseException) -> str:
+    """`` (at file.py:LINE)``: the innermost frame of manifest's own code the fault passed."""
+    tb = exc.__traceback__
+    found = ""
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if os.path.abspath(filename).startswith(_MANIFEST_DIR):
+            found = f" (at {os.path.basename(filename)}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return found
+
+
 def _in_backward() -> bool:
     """Whether autograd's engine is running a backward pass on this thread.
 
@@ -318,16 +457,21 @@ def _backward_labeller(torch: Any, modules: _ModuleStack, holder: dict[str, Any]
         def __torch_function__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
-            path, kind = modules.current()
-            if not (path or kind):
-                return out
-            for t in _leaves(out):
-                node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
-                if node is None or node.metadata.get("manifest_module") is not None:
-                    continue
-                node.metadata["manifest_module"] = (path, kind)
-                node.register_prehook(_set_backward(holder, path, kind))
+            # A label is a courtesy: an output it cannot tag stays bare.
+            with contextlib.suppress(Exception):
+                _label(out)
             return out
+
+    def _label(out: Any) -> None:
+        path, kind = modules.current()
+        if not (path or kind):
+            return
+        for t in _leaves(out):
+            node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+            if node is None or node.metadata.get("manifest_module") is not None:
+                continue
+            node.metadata["manifest_module"] = (path, kind)
+            node.register_prehook(_set_backward(holder, path, kind))
 
     return Labeller()
 
@@ -369,6 +513,8 @@ def make_recorder_class() -> Any:
             self.paused = False
             self.backward: dict[str, Any] = {}
             self.labeller: Any = None
+            self.error: str | None = None
+            """The recorder's own fault, when one stopped it (``None`` while it records)."""
             # Storages an empty-like op made and no op has written since (see UNINITIALIZED).
             self.uninit: set[tuple[str, int] | None] = set()
 
@@ -427,16 +573,40 @@ def make_recorder_class() -> Any:
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             # A forked DataLoader worker inherits the mode; the launcher pauses it
-            # while it fingerprints the step trail.
-            if self.paused or self.fp.busy or os.getpid() != self.pid:
+            # while it fingerprints the step trail. A recorder that failed stops.
+            if (self.paused or self.fp.busy or self.error is not None
+                    or os.getpid() != self.pid):
                 return func(*args, **kwargs)
+            # The op itself runs outside every guard: its errors are the script's.
+            # The recorder's own bookkeeping never reaches the script: a fault in
+            # it ends the recording and is kept as ``error`` for the stream file.
+            try:
+                before = self._before(func, args, kwargs)
+            except Exception as exc:
+                self._fail(exc)
+                return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            try:
+                self._record(func, before, out)
+            except Exception as exc:
+                self._fail(exc)
+            return out
+
+        def _before(self, func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, ...]:
             ins = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             in_fps: tuple[Any, ...] = ()
+            unwritten: set[Any] = set()
             if self.fingerprint:
                 unwritten = self._unwritten(func, args, kwargs)
                 in_fps = tuple(UNINITIALIZED if unwritten and _storage_key(t) in unwritten
                                else self.fp(t) for t in ins)
-            out = func(*args, **kwargs)
+                numbers = numbers_text(args, kwargs)
+                if numbers:
+                    in_fps += (numbers,)
+            return ins, in_fps, unwritten
+
+        def _record(self, func: Any, before: tuple[Any, ...], out: Any) -> None:
+            ins, in_fps, unwritten = before
             outs = [t for t in _leaves(out) if isinstance(t, torch.Tensor)]
             out_fps: tuple[Any, ...] = ()
             if self.fingerprint:
@@ -452,9 +622,12 @@ def make_recorder_class() -> Any:
             self.index += 1
             if self.keep is not None:
                 self.keep(index, ins, outs)
-            self.on_op(OpEvent(index, self.step(), func.name(), path, kind, user_line(2),
+            self.on_op(OpEvent(index, self.step(), func.name(), path, kind, user_line(3),
                                in_fps, out_fps, tuple(_describe(t) for t in outs), device))
-            return out
+
+        def _fail(self, exc: BaseException) -> None:
+            """The recorder's own fault: kept, with the recorder's line it was raised at."""
+            self.error = f"{type(exc).__name__}: {exc}"[:500] + _fault_line(exc)
 
     return Recorder
 

@@ -11,11 +11,17 @@ after step ``stop`` (explain needs no step past the divergent one).
 Stream file (JSON, one per process, ``<dir>/ops-<rank>-<pid>.json``)::
 
     {"format": "manifest-ops/v1", "rank", "pid", "steps": [lo, hi],
-     "ops": [[step, op, module, module_type, where, [inputs], [outputs], [meta], device]]}
+     "ops": [[step, op, module, module_type, where, [inputs], [outputs], [meta], device]],
+     "error": "..."}   # only when the recorder itself failed (it then stopped recording)
 
-With ``values`` set, the recorded outputs (and inputs no recorded op
-produced) of the window's ops are also kept on the host, up to a byte
-budget, and saved beside the stream (``values-<rank>-<pid>.safetensors``) so a
+A tensor of another layout (sparse, quantized, nested, a wrapper subclass) is
+fingerprinted by the tensors that hold its value (``_manifest_ops``); one the
+recorder cannot read (meta, fake) is ``unreadable: <what>``. Neither ever stops
+the run: the recorder runs inside the user's training step.
+
+With ``values`` set, the recorded dense outputs (and dense inputs no
+recorded op produced) of the window's ops are also kept on the host, up to
+a byte budget, and saved beside the stream (``values-<rank>-<pid>.safetensors``) so a
 comparison can count differing elements and ULPs. That file is written with
 the standard library: the child may not have the safetensors package.
 """
@@ -77,16 +83,17 @@ class StepWindow:
     def _keep(self, index: int, ins: list[Any], outs: list[Any]) -> None:
         if self.kept >= self.budget:
             return
-        copies_in = []
-        for t in ins:
-            copies_in.append(self._copy(t) if t.numel() and id(t) not in self.produced else None)
+        copies_in = [self._copy(t) if id(t) not in self.produced else None for t in ins]
         copies_out = [self._copy(t) for t in outs]
         for t in outs:
             self.produced.add(id(t))
         self.values[len(self.rows)] = (copies_in, copies_out)
 
     def _copy(self, t: Any) -> Any:
+        """A host copy of a dense tensor's values; None for any other (see ``dense_values``)."""
         try:
+            if not dense_values(t) or not t.numel():
+                return None
             c = t.detach().to("cpu", copy=True)
         except Exception:
             return None
@@ -114,27 +121,61 @@ class StepWindow:
         return self.stop is not None and step >= int(self.stop)
 
     def finish(self) -> None:
+        """Write the stream (and the kept values); never raises into the script.
+
+        A fault of the recorder itself (``Recorder.error``) or of writing the
+        values goes into the stream as ``error``, so explain says the tool
+        failed rather than the script or its confinement.
+        """
         if self.done:
             return
         self.done = True
+        errors: list[str] = []
         if self.recorder is not None:
-            self.recorder.__exit__(None, None, None)
+            try:
+                self.recorder.__exit__(None, None, None)
+            except Exception as exc:
+                errors.append(f"closing the recorder: {type(exc).__name__}: {exc}")
+            if self.recorder.error:
+                errors.insert(0, str(self.recorder.error))
+        name = f"{self.rank}-{os.getpid()}"
+        if self.values:
+            try:
+                self._write_values(os.path.join(self.dir, f"values-{name}.safetensors"))
+            except Exception as exc:
+                errors.append(f"writing values: {type(exc).__name__}: {exc}")
         for row in self.rows:
             row[5] = [ops.fingerprint_text(f) for f in row[5]]
             row[6] = [ops.fingerprint_text(f) for f in row[6]]
-        name = f"{self.rank}-{os.getpid()}"
-        doc = {"format": FORMAT, "rank": self.rank, "pid": os.getpid(),
-               "steps": [self.lo, self.hi], "ops": self.rows}
+        doc: dict[str, Any] = {"format": FORMAT, "rank": self.rank, "pid": os.getpid(),
+                               "steps": [self.lo, self.hi], "ops": self.rows}
+        if errors:
+            doc["error"] = "; ".join(errors)[:1000]
         path = os.path.join(self.dir, f"ops-{name}.json")
-        with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, separators=(",", ":"))
-        os.replace(path + ".tmp", path)
-        if self.values:
-            tensors: dict[str, Any] = {}
-            for at, (ins, outs) in self.values.items():
-                tensors.update({f"i.{at}.{k}": t for k, t in enumerate(ins) if t is not None})
-                tensors.update({f"o.{at}.{k}": t for k, t in enumerate(outs) if t is not None})
-            write_safetensors(os.path.join(self.dir, f"values-{name}.safetensors"), tensors)
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, separators=(",", ":"))
+            os.replace(path + ".tmp", path)
+        except OSError:  # explain then says no stream was recorded; the run goes on
+            pass
+
+    def _write_values(self, path: str) -> None:
+        tensors: dict[str, Any] = {}
+        for at, (ins, outs) in self.values.items():
+            tensors.update({f"i.{at}.{k}": t for k, t in enumerate(ins) if t is not None})
+            tensors.update({f"o.{at}.{k}": t for k, t in enumerate(outs) if t is not None})
+        write_safetensors(path, tensors)
+
+
+def dense_values(t: Any) -> bool:
+    """Whether ``t``'s values can be kept as a plain array: a dense (strided) tensor that is
+    not quantized, nested, meta or fake. Any other is compared by its fingerprint only."""
+    try:
+        return bool(str(t.layout) == "torch.strided" and not t.is_quantized
+                    and not t.is_nested and t.device.type != "meta"
+                    and type(t).__name__ not in ("FakeTensor", "FunctionalTensor"))
+    except Exception:
+        return False
 
 
 _SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
@@ -153,9 +194,12 @@ def write_safetensors(path: str, tensors: dict[str, Any]) -> None:
     offset = 0
     for name, t in tensors.items():
         code = _SAFETENSORS_DTYPES.get(str(t.dtype).removeprefix("torch."))
-        if code is None:
+        if code is None or not dense_values(t):
             continue
-        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        try:
+            raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        except Exception:  # noqa: S112 - bytes it cannot read: compared by fingerprint only
+            continue
         header[name] = {"dtype": code, "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
