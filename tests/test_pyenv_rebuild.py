@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from manifest.models import Manifest
 from manifest.pyenv.cache import cache_root
 from manifest.pyenv.prove import Status
 from manifest.pyenv.rebuild import build_environment, scrubbed_environment
-from manifest.trust import check_trust
+from manifest.trust import TrustDecision, check_trust
 from tests.pyenv_wheels import (
     install,
     make_wheel,
@@ -45,7 +46,7 @@ def _own_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
 
 
-def _untrusted(m):  # type: ignore[no-untyped-def]
+def _untrusted(m: Manifest) -> TrustDecision:
     return check_trust(m)
 
 
