@@ -68,7 +68,9 @@ VERDICTS: dict[Verdict, tuple[int, str]] = {
                                "compare: no output declared (or none written) and no optimizer "
                                "step in the trail; the fix is to capture with --artifact PATH"),
     Verdict.NO_VERDICT: (EXIT_NO_VERDICT, "the re-run could not be compared: drift under "
-                         "--strict, the command failed, a declared output is missing"),
+                         "--strict, the command failed, a declared output is missing, or the "
+                         "step trails lie inside the envelope but the recorded outputs did not "
+                         "travel with the run (verify --outputs DIR, pack --with-outputs)"),
     Verdict.CHECKED: (EXIT_OK, "--no-rerun: integrity, drift and data checked and unchanged, "
                       "nothing re-run, no output compared"),
 }

@@ -54,11 +54,14 @@ def signature_check(file: str, data: bytes, explicit: str | None, *,
 
 
 def write_pack(manifest_bytes: bytes, output: str, cwd: Path,
-               signature: bytes | None = None) -> None:
-    """A pack of the manifest and the blobs it references, from the run's store."""
+               signature: bytes | None = None, *, with_outputs: bool = False) -> None:
+    """A pack of the manifest and the blobs it references, from the run's store (and, with
+    ``with_outputs``, its declared output files from the run's tree)."""
     from manifest.canonical import load_manifest
     from manifest.rerun.workspace import repo_root_of, store_for
     from manifest.travel.pack import pack_from_store
 
-    store = store_for(load_manifest(manifest_bytes), repo_root_of(cwd) or cwd)
-    write_output(pack_from_store(manifest_bytes, store, signature), output)
+    root = repo_root_of(cwd) or cwd
+    store = store_for(load_manifest(manifest_bytes), root)
+    write_output(pack_from_store(manifest_bytes, store, signature,
+                                 outputs_root=root if with_outputs else None), output)

@@ -135,6 +135,11 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--layout", metavar="NxP", default=None,
                    help="re-run a torchrun run here on N nodes x P processes per node (the "
                    "report says whether that layout is the same, equivalent or changed)")
+    p.add_argument("--outputs", metavar="DIR", default=None,
+                   help="where the run's recorded output files are, for a run received "
+                   "without them (a pack made without --with-outputs): each is looked for at "
+                   "its recorded path under DIR, then by its file name, and used only if its "
+                   "digest (or every tensor) is the recorded one")
     p.add_argument("--keep", action="store_true", help="keep the scratch tree")
     p.add_argument("--no-cache", action="store_true", help="re-read every data file")
     p.add_argument("--explain", action="store_true",
@@ -181,7 +186,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                             no_cache=args.no_cache, quiet=args.quiet, network=args.network,
                             sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
                             signer=signer, cluster=cluster_from_args(args), layout=args.layout,
-                            envelope=args.envelope, emulate=args.emulate)
+                            envelope=args.envelope, emulate=args.emulate,
+                            outputs=_outputs_dir(args.outputs, args.no_rerun))
     if options.emulate and (options.envelope or options.cluster is not None):
         raise UsageError("--emulate is judged against the run's envelope at that precision "
                          "(capture --envelope N --precision P) on this machine; it cannot "
@@ -222,6 +228,19 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
             render_explain(explained)
     return report.exit_code
+
+
+def _outputs_dir(raw: str | None, no_rerun: bool) -> Path | None:
+    """``--outputs DIR``: an existing folder (its files are checked when they are used)."""
+    if raw is None:
+        return None
+    if no_rerun:
+        raise UsageError("--outputs names the recorded outputs a re-run is compared with; "
+                         "--no-rerun compares none.")
+    folder = Path(raw)
+    if not folder.is_dir():
+        raise UsageError(f"--outputs {raw}: no such folder.")
+    return folder.resolve()
 
 
 def trusted_signer(args: argparse.Namespace, data: bytes) -> str | None:

@@ -28,6 +28,11 @@ def register_pack(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("file", help="manifest file")
     p.add_argument("-o", "--out", dest="output", metavar="FILE", required=True,
                    help="write the pack here (atomically; '-' for stdout)")
+    p.add_argument("--with-outputs", action="store_true",
+                   help="also carry the declared output files, as the run wrote them, so "
+                   "that a verifier elsewhere can hold its re-run to the recorded weights "
+                   "('equivalent' needs them); single files within the pack's size cap, "
+                   "else send them beside it for verify --outputs DIR")
     p.set_defaults(func=_cmd_pack)
 
 
@@ -41,7 +46,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     if found is not None and not signature_covers(canonical, found[0]):
         raise UsageError(f"the signature {found[1]} covers a different manifest; "
                          "re-sign or remove it before packing.")
-    write_pack(canonical, args.output, Path.cwd(), found[0] if found else None)
+    write_pack(canonical, args.output, Path.cwd(), found[0] if found else None,
+               with_outputs=args.with_outputs)
     return 0
 
 
@@ -83,7 +89,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
                             staging=args.staging)
     if is_pack(data):
         packed = read_pack(data)
-        write_output(build_pack(packed.manifest, packed.blobs, bundle),
+        write_output(build_pack(packed.manifest, packed.blobs, bundle, packed.outputs),
                      args.output or args.file)
     else:
         write_output(bundle, args.output or str(sibling_signature(Path(args.file))))

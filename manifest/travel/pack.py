@@ -12,7 +12,17 @@ any unzip tool) whose entries are exactly
   each ``data[].listing``, each ``outputs.processes[].ops`` op stream), each the
   bytes whose blake3 is ``<hex>``;
 * ``signature.sigstore.json`` (optional): a signature over the manifest
-  (``manifest sign``, see :mod:`manifest.travel.sign`).
+  (``manifest sign``, see :mod:`manifest.travel.sign`);
+* ``outputs/blake3-<hex>`` (``pack --with-outputs``): one per declared output file
+  (``outputs.artifacts``), the bytes the run wrote, named by the artifact's recorded
+  digest. Without them a verifier elsewhere has nothing to hold its re-run's numbers to
+  (``equivalent`` needs the recorded weights); ``verify --outputs DIR`` is the way for
+  outputs too large for a pack or made of several files (a DCP directory, shards).
+
+What a rebuild of the run's environment needs is in the manifest itself (``env``: each
+distribution's version, wheel tags, where it came from and a digest of its files), so a
+pack carries no wheels: they come from the indexes the record names, and the project's
+own code from the recorded commit and patch (a blob here).
 
 Entries are sorted, deflated and dated 1980-01-01, so one run packs to the same
 bytes on any machine. Reading is an allow-list: any other name, a symlink, a
@@ -20,9 +30,15 @@ duplicated name, an entry whose uncompressed size is over 100× its compressed
 size (above 1 MiB; the same for the whole pack) or over 1 GiB, a blob the
 manifest does not name (refused before it is inflated), a blob whose content
 does not match its name or a named blob that is missing is refused with one
-sentence (exit 2). Nothing is ever extracted to disk: entries are read into
-memory under those limits, and verify reads blobs through
-:class:`~manifest.store.OverlayStore` (the local store, then the pack's).
+sentence (exit 2); an output entry is held to the same rules against the manifest's
+output digests. Nothing is ever extracted next to the user's files: entries are read into
+memory under those limits, verify reads blobs through
+:class:`~manifest.store.OverlayStore` (the local store, then the pack's) and writes a
+packed output, checked, only into its scratch directory (the weight readers map files).
+
+A pack is read whole by the bounded reader, under its cap (64 MiB unless
+``MANIFEST_MAX_BYTES`` says more): ``pack --with-outputs`` refuses to write a pack over
+that cap, so what it writes is what a verifier here can read.
 """
 
 from __future__ import annotations
@@ -35,6 +51,7 @@ import zipfile
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import blake3
 
@@ -46,6 +63,10 @@ PACK_MAGIC = b"PK\x03\x04"
 MANIFEST_ENTRY = "manifest.json"
 SIGNATURE_ENTRY = "signature.sigstore.json"
 _BLOB_ENTRY = re.compile(r"blobs/blake3-([0-9a-f]{64})")
+_OUTPUT_ENTRY = re.compile(r"outputs/blake3-([0-9a-f]{64})")
+SINGLE_FILE_FORMATS = ("safetensors", "torch", "file")
+"""Output formats a pack carries: one file each (a DCP directory or a sharded index is
+several, and travels beside the pack: ``verify --outputs DIR``)."""
 MAX_ENTRY_BYTES = 1 << 30
 """A blob larger than 1 GiB is not a patch or a listing this tool wrote (a listing of
 ten million files is about 900 MB)."""
@@ -69,6 +90,8 @@ class Pack:
     manifest: bytes
     blobs: dict[str, bytes] = field(default_factory=dict)
     signature: bytes | None = None
+    outputs: dict[str, bytes] = field(default_factory=dict)
+    """Declared output files by their recorded digest (``pack --with-outputs``)."""
 
 
 def is_pack(data: bytes) -> bool:
@@ -83,6 +106,57 @@ def referenced_blobs(manifest: Manifest) -> list[str]:
     return list(dict.fromkeys(n for n in names if n is not None))
 
 
+def packable_outputs(manifest: Manifest) -> list[str]:
+    """The recorded digests of the outputs a pack may carry (single files), unique."""
+    artifacts = manifest.outputs.artifacts if manifest.outputs is not None else []
+    return list(dict.fromkeys(a.digest for a in artifacts if a.format in SINGLE_FILE_FORMATS))
+
+
+def read_outputs(manifest: Manifest, root: Path, *, already: int = 0) -> dict[str, bytes]:
+    """The declared outputs' bytes as the run wrote them (``pack --with-outputs``), read from
+    the run's tree at ``root`` (each at its recorded size, never through a link out of the
+    tree) and checked against the recorded digest; anything else is one sentence (exit 2).
+    ``already``: bytes the pack holds besides; with the outputs, uncompressed (weights
+    deflate by a few percent), they must stay under the cap a verifier reads packs with."""
+    from manifest.bounded import max_manifest_bytes
+    from manifest.errors import ManifestError
+    from manifest.weights.mapped import MappedFile
+    from manifest.weights.raw import hash_bytes
+
+    if manifest.outputs is None or manifest.command is None or not manifest.outputs.artifacts:
+        raise PackError("the manifest declares no output file: there is nothing for "
+                        "--with-outputs to carry.")
+    cap = min(max_manifest_bytes(), MAX_TOTAL_BYTES)
+    total = already
+    out: dict[str, bytes] = {}
+    for artifact in manifest.outputs.artifacts:
+        if artifact.format not in SINGLE_FILE_FORMATS:
+            raise PackError(f"the output {artifact.path} is a checkpoint of several files "
+                            f"({artifact.format}): a pack carries single-file outputs only.",
+                            hint="Send its folder beside the pack; the verifier names it "
+                            "with verify --outputs DIR.")
+        total += artifact.bytes
+        if total > cap:
+            raise PackError(f"the pack would hold {total} bytes with the output "
+                            f"{artifact.path}, over the {cap} bytes a verifier reads "
+                            "(MANIFEST_MAX_BYTES).",
+                            hint="Send them beside the pack; the verifier names their folder "
+                            "with verify --outputs DIR.")
+        try:
+            with MappedFile(root / manifest.command.cwd / artifact.path, size=artifact.bytes,
+                            within=root, shown=artifact.path) as mapped:
+                data = bytes(mapped.view)
+        except ManifestError as exc:
+            raise PackError(f"cannot pack the output {artifact.path}: "
+                            f"{exc.message.rstrip('.')}.") from exc
+        if hash_bytes(data) != artifact.digest:
+            raise PackError(f"the output {artifact.path} changed since capture (its digest is "
+                            "not the recorded one): a pack carries the recorded outputs only.",
+                            hint="Pack where the run's outputs are as it wrote them.")
+        out[artifact.digest] = data
+    return out
+
+
 def _entry(name: str, data: bytes) -> tuple[zipfile.ZipInfo, bytes]:
     info = zipfile.ZipInfo(name, date_time=_EPOCH)
     info.compress_type = zipfile.ZIP_DEFLATED
@@ -92,8 +166,10 @@ def _entry(name: str, data: bytes) -> tuple[zipfile.ZipInfo, bytes]:
 
 
 def build_pack(manifest_bytes: bytes, blobs: Mapping[str, bytes],
-               signature: bytes | None = None) -> bytes:
-    """The bytes of a pack; ``blobs`` must be exactly the manifest's, content-checked here."""
+               signature: bytes | None = None, outputs: Mapping[str, bytes] | None = None
+               ) -> bytes:
+    """The bytes of a pack; ``blobs`` must be exactly the manifest's, ``outputs`` (by
+    recorded digest) among its single-file outputs: both content-checked here."""
     from manifest.canonical import load_manifest
 
     manifest = load_manifest(manifest_bytes)
@@ -105,6 +181,13 @@ def build_pack(manifest_bytes: bytes, blobs: Mapping[str, bytes],
         if "blake3:" + blake3.blake3(data).hexdigest() != name:
             raise PackError(f"blob {name} does not match its content address.")
         entries.append(_entry("blobs/" + name.replace(":", "-", 1), data))
+    declared = packable_outputs(manifest)
+    for name, data in sorted((outputs or {}).items()):
+        if name not in declared:
+            raise PackError(f"output {name} is not one of the manifest's single-file outputs.")
+        if "blake3:" + blake3.blake3(data).hexdigest() != name:
+            raise PackError(f"output {name} does not match its content address.")
+        entries.append(_entry("outputs/" + name.replace(":", "-", 1), data))
     if signature is not None:
         entries.append(_entry(SIGNATURE_ENTRY, signature))
     out = io.BytesIO()
@@ -115,12 +198,17 @@ def build_pack(manifest_bytes: bytes, blobs: Mapping[str, bytes],
 
 
 def pack_from_store(manifest_bytes: bytes, store: BlobStore,
-                    signature: bytes | None = None) -> bytes:
-    """Pack a manifest with its blobs read (and checked) from ``store``."""
+                    signature: bytes | None = None, *, outputs_root: Path | None = None
+                    ) -> bytes:
+    """Pack a manifest with its blobs read (and checked) from ``store``; with
+    ``outputs_root`` (the run's tree), its declared output files too."""
     from manifest.canonical import load_manifest
 
+    manifest = load_manifest(manifest_bytes)
+    outputs = (read_outputs(manifest, outputs_root, already=len(manifest_bytes))
+               if outputs_root is not None else None)
     blobs: dict[str, bytes] = {}
-    for name in referenced_blobs(load_manifest(manifest_bytes)):
+    for name in referenced_blobs(manifest):
         data = store.get(name)
         if data is None:
             raise PackError(
@@ -128,7 +216,17 @@ def pack_from_store(manifest_bytes: bytes, store: BlobStore,
                 f"{store.root} (or corrupted).",
                 hint="Pack on the machine (and in the repository) that captured the run.")
         blobs[name] = data
-    return build_pack(manifest_bytes, blobs, signature)
+    packed = build_pack(manifest_bytes, blobs, signature, outputs)
+    if outputs:
+        from manifest.bounded import max_manifest_bytes
+
+        cap = min(max_manifest_bytes(), MAX_TOTAL_BYTES)
+        if len(packed) > cap:
+            raise PackError(f"the pack with its outputs is {len(packed)} bytes, over the "
+                            f"{cap} bytes a verifier reads (MANIFEST_MAX_BYTES).",
+                            hint="Send the outputs beside the pack; the verifier names their "
+                            "folder with verify --outputs DIR.")
+    return packed
 
 
 def _check_entries(infos: Iterable[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
@@ -141,9 +239,11 @@ def _check_entries(infos: Iterable[zipfile.ZipInfo]) -> list[zipfile.ZipInfo]:
         if name in seen:
             raise PackError(f"pack has the entry {name!r} twice.")
         seen.add(name)
-        if name not in (MANIFEST_ENTRY, SIGNATURE_ENTRY) and not _BLOB_ENTRY.fullmatch(name):
+        if name not in (MANIFEST_ENTRY, SIGNATURE_ENTRY) and not (
+                _BLOB_ENTRY.fullmatch(name) or _OUTPUT_ENTRY.fullmatch(name)):
             raise PackError(f"pack has an unexpected entry {name!r} (a pack holds manifest.json, "
-                            "blobs/blake3-<hex> and signature.sigstore.json only).")
+                            "blobs/blake3-<hex>, outputs/blake3-<hex> and "
+                            "signature.sigstore.json only).")
         mode = info.external_attr >> 16
         if stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # 0: written without unix mode bits
             raise PackError(f"pack entry {name!r} is not a regular file (a symlink or device).")
@@ -191,19 +291,23 @@ def read_pack(data: bytes, *, what: str = "pack") -> Pack:
             manifest_bytes = _read_entry(zf, infos.pop(MANIFEST_ENTRY), what)
             manifest = load_manifest(manifest_bytes)
             wanted = referenced_blobs(manifest)
+            declared = packable_outputs(manifest)
             signature = (_read_entry(zf, infos.pop(SIGNATURE_ENTRY), what)
                          if SIGNATURE_ENTRY in infos else None)
             blobs: dict[str, bytes] = {}
+            outputs: dict[str, bytes] = {}
             for name, info in sorted(infos.items()):
                 digest = "blake3:" + name.rsplit("-", 1)[1]
-                if digest not in wanted:
-                    raise PackError(f"{what} holds the blob {digest} that its manifest does not "
-                                    "reference.")
+                output = name.startswith("outputs/")
+                if digest not in (declared if output else wanted):
+                    raise PackError(
+                        f"{what} holds the {'output' if output else 'blob'} {digest} that its "
+                        f"manifest does not {'declare' if output else 'reference'}.")
                 body = _read_entry(zf, info, what)
                 if "blake3:" + blake3.blake3(body).hexdigest() != digest:
                     raise PackError(f"{what} entry {name} does not match its content address: "
-                                    "the blob was altered.")
-                blobs[digest] = body
+                                    f"the {'output' if output else 'blob'} was altered.")
+                (outputs if output else blobs)[digest] = body
     except zipfile.BadZipFile as exc:
         raise PackError(f"{what} is truncated or corrupt ({exc}).") from exc
     except (EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error, OSError,
@@ -212,7 +316,7 @@ def read_pack(data: bytes, *, what: str = "pack") -> Pack:
     missing = [n for n in wanted if n not in blobs]
     if missing:
         raise PackError(f"{what} lacks the blob {missing[0]} that its manifest references.")
-    return Pack(manifest_bytes, blobs, signature)
+    return Pack(manifest_bytes, blobs, signature, outputs)
 
 
 def manifest_bytes_of(data: bytes) -> bytes:

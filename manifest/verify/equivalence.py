@@ -35,6 +35,12 @@ claim"), and this module closes the two that belong to verify:
   re-run at 3): the output is 9.7e-8 from the re-run's, against a last-step bound of
   5.5e-7 (the verifier's 3 + 1 runs) or 2.3e-5 (the run's, sealed here); BatchNorm's
   running statistics, saved beside the parameters, stay inside it with them.
+  The recorded files come from the user's tree, from a pack that carries them
+  (``pack --with-outputs``) or from a folder the verifier names (``verify --outputs DIR``,
+  each file checked against its recorded digest, or else its tensor table, before use:
+  ``locate_recorded``). A run received without them cannot be ``equivalent``, and nothing
+  was found to differ either: with every step inside the envelope, that is no verdict,
+  with the reason (``DID_NOT_TRAVEL``), never ``differs``.
   The recorded file is also held to the trail's own last point (``trail_agrees``): its
   norm against the point's, where its tensors map onto the trained parameters, within
   float64 summation error (2 · n · eps for n elements summed in another order). The trail
@@ -45,6 +51,9 @@ claim"), and this module closes the two that belong to verify:
 from __future__ import annotations
 
 import math
+import os
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,6 +125,97 @@ def final_bound(calibration: Calibration) -> float | None:
 
 # ----------------------------------------------------------------- outputs
 
+DID_NOT_TRAVEL = ("the recorded outputs did not travel with the run: pass --outputs DIR or "
+                  "pack with --with-outputs")
+"""Why a run received without its outputs gets no verdict where it would be judged by them."""
+
+RECEIVED = "received-outputs"
+"""The scratch directory's folder where a pack's outputs are written to be mapped."""
+
+
+@dataclass(frozen=True)
+class RecordedFile:
+    """Where one recorded output's bytes are on this machine, if anywhere.
+
+    ``source``: ``tree`` (the user's tree, where the run wrote it: checked against the
+    record by whoever reads it, and "changed since capture" if it no longer is), ``pack``
+    (carried by the pack, content-checked), ``outputs`` (``--outputs DIR``, checked here),
+    ``absent`` (not on this machine: it never travelled) or ``mismatch`` (``--outputs DIR``
+    holds another file under its name)."""
+
+    path: Path | None
+    source: str
+    problem: str | None = None
+    note: str | None = None
+    """What the user should know about a file that was used (a re-saved copy)."""
+
+    @property
+    def travelled(self) -> bool:
+        """False: the recorded bytes are not on this machine (absent, or another file)."""
+        return self.source not in ("absent", "mismatch")
+
+
+def locate_recorded(artifacts: Sequence[Artifact], *, tree_cwd: Path,
+                    outputs_dir: Path | None = None,
+                    packed: Mapping[str, bytes] | None = None,
+                    scratch: Path | None = None) -> dict[str, RecordedFile]:
+    """Each recorded output's path → where its recorded bytes are: ``--outputs DIR`` first
+    (the verifier said so), then the pack, then the run's own tree (``tree_cwd``, the
+    command's cwd in the user's checkout). A pack's output is written into ``scratch``
+    (removed with the scratch tree) because the weight readers map files."""
+    out: dict[str, RecordedFile] = {}
+    for artifact in artifacts:
+        if outputs_dir is not None:
+            out[artifact.path] = _supplied(artifact, outputs_dir)
+            continue
+        data = (packed or {}).get(artifact.digest)
+        if data is not None and scratch is not None:
+            folder = scratch / RECEIVED
+            folder.mkdir(parents=True, exist_ok=True)
+            suffix = Path(artifact.path).suffix
+            target = folder / (artifact.digest.removeprefix("blake3:")
+                               + (suffix if re.fullmatch(r"\.\w{1,16}", suffix) else ""))
+            target.write_bytes(data)
+            out[artifact.path] = RecordedFile(target, "pack")
+            continue
+        here = tree_cwd / artifact.path
+        out[artifact.path] = (RecordedFile(here, "tree") if os.path.lexists(here) else
+                              RecordedFile(None, "absent", "the recorded file is not on this "
+                                           "machine (it did not travel with the run)"))
+    return out
+
+
+def _supplied(artifact: Artifact, folder: Path) -> RecordedFile:
+    """``artifact`` in the folder ``--outputs DIR`` names: at its recorded path under it, else
+    by its file name; used when its digest is the recorded one, or its tensors all are."""
+    from manifest.errors import ManifestError
+    from manifest.weights.tables import digest_artifact
+
+    rel = Path(artifact.path)
+    looked = [folder / rel] if not rel.is_absolute() and ".." not in rel.parts else []
+    looked += [p for p in [folder / rel.name] if p not in looked]
+    found = next((p for p in looked if os.path.lexists(p)), None)
+    if found is None:
+        where = " or ".join(str(p) for p in looked)
+        return RecordedFile(None, "absent", f"--outputs: {where} does not exist")
+    try:
+        got = digest_artifact(found, artifact.path, malformed_ok=True, within=folder)
+    except (ManifestError, OSError) as exc:
+        return RecordedFile(None, "mismatch", f"--outputs: {found} cannot be used: "
+                            f"{str(exc).rstrip('.')}")
+    if got.digest == artifact.digest:
+        return RecordedFile(found, "outputs")
+    if got.tensors is not None and got.tensors == artifact.tensors:
+        return RecordedFile(found, "outputs", note=(
+            f"--outputs: {found} is not byte for byte the recorded {artifact.path}, but every "
+            "tensor is (dtype, shape, digest): used"))
+    differing = sorted(n for n in set(got.tensors or {}) | set(artifact.tensors or {})
+                       if (got.tensors or {}).get(n) != (artifact.tensors or {}).get(n))
+    which = f" (tensor {differing[0]} differs)" if differing and got.tensors else ""
+    return RecordedFile(None, "mismatch", f"--outputs: {found} is not the recorded "
+                        f"{artifact.path}: its digest is {got.digest[:19]}… where "
+                        f"{artifact.digest[:19]}… was recorded{which}")
+
 
 @dataclass
 class OutputDistance:
@@ -129,14 +229,18 @@ class OutputDistance:
     """The tensor with the largest |Δ_t| / |θ|, and that share."""
     problem: str | None = None
     """Why it was not compared, or how it fails (then never ``equivalent``)."""
+    travelled: bool = True
+    """False: the recorded file is not on this machine (``RecordedFile.travelled``)."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def output_distance(artifact: Artifact, recorded_file: Path, new_file: Path) -> OutputDistance:
+def output_distance(artifact: Artifact, recorded_file: Path | None, new_file: Path, *,
+                    absent: str | None = None) -> OutputDistance:
     """``artifact`` as recorded (its file still holding the recorded tensors) against the
-    re-run's file: relative L2 over the floating tensors, integer tensors equal."""
+    re-run's file: relative L2 over the floating tensors, integer tensors equal. With no
+    recorded file here (None, or a path where nothing is), ``absent`` says why."""
     from manifest.errors import MalformedArtifactError
     from manifest.weights.bounds import WeightFileError
     from manifest.weights.raw import hash_bytes
@@ -146,8 +250,10 @@ def output_distance(artifact: Artifact, recorded_file: Path, new_file: Path) -> 
     if artifact.tensors is None:
         out.problem = "not a weight file: its numbers cannot be compared"
         return out
-    if not recorded_file.exists():
-        out.problem = "the recorded file is not here: the outputs were not compared"
+    if recorded_file is None or not recorded_file.exists():
+        out.travelled = False
+        out.problem = (f"{absent or 'the recorded file is not on this machine'}: the outputs "
+                       "were not compared")
         return out
     try:
         old = open_tensors(recorded_file)
@@ -282,7 +388,9 @@ def bind_outputs(doc: dict[str, Any], outputs: list[OutputDistance],
     elif bound is None:
         problem = "the envelope has no parameter bound to hold the outputs to"
     else:
-        for out in outputs:
+        # Measured outputs first: one outside the bound is a difference found, whatever
+        # another output that could not be compared says.
+        for out in sorted(outputs, key=lambda o: o.problem is not None):
             if out.problem is not None:
                 problem = f"{out.path}: {out.problem}"
                 break

@@ -271,4 +271,5 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         if announce is not None:  # every check passed: only now does anything run
             for shown in [list(n.argv) for n in plan.nodes] or [argv]:  # each node's launch
                 announce(shown)
-        return rerun_and_compare(recorded, report, plan, workspace, options, machine, blobs)
+        return rerun_and_compare(recorded, report, plan, workspace, options, machine, blobs,
+                                 packed.outputs if packed else None)

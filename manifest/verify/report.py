@@ -16,6 +16,7 @@ live there, and are named here for this report's readers).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.errors import EXIT_NO_VERDICT
@@ -189,3 +190,7 @@ class VerifyOptions:
     """``--envelope N``: where the outputs differ by rounding only, measure the noise envelope
     here (N one-ULP runs with fresh seeds and one under another thread count, in the scratch
     tree) and judge the re-run against it (``manifest.verify.equivalence``)."""
+    outputs: Path | None = None
+    """``--outputs DIR``: where the recorded output files are (a run received without them):
+    each is checked against its recorded digest, or tensor table, before it is used
+    (``manifest.verify.equivalence.locate_recorded``)."""

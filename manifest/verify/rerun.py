@@ -14,6 +14,7 @@ The plan, the workspace and the executor come from the re-run engine
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from manifest.launch.runner import LaunchResult, LaunchSettings
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
+    from manifest.verify.equivalence import RecordedFile
 
 
 def _recorded_ops_window(recorded: Manifest) -> dict[str, Any] | None:
@@ -58,8 +60,10 @@ def _first_op_difference(recorded: Manifest, result: Any, store: BlobStore) -> A
 
 def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                       workspace: Workspace, options: VerifyOptions, machine: Machine,
-                      blobs: BlobStore) -> VerifyReport:
-    """Run the plan once in ``workspace`` and compare what it wrote with the record."""
+                      blobs: BlobStore, received: Mapping[str, bytes] | None = None
+                      ) -> VerifyReport:
+    """Run the plan once in ``workspace`` and compare what it wrote with the record.
+    ``received``: the output files a pack carried, by recorded digest."""
     from manifest.capture.run import build_run_manifest
     from manifest.capture.snapshot import take_snapshot
     from manifest.rerun.dispatch import executor_for
@@ -120,6 +124,7 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     new_by_path = {a.path: a for a in new.outputs.artifacts}
     matched = match_outputs([a.path for a in recorded.outputs.artifacts], list(new_by_path))
     original_cwd = workspace.root / recorded.command.cwd
+    located = _locate(recorded, report, options, original_cwd, received, workspace.scratch)
     for artifact in recorded.outputs.artifacts:
         again = new_by_path.get(matched.get(artifact.path, artifact.path))
         if again is None:
@@ -129,8 +134,11 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
             report.notes.append(f"the re-run wrote {again.path} where the recorded run wrote "
                                 f"{artifact.path} (a logger picks the next free version_N "
                                 "directory): compared as the same output")
-        delta = compare_artifacts(artifact, again, recorded_file=original_cwd / artifact.path,
+        held = located[artifact.path]
+        delta = compare_artifacts(artifact, again, recorded_file=held.path,
                                   new_file=workspace.cwd / again.path)
+        if not held.travelled and delta.detail is not None:  # say why, not only "not here"
+            delta = replace(delta, detail=f"{held.problem}: differences named by digest only")
         if result.tables is not None and delta.detail is not None:
             # Compared by the tables that came back: the re-run's file stayed where it ran.
             where = result.job["executor"] if result.job else "the cluster"
@@ -157,8 +165,28 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         return report
     _judge_topology(recorded, new, report)
     judge_numeric(recorded, new, report, Here(plan, workspace, settings, base_env, options,
-                                              result, original_cwd, matched))
+                                              result, original_cwd, matched, located))
     return report
+
+
+def _locate(recorded: Manifest, report: VerifyReport, options: VerifyOptions,
+            original_cwd: Path, received: Mapping[str, bytes] | None,
+            scratch: Path) -> dict[str, RecordedFile]:
+    """Where each recorded output's bytes are here (``equivalence.locate_recorded``), with a
+    note for each that came from elsewhere than the user's tree."""
+    from manifest.verify.equivalence import locate_recorded
+
+    assert recorded.outputs is not None
+    located = locate_recorded(recorded.outputs.artifacts, tree_cwd=original_cwd,
+                              outputs_dir=options.outputs, packed=received, scratch=scratch)
+    came = {"pack": "carried by the pack", "outputs": f"read from {options.outputs} (--outputs)"}
+    for path, held in located.items():
+        if held.source in came:
+            report.notes.append(f"the recorded {path} was {came[held.source]}, checked against "
+                                "its recorded digest")
+        if held.note is not None:
+            report.notes.append(held.note)
+    return located
 
 
 @dataclass(frozen=True)
@@ -173,6 +201,16 @@ class Here:
     result: LaunchResult
     original_cwd: Path
     matched: dict[str, str]
+    recorded_files: dict[str, RecordedFile] | None = None
+    """Where each recorded output's bytes are here (``equivalence.locate_recorded``); None:
+    in the user's tree at ``original_cwd``."""
+
+    def recorded_file(self, path: str) -> RecordedFile:
+        from manifest.verify.equivalence import RecordedFile
+
+        if self.recorded_files is not None and path in self.recorded_files:
+            return self.recorded_files[path]
+        return RecordedFile(self.original_cwd / path, "tree")
 
 
 def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
@@ -222,8 +260,9 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
                                   "the outputs were not compared numerically")
                    for a in recorded.outputs.artifacts]
     elif here is not None:  # before any envelope run writes over the re-run's outputs
-        outputs = [output_distance(a, here.original_cwd / a.path,
-                                   here.workspace.cwd / here.matched.get(a.path, a.path))
+        outputs = [output_distance(a, here.recorded_file(a.path).path,
+                                   here.workspace.cwd / here.matched.get(a.path, a.path),
+                                   absent=here.recorded_file(a.path).problem)
                    for a in recorded.outputs.artifacts]
     own, runs = None, 0
     if here is not None and here.options.envelope:
@@ -278,8 +317,8 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
              else open_[0] if open_ else max(verdicts, key=lambda v: v.closest or 0.0))
     from manifest.verify.equivalence import bind_outputs, numeric_json
 
-    files = {a.path: here.original_cwd / a.path for a in recorded.outputs.artifacts} if (
-        here is not None) else {}
+    files = {a.path: found for a in recorded.outputs.artifacts
+             if here is not None and (found := here.recorded_file(a.path).path) is not None}
     against = (f"judged against the run's {emulate} twin (the recorded recipe run under the "
                f"same emulation)" if twin is not None else None)
     report.numeric = numeric_json(worst, decision, trail, outputs, files, against)
@@ -295,10 +334,20 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
         problem = bind_outputs(report.numeric, outputs, decision.calibration,
                                compared=here is not None, twin_offsets=None if twin is None
                                or carried is None else dict(carried.twin_outputs or {}))
+        stuck = [o for o in outputs if o.problem is not None]
         if problem is None:
             report.verdict = Verdict.EQUIVALENT
             report.reason = (f"not the same bits (drift: {causes}), but the same run up to "
                              f"rounding: {report.numeric['sentence']}")
+        elif (report.numeric.get("outputs_verdict") == "not-compared" and stuck
+              and not any(o.travelled for o in stuck)):
+            # Nothing was found to differ: the recorded outputs are simply not here.
+            from manifest.verify.equivalence import DID_NOT_TRAVEL
+
+            report.verdict = Verdict.NO_VERDICT
+            named = here is not None and here.options.outputs is not None
+            report.reason = "the step trails lie inside the envelope, but " + (
+                problem if named else f"{DID_NOT_TRAVEL} ({', '.join(o.path for o in stuck)})")
         else:
             report.reason = f"the step trails lie inside the envelope, but {problem}"
     elif worst.verdict == "differs":

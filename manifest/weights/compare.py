@@ -129,8 +129,8 @@ def compare_artifacts(
     """Compare a recorded artifact with a re-run's, tensor by tensor where possible.
 
     ``recorded_file`` is the original output, used for numbers only if its
-    digest still matches the record; otherwise differences are named by
-    digest alone.
+    digest still matches the record; otherwise (absent, or changed since capture: the
+    detail tells them apart) differences are named by digest alone.
     """
     if recorded.tensors is None or new.tensors is None:
         same = recorded.digest == new.digest
@@ -154,7 +154,9 @@ def compare_artifacts(
     if changed:
         numbers = _numbers(changed, recorded, recorded_file, new_file)
         if numbers is None:
-            detail = "original output changed since capture: differences named by digest only"
+            detail = ("the recorded file is not on this machine: differences named by digest "
+                      "only" if recorded_file is None or not recorded_file.exists() else
+                      "original output changed since capture: differences named by digest only")
             deltas.extend(TensorDelta(n, "values", detail="digest differs") for n in changed)
         else:
             deltas.extend(numbers)
