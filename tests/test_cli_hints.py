@@ -239,3 +239,59 @@ def test_verify_explain_reads_stdin_once(tmp_path: Path) -> None:
     assert done.returncode == 1, stderr
     doc = json.loads(done.stdout)
     assert doc["verdict"] == "differs" and doc["explain"]["first_step"] == 2
+
+
+# ------------------------------------------------------------------ lab's checklist
+
+RESEEDS = """
+import os
+import torch
+torch.manual_seed(42)  # RESEED
+m = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    m(torch.randn(8, 4)).square().mean().backward()
+    opt.step()
+os.makedirs("out", exist_ok=True)
+torch.save(m.state_dict(), "out/m.pt")
+"""
+
+
+@pytest.mark.slow
+def test_lab_checklist_says_the_script_s_seed_and_no_dataloader(tmp_path: Path) -> None:
+    from manifest.canonical import load_manifest
+    from manifest.lab.checklist import checklist
+    from manifest.lab.report import LabReport
+    from manifest.models import LoaderSeed
+
+    repo = make_repo(tmp_path / "repo", {"reseeds.py": RESEEDS}, example=False)
+    proc = manifest_cli("lab", "--json", "--runs", "2", "--threads", "1", "--artifact",
+                        "out/*.pt", "--", "python", "reseeds.py", cwd=repo, timeout=900)
+    assert proc.returncode == 0, proc.stderr.decode()
+    report = LabReport.model_validate_json(proc.stdout)
+    checks = {c.name: c for c in report.checklist}
+    seeded = checks["seeded"].detail
+    line = next(i for i, t in enumerate(RESEEDS.splitlines(), 1) if "RESEED" in t)
+    assert f"reseeds.py:{line} reseeds torch_cpu" in seeded, seeded
+    assert "torch.manual_seed(42)" in seeded and "before any draw" in seeded, seeded
+    workers = checks["DataLoader workers"]
+    assert workers.detail.startswith("not used"), workers
+    # Control: the same checklist over a capture of the script, once with a DataLoader
+    # iterator that started workers recorded in it: then it is not "not used".
+    proc = manifest_cli("capture", "-q", "--threads", "1", "--artifact", "out/*.pt", "--",
+                        "python", "reseeds.py", cwd=repo)
+    assert proc.returncode == 0, proc.stderr.decode()
+    run = load_manifest(proc.stdout)
+    same = {c.name: c for c in checklist(run, threads=1, default=report.default,
+                                         recipe=report.recipe)}
+    assert same["DataLoader workers"].detail.startswith("not used")
+    first = run.randomness.processes[0].model_copy(update={"loaders": [
+        LoaderSeed(base_seed="7", workers=2, site="reseeds.py:9")]})
+    randomness = run.randomness.model_copy(
+        update={"processes": [first, *run.randomness.processes[1:]]})
+    used = {c.name: c for c in checklist(run.model_copy(update={"randomness": randomness}),
+                                         threads=1, default=report.default,
+                                         recipe=report.recipe)}
+    assert not used["DataLoader workers"].detail.startswith("not used")
+    assert "reseeds.py:9" in used["DataLoader workers"].detail

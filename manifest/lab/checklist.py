@@ -78,10 +78,14 @@ def _random(m: Manifest, recipe: ModeResult) -> list[Check]:
     rnd = m.randomness
     det = m.determinism
     seeded = [p for p in rnd.processes if p.seed is not None] if rnd is not None else []
+    reseeded = reseed_notes(m)
     checks = [
         Check(category="random state", name="seeded", status="pass",
-              detail=f"seed {rnd.seed if rnd else None} in {len(seeded)} process(es): python, "
-              "numpy, torch CPU and CUDA")
+              detail=f"seed {rnd.seed if rnd else None} from the launcher in {len(seeded)} "
+              "process(es): python, numpy, torch CPU and CUDA"
+              + "".join(f"; {note}" for note in reseeded[:2])
+              + (f"; and {len(reseeded) - 2} more seeding call(s)" if len(reseeded) > 2
+                 else ""))
         if seeded else
         Check(category="random state", name="seeded", status="fail",
               detail="no Python process was seeded by the launcher",
@@ -96,21 +100,55 @@ def _random(m: Manifest, recipe: ModeResult) -> list[Check]:
                             detail="not in force in every process: set and dict order of "
                             "str keys can change from run to run",
                             fix="export PYTHONHASHSEED=0 before python starts"))
-    if recipe.outcome == "nothing-compared":
+    loaders = [loader for p in (rnd.processes if rnd is not None else [])
+               for loader in p.loaders or []]
+    if not loaders:
+        checks.append(Check(category="random state", name="DataLoader workers", status="pass",
+                            detail="not used: the run started no DataLoader with worker "
+                            "processes"))
+        if recipe.outcome != "nothing-compared" and not recipe.bit_identical:
+            checks.append(Check(category="random state", name="unseeded source",
+                                status="warn",
+                                detail="the recipe runs differ with no DataLoader worker to "
+                                "blame: something no seed reaches feeds the run (os.urandom, "
+                                "a clock, an unseeded generator of another library)",
+                                fix="manifest explain names the first op and line where the "
+                                "runs part"))
+    elif recipe.outcome == "nothing-compared":
         checks.append(Check(category="random state", name="DataLoader workers", status="warn",
                             detail="not known: the runs compared nothing",
                             fix="manifest lab --artifact PATH (the weights file the script "
                                 "writes)"))
     elif recipe.bit_identical:
+        sites = sorted({loader.site for loader in loaders})
         checks.append(Check(category="random state", name="DataLoader workers", status="pass",
-                            detail="runs agree; under the launcher torch seeds each worker "
-                            "from the seeded generator"))
+                            detail=f"{len(loaders)} iterator(s) with workers "
+                            f"({', '.join(sites[:3])}); runs agree: under the launcher "
+                            "torch seeds each worker from the seeded generator"))
     else:
         checks.append(Check(category="random state", name="DataLoader workers", status="warn",
                             detail="the recipe runs differ: a worker or another generator may "
                             "be unseeded",
                             fix="DataLoader(..., **manifest.dataloader_kwargs(seed))"))
     return checks
+
+
+def reseed_notes(m: Manifest) -> list[str]:
+    """The script's own seeding calls, as capture's note says them: a call that reseeds
+    before any draw decides the seed in force, so a checklist that said only "seed 0"
+    would name a seed that reached nothing."""
+    notes = []
+    for rnd in m.randomness.processes if m.randomness is not None else []:
+        for call in rnd.reseeds or []:
+            if call.generators and not call.drawn:
+                notes.append(f"{call.site} reseeds {', '.join(call.generators)} "
+                             f"({call.call}({call.seed or ''})) before any draw: the "
+                             "launcher's seed does not reach them")
+            elif call.drawn:
+                notes.append(f"{call.site} reseeds {', '.join(call.generators)} after "
+                             f"{', '.join(call.drawn)} had been drawn from under the "
+                             "launcher's seed")
+    return list(dict.fromkeys(notes))  # every rank of a run reseeds at the same line
 
 
 def _hardware(m: Manifest, threads: int) -> list[Check]:
