@@ -108,6 +108,11 @@ def render_cli() -> str:
             out += ["| argument | meaning | default |", "|---|---|---|", *_option_rows(sub)]
             if sub.epilog:
                 out.append(f"\n{_cell(sub.epilog)}")
+            for action, _help, nested in _verbs(sub):  # a verb with actions (env lock|build)
+                out += [f"\n### {name} {action}\n",
+                        "```\n" + nested.format_usage().strip() + "\n```\n",
+                        f"{_cell(nested.description or '')}\n",
+                        "| argument | meaning | default |", "|---|---|---|", *_option_rows(nested)]
         return "\n".join(out) + "\n"
     finally:
         if old is None:
