@@ -1,0 +1,160 @@
+"""What recording each distribution by content costs the env probe and a whole capture.
+
+    python benchmarks/capture_env.py [--rounds 15] [--captures 7] [--against REV]
+
+Two measurements, each paired round by round so load on the machine hits
+both sides alike:
+
+1. In this process (``--rounds``): the package scan the env probe did before
+   (``installed_distributions``) against it plus what it adds now
+   (``probe_distributions``, ``probe_sources``, ``environment_digest``),
+   with the record cache warm (the usual capture: every RECORD unchanged since
+   the last one) and cold (``use_cache=False``: every RECORD read, as after a
+   fresh install of everything).
+2. ``manifest capture -q`` of a small git repository as subprocesses
+   (``--captures``; 0 skips it): the source tree at ``REV`` (default: the commit
+   before distribution records were added) against this tree, with the cache
+   warm and cold (an empty ``XDG_CACHE_HOME`` each round), in CPU seconds of
+   the child (on a machine shared with other work, wall time mostly measures
+   the others).
+
+Printed: medians, and the median of the paired ratios after / before and of
+the paired differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "benchmarks"))
+
+BEFORE_RECORDS = "199c525"
+"""The last commit whose capture recorded names and versions only."""
+
+
+def _timed(f: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_timed(f: Callable[[], object]) -> float:
+    t0 = time.process_time()
+    f()
+    return time.process_time() - t0
+
+
+def probe_rounds(rounds: int, timer: Callable[[Callable[[], object]], float],
+                 ) -> dict[str, list[float]]:
+    from manifest.probes.distributions import (
+        environment_digest,
+        probe_distributions,
+        probe_sources,
+    )
+    from manifest.probes.env import installed_distributions
+
+    cache = Path(tempfile.mkdtemp(prefix="manifest-bench-cache-")) / "distributions.json"
+
+    def after(use_cache: bool) -> None:
+        packages = installed_distributions()
+        found = probe_distributions(cache_file=cache, use_cache=use_cache)
+        probe_sources()
+        environment_digest({n: d for n, d in found.items() if n in packages})
+
+    after(True)  # fill the cache and the page cache
+    rows: dict[str, list[float]] = {"before": [], "after, cache warm": [],
+                                    "after, cache cold": []}
+    for _ in range(rounds):
+        rows["before"].append(timer(installed_distributions))
+        rows["after, cache warm"].append(timer(lambda: after(True)))
+        rows["after, cache cold"].append(timer(lambda: after(False)))
+    return rows
+
+
+def capture_rounds(rounds: int, rev: str) -> dict[str, list[float]]:
+    from capture_latency import make_repo, tree_argv
+
+    tmp = Path(tempfile.mkdtemp(prefix="manifest-bench-"))
+    old = tmp / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "archive", rev, "manifest"], cwd=HERE,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    repo = make_repo(tmp)
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    warm_cache = tmp / "cache-warm"
+
+    def run(argv: list[str], cache_home: Path) -> float:
+        """CPU seconds (user + sys) of one capture: wall time on a shared machine is mostly
+        other people's load."""
+        env = dict(base, XDG_CACHE_HOME=str(cache_home))
+        cpu0 = _child_cpu()
+        proc = subprocess.run(argv, cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"capture failed: {proc.stderr.decode(errors='replace').strip()}")
+        return _child_cpu() - cpu0
+
+    before, after = tree_argv(old), tree_argv(HERE)
+    run(before, warm_cache)
+    run(after, warm_cache)
+    rows: dict[str, list[float]] = {f"capture at {rev}": [], "capture, cache warm": [],
+                                    "capture, cache cold": []}
+    for n in range(rounds):
+        rows[f"capture at {rev}"].append(run(before, warm_cache))
+        rows["capture, cache warm"].append(run(after, warm_cache))
+        rows["capture, cache cold"].append(run(after, tmp / f"cache-cold-{n}"))
+    return rows
+
+
+def report(rows: dict[str, list[float]], unit: float, unit_name: str) -> None:
+    names = list(rows)
+    before = rows[names[0]]
+    print(f"{'':28} {'median ' + unit_name:>12} {'min ' + unit_name:>10} {'× before':>10}")
+    for name in names:
+        ratio = statistics.median(a / b for a, b in zip(rows[name], before, strict=True))
+        print(f"{name:28} {statistics.median(rows[name]) * unit:12.2f} "
+              f"{min(rows[name]) * unit:10.2f} {ratio:10.2f}")
+    for name in names[1:]:
+        extra = statistics.median(a - b for a, b in zip(rows[name], before, strict=True))
+        print(f"{name}: +{extra * unit:.2f} {unit_name} median of the paired rounds")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--captures", type=int, default=7)
+    parser.add_argument("--against", default=BEFORE_RECORDS, metavar="REV")
+    args = parser.parse_args()
+    from manifest.probes.env import installed_distributions
+
+    print(f"{len(installed_distributions())} distributions on this interpreter's path")
+    print(f"\nenv probe, in process, wall ({args.rounds} paired rounds)")
+    report(probe_rounds(args.rounds, _timed), 1e3, "ms")
+    print(f"\nenv probe, in process, CPU ({args.rounds} paired rounds)")
+    report(probe_rounds(args.rounds, _cpu_timed), 1e3, "ms")
+    if args.captures:
+        print(f"\nmanifest capture -q of a small repository, CPU (user+sys) "
+              f"({args.captures} paired rounds)")
+        report(capture_rounds(args.captures, args.against), 1.0, "s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
