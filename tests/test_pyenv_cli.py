@@ -91,12 +91,9 @@ def test_env_refuses_a_hostile_index_and_a_missing_folder(
 
 
 def test_the_cli_reference_lists_the_env_actions_and_their_options() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
-    try:
-        import gen_ref
-    finally:
-        sys.path.pop(0)
-    page = gen_ref.render("reference/cli.md")
+    from tests.test_docs_reference import _gen_ref
+
+    page = _gen_ref().render("reference/cli.md")
     for heading in ("### env lock", "### env build"):
         assert heading in page
     for option in ("--find-links DIR", "--index-url URL", "--trust", "-o, --out FILE"):
