@@ -8,10 +8,15 @@ and renamed into it (``rename`` on one file system is atomic), so a reader sees 
 environment or none; when two rebuilds race, the first rename wins and the second
 discards its copy.
 
-A hit is re-proven, not believed: every file is hashed again against the record
-(``manifest.pyenv.prove``), because the venv is a folder a re-run's script could write
-to. uv's own cache is never linked into it (``--link-mode copy``), so editing a rebuilt
-file cannot reach the cache either.
+A hit is not believed blindly, because the venv is a folder a re-run's script could write
+to. The stamp holds the proof made at build time and :func:`files_stamp`, a digest of
+every file's path, size, mtime, ctime and inode in site-packages (``__pycache__`` left
+out: running the venv writes it). When that digest is unchanged the stored proof stands
+(a stat per file: ~0.1 s for torch's ~15,000); when anything was written, every file is
+hashed again against the record (``manifest.pyenv.prove``, ~3 s for torch), so an edit is
+named. ctime cannot be set back by a process, so restoring mtime does not hide an edit.
+uv's own cache is never linked into the venv (``--link-mode copy``): editing a rebuilt
+file cannot reach the cache.
 """
 
 from __future__ import annotations
@@ -45,6 +50,25 @@ def environment_key(python: str, pins: list[Pin]) -> str:
     lines = [KEY_FORMAT, f"python {python}"]
     lines += sorted(f"{p.name} {p.version} {p.files or '-'} {p.kind}" for p in pins)
     return "blake3:" + blake3.blake3("\n".join(lines).encode("utf-8")).hexdigest()
+
+
+def files_stamp(site: Path) -> str:
+    """``blake3:<hex>`` over (path, size, mtime_ns, ctime_ns, inode) of every file under
+    ``site``, in path order, ``__pycache__`` folders left out."""
+    lines = []
+    for folder, dirs, files in os.walk(site):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            rel = os.path.relpath(path, site)
+            lines.append(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}")
+    lines.sort()
+    return "blake3:" + blake3.blake3("\n".join(lines).encode("utf-8", "surrogateescape")
+                                     ).hexdigest()
 
 
 def _folder(root: Path, key: str) -> Path:

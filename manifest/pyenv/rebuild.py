@@ -170,9 +170,12 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
     key = cache.environment_key(manifest.env.python, pins)
     hit = cache.lookup(root, key)
     if hit is not None:
-        folder, _stamp = hit
-        proof = prove_pins(site_packages(folder), pins)
-        return BuiltEnvironment(folder / "bin" / "python", proof, True, plan, key)
+        folder, stamp = hit
+        site = site_packages(folder)
+        kept = Proof.from_json(stamp.get("proof"))
+        if kept is None or stamp.get("files") != cache.files_stamp(site):
+            kept = prove_pins(site, pins)  # something was written since: hash every file
+        return BuiltEnvironment(folder / "bin" / "python", kept, True, plan, key)
     installable = [p for p in pins if p.kind in ("index", "archive")]
     located: dict[str, Archive] = {}
     for pin in installable:
@@ -197,8 +200,10 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
                      "--link-mode", "copy", "--python", str(built / "bin" / "python"),
                      *(["--require-hashes"] if hashed else []), "-r", str(reqs)],
             "install the run's distributions")
-        proof = prove_pins(site_packages(built), pins)
-        folder = cache.publish(root, key, built, {"proof": proof.to_json()})
+        site = site_packages(built)
+        proof = prove_pins(site, pins)
+        folder = cache.publish(root, key, built, {"proof": proof.to_json(),
+                                                  "files": cache.files_stamp(site)})
     except BaseException:
         cache.discard(built)
         raise

@@ -372,10 +372,12 @@ def plan_sources(recorded: Any, *, find_links: Iterable[str | Path] = (),
     if trust.allowed:
         indexes += [u for u in rec_indexes if u not in indexes]
         links += [f for f in rec_links if f not in links]
-        withheld = unusable
+        withheld = [u for u in unusable if u not in indexes and u not in links
+                    and u.removeprefix("file://") not in links]
     else:
         withheld = [u for u in rec_indexes + rec_links + unusable
-                    if u not in indexes and u not in links]
+                    if u not in indexes and u not in links
+                    and u.removeprefix("file://") not in links]
     withheld += [p.withheld_url for p in pins if p.withheld_url]
     return SourcePlan(tuple(links), tuple(indexes), tuple(withheld), trust.reason,
                       trust.allowed)
