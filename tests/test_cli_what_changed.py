@@ -157,3 +157,64 @@ def test_a_readme_only_commit_is_bits_and_says_the_outputs_are_identical(
     assert status == 1
     assert lines == ["code: the commits differ in 1 file(s):",
                      "  train.py +1 -1, line 2: - lr = 0.1 + lr = 0.3"]
+
+
+# ------------------------------------------------------------- folded drift
+
+CUDA_PACKAGES = ["nvidia-cublas", "nvidia-cuda-runtime", "nvidia-cudnn-cu13", "nvidia-nccl-cu13",
+                 "nvidia-nvjitlink", "triton", "cuda-bindings"]
+
+
+def _cuda_build_run(repo: GitRepo, env: dict[str, str], *, devices: list[str]) -> str:
+    """A run recorded under a CUDA build of torch (a colleague's), re-sealed: verify and
+    diff compare it with this machine's CPU build."""
+    from manifest.canonical import seal
+
+    doc, _ = _capture(repo, env, "python", "-c", "pass")
+    e = doc["env"]
+    e.update(torch="9.9.1+cu130", torch_cuda="13.0", cudnn="9.13.0", nccl="2.27.7",
+             numpy="0.0.1", unavailable={})
+    e["packages"].update({name: "13.0.1" for name in CUDA_PACKAGES},
+                         torch="9.9.1+cu130", numpy="0.0.1")
+    for proc in doc["determinism"]["processes"]:
+        proc["devices"] = devices
+    name = f"cuda{len(devices)}.json"
+    (repo.path / name).write_text(seal(doc).model_dump_json(by_alias=True), encoding="utf-8")
+    return name
+
+
+def test_verify_folds_a_torch_builds_cuda_libraries_and_says_each_fact_once(
+        repo: GitRepo, cli_env: dict[str, str]) -> None:
+    repo.write(".gitignore", "*.json\n")
+    repo.commit("ignore")
+    name = _cuda_build_run(repo, cli_env, devices=[])
+    result = run_cli("verify", "--no-rerun", name, cwd=repo.path, env=cli_env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    drift = [line for line in result.text.splitlines() if line.startswith("drift")]
+    assert len(drift) == 3, drift
+    assert drift[0].startswith("drift (bits): torch 9.9.1+cu130 → ")
+    assert "the CUDA libraries with it differ too (torch CUDA build 13.0 → none" in drift[0]
+    assert "7 package(s): nvidia-cublas" in drift[0]
+    assert drift[0].endswith("; this run used no GPU")
+    assert drift[1].startswith("drift (bits): numpy 0.0.1 → ")  # once, not again as a package
+    assert drift[2].startswith("drift (benign): ") and "--verbose lists them" in drift[2]
+    # --verbose: every line, the reasons for what was not recorded among them.
+    verbose = run_cli("verify", "--no-rerun", "--verbose", name, cwd=repo.path, env=cli_env,
+                      timeout=300)
+    lines = [line for line in verbose.text.splitlines() if line.startswith("drift")]
+    assert len(lines) > 15 and any("reason for" in line for line in lines)
+    assert any("package nvidia-cublas 13.0.1 → not installed" in line for line in lines)
+    # Positive control: a run that did compute on a GPU is not said to have used none.
+    gpu = _cuda_build_run(repo, cli_env, devices=["cuda:0"])
+    result = run_cli("verify", "--no-rerun", gpu, cwd=repo.path, env=cli_env, timeout=300)
+    assert "the CUDA libraries with it differ too" in result.text
+    assert "used no GPU" not in result.text
+    # diff folds the same rows the same way.
+    diff = run_cli("diff", "run.json", name, cwd=repo.path, env=cli_env, timeout=300)
+    assert diff.returncode == 1
+    text = " ".join(diff.text.split())
+    assert "the CUDA libraries with it differ too" in text and "neither run used a GPU" in text
+    assert "nvidia-nvjitlink" not in text and "--verbose lists them" in text
+    diff = run_cli("diff", "--verbose", "run.json", name, cwd=repo.path, env=cli_env,
+                   timeout=300)
+    assert "nvidia-nvjitlink" in diff.text

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from manifest.rerun.plan import RerunPlan
-    from manifest.verify.report import VerifyReport
+    from manifest.verify.report import Drift, VerifyReport
 
 
 def _console(file: TextIO | None = None) -> Console:
@@ -208,7 +208,8 @@ def render_verify(report: VerifyReport, file: TextIO | None = None, *,
                       + f"; see {markup(str(job['where']))}")
     for sentence in report.outside_recipe:  # before any verdict detail: it qualifies them all
         console.print(f"[yellow]outside the recipe[/yellow]: {markup(sentence)}")
-    for impact, reason in folded_drift(report.drift, verbose=verbose):
+    for impact, reason in folded_drift(folded_environment(report.drift, verbose=verbose),
+                                       verbose=verbose):
         tag = "[red]bits[/red]" if impact == "bits" else "benign"
         console.print(f"drift ({tag}): {markup(reason)}")
     if report.bits_drift and report.verdict != "identical":
@@ -250,6 +251,64 @@ def render_verify(report: VerifyReport, file: TextIO | None = None, *,
                       f"step {op.step}, {op.tensor}: {op.kind} (vs the recorded op stream)")
     elif report.trail_compared and report.first_divergent_step is None:
         console.print("step trails agree at every recorded step")
+
+
+SAME_FACT = {"env.packages[numpy]": "env.numpy", "env.packages[torch]": "env.torch"}
+"""A package line that repeats the dedicated line of the same library."""
+NOT_RECORDED = ("env.unavailable[", "hardware.unavailable[")
+"""Why a fact was not recorded: the fact itself has its own line."""
+
+
+def folded_environment(drift: list[Drift], *, verbose: bool = False) -> list[Drift]:
+    """The drift lines a reader needs, each fact once (``verbose``: every line as found).
+
+    * the CUDA side of a torch build (its CUDA build, cuDNN, NCCL, ``nvidia-*``,
+      ``triton``, ``cuda-*``) folds into torch's line, with "this run used no GPU"
+      when verify found that (a cu130 build against a cpu one gave 20 such lines);
+    * ``env.packages[numpy]`` goes where ``env.numpy`` says the same change;
+    * the reasons a fact was not recorded fold into one counted line.
+
+    The JSON report keeps every line.
+    """
+    if verbose:
+        return list(drift)
+    from dataclasses import replace
+
+    from manifest.verify.pipeline import NO_GPU, cuda_family
+    from manifest.verify.report import Drift
+
+    paths = {d.path for d in drift}
+    family = [d for d in drift if cuda_family(d.path)]
+    no_gpu = "; this run used no GPU" if NO_GPU in paths and family else ""
+    packages = [d.path.removeprefix("env.packages[").removesuffix("]") for d in family
+                if d.path.startswith("env.packages[")]
+    facts = [d.reason.split(":", 1)[0] for d in family if not d.path.startswith("env.packages[")]
+    if packages:
+        shown = ", ".join(packages[:3]) + (f" and {len(packages) - 3} more"
+                                            if len(packages) > 3 else "")
+        facts.append(f"{len(packages)} package(s): {shown}")
+    with_it = f"the CUDA libraries with it differ too ({'; '.join(facts)}){no_gpu}"
+    out: list[Drift] = []
+    hidden = 0
+    torch_line = "env.torch" in paths
+    for d in drift:
+        if d.path.startswith(NOT_RECORDED):
+            hidden += 1
+        elif (d.path == NO_GPU and family) or (d.path in SAME_FACT
+                                               and SAME_FACT[d.path] in paths):
+            continue
+        elif d.path == "env.torch" and family:
+            out.append(replace(d, reason=f"{d.reason}; {with_it}"))
+        elif d in family:
+            if not torch_line and d is family[0]:
+                impact = "bits" if any(f.impact == "bits" for f in family) else "benign"
+                out.append(Drift("env.packages", impact, f"torch's build: {with_it}"))
+        else:
+            out.append(d)
+    if hidden:
+        out.append(Drift("env.unavailable", "benign", f"{hidden} fact(s) not recorded on one "
+                         "side, each with its reason (--verbose lists them)"))
+    return out
 
 
 NO_DRIVER = "no NVIDIA driver"

@@ -53,6 +53,44 @@ def _folded(rows: tuple[Difference, ...]) -> list[Difference | tuple[int, str]]:
     return out
 
 
+def environment_rows(rows: tuple[Difference, ...], *, no_gpu: bool = False,
+                     ) -> tuple[tuple[Difference, ...], int]:
+    """(rows, hidden reasons): the CUDA side of a torch build folded into torch's row, a
+    package row that repeats ``env.numpy`` or ``env.torch`` left out, and the rows saying
+    why a fact was not recorded counted, not listed (``manifest.cli.render
+    .folded_environment`` does the same to verify's drift)."""
+    from dataclasses import replace
+
+    from manifest.cli.render import NOT_RECORDED, SAME_FACT
+    from manifest.verify.pipeline import cuda_family
+
+    paths = {d.path for d in rows}
+    family = [d for d in rows if cuda_family(d.path)]
+    packages = [d.path.removeprefix("env.packages[").removesuffix("]") for d in family
+                if d.path.startswith("env.packages[")]
+    facts = [d.reason.split(":", 1)[0] for d in family if not d.path.startswith("env.packages[")]
+    if packages:
+        facts.append(f"{len(packages)} package(s): " + ", ".join(packages[:3])
+                     + (f" and {len(packages) - 3} more" if len(packages) > 3 else ""))
+    with_it = (f"the CUDA libraries with it differ too ({'; '.join(facts)})"
+               + ("; neither run used a GPU" if no_gpu else ""))
+    out: list[Difference] = []
+    hidden = 0
+    for d in rows:
+        if d.path.startswith(NOT_RECORDED):
+            hidden += 1
+        elif d.path in SAME_FACT and SAME_FACT[d.path] in paths:
+            continue
+        elif d.path == "env.torch" and family:
+            out.append(replace(d, reason=f"{d.reason}; {with_it}"))
+        elif d in family:
+            if "env.torch" not in paths and d is family[0]:
+                out.append(replace(d, reason=f"torch's build: {with_it}"))
+        else:
+            out.append(d)
+    return tuple(out), hidden
+
+
 def _summary(result: ManifestDiff) -> str:
     n_bits, n_benign = len(result.bits), len(result.benign)
     if not result.differences:
@@ -86,9 +124,13 @@ def render_diff(
     fold: bool = True,
     file: TextIO | None = None,
     code: tuple[str, ...] | list[str] = (),
+    verbose: bool = True,
+    no_gpu: bool = False,
 ) -> None:
     """A readable report: the non-determinism note, a header, the table, what changed in
-    the code (``code``: ``manifest.nodes.patches.code_report``'s lines), a summary line."""
+    the code (``code``: ``manifest.nodes.patches.code_report``'s lines), a summary line.
+    Without ``verbose`` the environment rows are folded as verify folds its drift
+    (:func:`environment_rows`; ``no_gpu``: neither run recorded a CUDA device)."""
     from rich.table import Table
 
     from manifest.cli.text import make_console
@@ -113,6 +155,9 @@ def render_diff(
     console.print(f"[bold]b[/bold] {escape(b_file)}  run_id {escape(show_value(result.b_run_id))}"
                   f"  ({same})", soft_wrap=True)
     rows = result.selected(only)
+    hidden = 0
+    if not verbose:
+        rows, hidden = environment_rows(rows, no_gpu=no_gpu)
     if rows:
         table = Table(show_header=True, header_style="bold", show_lines=False)
         table.add_column("impact", no_wrap=True)
@@ -130,6 +175,9 @@ def render_diff(
             section = row.section if (row.impact, row.section) != previous else ""
             previous = (row.impact, row.section)
             table.add_row(impact, escape(section), escape(row.reason))
+        if hidden:
+            table.add_row("", "", f"[dim]{hidden} fact(s) not recorded on one side, each with "
+                          "its reason: --verbose lists them[/dim]")
         console.print(table)
     elif only is not None and result.differences:
         console.print(f"No {only.value} differences.")

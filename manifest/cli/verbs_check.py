@@ -47,6 +47,9 @@ def register_diff(sub: argparse._SubParsersAction[Parser]) -> None:
     add_format_option(p, what="the differences")
     p.add_argument("--only", choices=["bits", "benign"], help="list only these differences")
     p.add_argument("--all", action="store_true", help="do not fold long runs of similar rows")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every environment row: each CUDA library of a torch build, "
+                   "and why each fact was not recorded")
     p.set_defaults(func=_cmd_diff)
 
 
@@ -102,8 +105,9 @@ def _diff(args: argparse.Namespace) -> int:
 
         code = code_report(a, b, roots, outputs_identical=result.outputs == "identical",
                            only_code=all(d.section == "code" for d in result.bits))
+        no_gpu = not any(p.devices for m in (a, b) for p in m.determinism.processes)
         render_diff(result, a_file=args.a, b_file=args.b, only=only, fold=not args.all,
-                    code=code)
+                    code=code, verbose=args.verbose, no_gpu=no_gpu)
     return result.exit_code
 
 

@@ -76,11 +76,32 @@ def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
     if nodes is not None:  # a merged run: this machine against node 0
         doc["hardware"] = dict(doc["hardware"], nodes=nodes)
     today = seal(doc)
-    return [
+    found = [
         Drift(d.path, d.impact.value, d.reason, d.change.value)
         for d in diff_manifests(base, today).differences
         if d.section in ("env", "hardware")
     ]
+    procs = recorded.determinism.processes
+    if procs and not any(p.devices for p in procs) and any(
+            cuda_family(d.path) for d in found):
+        found.append(Drift(NO_GPU, "benign", "this run used no GPU: no process of it recorded "
+                           "a CUDA device, so the CUDA libraries computed none of its results"))
+    return found
+
+
+NO_GPU = "determinism.processes[*].devices"
+"""The path of the drift line saying that a run whose CUDA libraries drifted used no GPU."""
+CUDA_FACTS = ("env.torch_cuda", "env.cudnn", "env.nccl", "env.cuda_runtime")
+CUDA_PACKAGES = ("nvidia-", "triton", "pytorch-triton", "cuda-")
+
+
+def cuda_family(path: str) -> bool:
+    """A drift path of the CUDA side of a torch build: the CUDA build, cuDNN and NCCL it
+    reports, and the distributions it loads (``nvidia-*``, ``triton``, ``cuda-*``)."""
+    if path in CUDA_FACTS:
+        return True
+    name = path.removeprefix("env.packages[").removesuffix("]")
+    return path.startswith("env.packages[") and name.startswith(CUDA_PACKAGES)
 
 
 def threads_drift(recorded: Manifest, threads: int | None) -> list[Drift]:
