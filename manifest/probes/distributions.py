@@ -38,6 +38,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -57,13 +58,84 @@ FILES_FORMAT = "manifest-record/v1"
 
 INSTALLER_FILES = frozenset({
     "INSTALLER", "REQUESTED", "direct_url.json", "RECORD", "RECORD.jws", "RECORD.p7s",
-    "uv_cache.json", "uv_build.json", "delvewheel.json",
+    "uv_cache.json", "uv_build.json",
 })
 """Files an installer writes into ``*.dist-info`` of its own (not from the wheel)."""
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 
 _DIST_SUFFIXES = (".dist-info", ".egg-info")
+
+SELF = "manifest"
+"""Our own distribution is left out: its version is in observed, not identity."""
+
+_NORMALISE = re.compile(r"[-_.]+")
+
+
+def normalise_name(name: str) -> str:
+    """PEP 503 normalised distribution name."""
+    return _NORMALISE.sub("-", name).lower()
+
+
+def _metadata_headers(path: Path) -> tuple[str, str] | None:
+    """Name and Version from a distribution's metadata file, without the email parser.
+
+    Core metadata is RFC 822 headers; Name and Version are single-line fields
+    that come first, so reading up to the first blank line suffices.
+    """
+    if path.is_dir():
+        for candidate in ("METADATA", "PKG-INFO"):
+            if (path / candidate).is_file():
+                path = path / candidate
+                break
+        else:
+            return None
+    name = version = None
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if not line.strip():
+                break
+            key, sep, value = line.partition(":")
+            if not sep or line[0] in " \t":
+                continue
+            key = key.strip().lower()
+            if key == "name" and name is None:
+                name = value.strip()
+            elif key == "version" and version is None:
+                version = value.strip()
+    if not name or not version:
+        return None
+    return normalise_name(name), version
+
+
+def distribution_paths() -> list[str]:
+    """``sys.path`` minus the entry Python put first for the script or ``-m``/``-c`` (cwd).
+
+    That entry depends on how manifest was started (console script, ``python
+    -m``, from which directory), not on what is installed; an ``*.egg-info``
+    lying in the working directory must not change the run's identity.
+    """
+    if sys.flags.safe_path:
+        return list(sys.path)
+    return list(sys.path[1:])
+
+
+def dist_name_version(site: Path, dirname: str) -> tuple[str, str] | None:
+    """Normalised name and version of the ``*.dist-info``/``*.egg-info`` ``dirname`` in ``site``.
+
+    Read from the ``name-version.dist-info`` directory name, which installers
+    write from the metadata (wheel spec: name normalised with ``_``, so
+    exactly one ``-``); anything else (egg-info of develop installs, unusual
+    names) is read from its metadata headers.
+    """
+    stem = dirname.rsplit(".", 1)[0]
+    parts = stem.split("-")
+    if dirname.endswith(".dist-info") and len(parts) == 2 and all(parts):
+        return normalise_name(parts[0]), parts[1]
+    try:
+        return _metadata_headers(site / dirname)
+    except (OSError, ValueError):
+        return None
 
 
 # ------------------------------------------------------------------ RECORD
@@ -253,8 +325,6 @@ def locate_distributions(paths: Iterable[str]) -> dict[str, tuple[str, Path, Pat
     :func:`manifest.probes.env.installed_distributions` (which is this
     function without the paths); the tool's own distribution is left out.
     """
-    from manifest.probes.env import SELF, dist_name_version
-
     found: dict[str, tuple[str, Path, Path]] = {}
     for entry in paths:
         try:
@@ -321,7 +391,7 @@ def probe_distributions(paths: Iterable[str] | None = None, *,
                         ) -> dict[str, Distribution]:
     """The record of each importable distribution (see the module docstring).
 
-    Over :func:`manifest.probes.env.distribution_paths` unless ``paths`` is
+    Over :func:`distribution_paths` unless ``paths`` is
     given. Reading every RECORD costs ~70 ms on a 220-distribution venv with
     torch (80,000 lines), against a capture of ~0.16 s, so each record is
     kept in a cache file (:func:`default_cache_file`) under the stat of its
@@ -330,8 +400,6 @@ def probe_distributions(paths: Iterable[str] | None = None, *,
     a stat per distribution (the whole warm probe: ~5 ms CPU here). The cache only saves
     reading RECORD again; the proof (:func:`prove_distribution`) never uses it.
     """
-    from manifest.probes.env import distribution_paths
-
     located = locate_distributions(distribution_paths() if paths is None else paths)
     store = (cache_file or default_cache_file()) if use_cache else None
     cached = _load_cache(store) if store is not None else {}

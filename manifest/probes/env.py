@@ -25,12 +25,21 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
 
 from manifest.canonical import blake3_name, canonical_bytes
 from manifest.models import Container, Env
+from manifest.probes.distributions import (
+    _DIST_SUFFIXES,
+    environment_digest,
+    probe_distributions,
+    probe_sources,
+)
+from manifest.probes.distributions import SELF as SELF
+from manifest.probes.distributions import dist_name_version as dist_name_version
+from manifest.probes.distributions import distribution_paths as distribution_paths
+from manifest.probes.distributions import normalise_name as normalise_name
 
 NUMERICS_VARIABLES = frozenset({
     # reduction order / kernel choice on GPU
@@ -56,79 +65,6 @@ NUMERICS_VARIABLES = frozenset({
 })
 
 CONTAINER_DIGEST_VAR = "MANIFEST_CONTAINER_IMAGE_DIGEST"
-
-SELF = "manifest"
-"""Our own distribution is left out: its version is in observed, not identity."""
-
-_DIST_SUFFIXES = (".dist-info", ".egg-info")
-_NORMALISE = re.compile(r"[-_.]+")
-
-
-def normalise_name(name: str) -> str:
-    """PEP 503 normalised distribution name."""
-    return _NORMALISE.sub("-", name).lower()
-
-
-def _metadata_headers(path: Path) -> tuple[str, str] | None:
-    """Name and Version from a distribution's metadata file, without the email parser.
-
-    Core metadata is RFC 822 headers; Name and Version are single-line fields
-    that come first, so reading up to the first blank line suffices.
-    """
-    if path.is_dir():
-        for candidate in ("METADATA", "PKG-INFO"):
-            if (path / candidate).is_file():
-                path = path / candidate
-                break
-        else:
-            return None
-    name = version = None
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if not line.strip():
-                break
-            key, sep, value = line.partition(":")
-            if not sep or line[0] in " \t":
-                continue
-            key = key.strip().lower()
-            if key == "name" and name is None:
-                name = value.strip()
-            elif key == "version" and version is None:
-                version = value.strip()
-    if not name or not version:
-        return None
-    return normalise_name(name), version
-
-
-def distribution_paths() -> list[str]:
-    """``sys.path`` minus the entry Python put first for the script or ``-m``/``-c`` (cwd).
-
-    That entry depends on how manifest was started (console script, ``python
-    -m``, from which directory), not on what is installed; an ``*.egg-info``
-    lying in the working directory must not change the run's identity.
-    """
-    if sys.flags.safe_path:
-        return list(sys.path)
-    return list(sys.path[1:])
-
-
-def dist_name_version(site: Path, dirname: str) -> tuple[str, str] | None:
-    """Normalised name and version of the ``*.dist-info``/``*.egg-info`` ``dirname`` in ``site``.
-
-    Read from the ``name-version.dist-info`` directory name, which installers
-    write from the metadata (wheel spec: name normalised with ``_``, so
-    exactly one ``-``); anything else (egg-info of develop installs, unusual
-    names) is read from its metadata headers.
-    """
-    stem = dirname.rsplit(".", 1)[0]
-    parts = stem.split("-")
-    if dirname.endswith(".dist-info") and len(parts) == 2 and all(parts):
-        return normalise_name(parts[0]), parts[1]
-    try:
-        return _metadata_headers(site / dirname)
-    except (OSError, ValueError):
-        return None
-
 
 def installed_distributions(paths: list[str] | None = None) -> dict[str, str]:
     """``{normalised name: version}`` of the importable distributions.
@@ -254,12 +190,6 @@ def probe_env(cuda_driver: str | None = None, cuda_driver_reason: str | None = N
     if "numpy" not in packages:
         unavailable["numpy"] = "numpy is not installed"
     listing = sorted(f"{n}=={v}" for n, v in packages.items())
-    from manifest.probes.distributions import (
-        environment_digest,
-        probe_distributions,
-        probe_sources,
-    )
-
     distributions = {n: d for n, d in probe_distributions().items() if n in packages}
     return Env(
         python=python_version(),
