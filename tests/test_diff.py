@@ -276,7 +276,8 @@ def test_same_run_id_different_outputs_says_so_first() -> None:
     assert result.same_run_id
     nd = result.nondeterminism
     assert nd is not None
-    assert nd.message == "same inputs, different weights: the run is not deterministic here"
+    assert nd.message == ("same inputs, different weights: not deterministic, or an input "
+                          "the record misses")
     assert nd.tensors == (("model.safetensors", "fc.weight"),
                           ("model.safetensors", "norm.running_mean"))
     assert nd.first_divergent_step == 200

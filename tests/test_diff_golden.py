@@ -66,7 +66,8 @@ def test_golden_pair(
     if case == "same_run_id_outputs":
         assert doc["same_run_id"] is True
         assert doc["nondeterminism"]["message"] == (
-            "same inputs, different weights: the run is not deterministic here")
+            "same inputs, different weights: not deterministic, or an input the record "
+            "misses")
 
 
 @pytest.mark.parametrize("case", ["same_run_id_outputs", "observed_only", "tampered"])
@@ -78,7 +79,8 @@ def test_golden_table(
     out = capsys.readouterr().out
     assert code == EXIT[case]
     if case == "same_run_id_outputs":
-        assert out.startswith("same inputs, different weights: the run is not deterministic")
+        assert out.startswith("same inputs, different weights: not deterministic, or an "
+                              "input the record misses\n")
         assert "differing tensors: fc.weight (model.safetensors)" in out
         assert "first divergent step: 200" in out
     if case == "observed_only":

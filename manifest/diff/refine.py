@@ -156,7 +156,10 @@ def find_nondeterminism(found: list[Difference]) -> NonDeterminism | None:
             steps.append(loc[4])
     weights = "weights" if artifacts else "outputs"
     return NonDeterminism(
-        message=f"same inputs, different {weights}: the run is not deterministic here",
+        # The record can miss an input (a non-Python child reading the environment, a read
+        # around os.environ: the launcher hook's limits), so the sentence names both causes.
+        message=(f"same inputs, different {weights}: not deterministic, or an input "
+                 "the record misses"),
         tensors=tuple(tensors),
         artifacts=tuple(artifacts),
         first_divergent_step=min(steps) if steps else None,

@@ -25,7 +25,8 @@ A :class:`ManifestDiff` is plain frozen dataclasses over the models; its
       "counts": {"bits": 2, "benign": 1},          # over all differences
       "only": null | "bits" | "benign",            # the filter applied below
       "nondeterminism": null | {
-        "message": "same inputs, different weights: the run is not deterministic here",
+        "message": "same inputs, different weights: not deterministic, or an input the
+                    record misses",
         "tensors": [{"artifact": "model.safetensors", "tensor": "fc.weight"}],
         "artifacts": ["model.safetensors"],        # artifacts whose bytes differ
         "first_divergent_step": null | 120         # from the step trail, if any
