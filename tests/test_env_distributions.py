@@ -366,6 +366,24 @@ def test_diff_names_another_build_of_the_same_version() -> None:
         ("benign", "env.distributions[numpy].installer")]
 
 
+def test_an_environment_installed_by_another_installer_is_one_benign_line() -> None:
+    def run(installer: str) -> Manifest:
+        records = {f"lib{n}": {"version": "1.0", "tags": ["py3-none-any"],
+                               "installer": installer, "direct_url": None,
+                               "files": "blake3:" + f"{n}" * 64} for n in range(5)}
+        return _with_env(_golden(), packages={name: "1.0" for name in records},
+                         imported=list(records), distributions=records)
+
+    result = diff_manifests(run("pip"), run("uv"))
+    assert [(d.impact, d.reason) for d in result.differences] == [
+        ("benign", "installer pip → uv in 5 distributions (lib0, lib1, lib2 …): how it was "
+                   "installed, not what it holds: its files are compared on their own line")]
+    # positive control: a few stay one line each, named
+    few = diff_manifests(_run(), _run(numpy={"installer": "uv"}, tqdm={"installer": "uv"}))
+    assert [d.path for d in few.differences] == ["env.distributions[numpy].installer",
+                                                 "env.distributions[tqdm].installer"]
+
+
 def test_a_version_change_is_one_line() -> None:
     a = _run()
     doc = to_document(a)

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from manifest.diff.reasons import reason_for
+from manifest.diff.reasons import reason_for, show_value
 from manifest.diff.result import ChangeKind, Difference, Key
 from manifest.diff.rules import FALLBACK_RULE, REFINED, RULES, Impact, Rule
 
@@ -175,22 +175,27 @@ class Walker:
         version is compared by its record, and "same version, other files"
         is the line that matters (``bits`` where the version counts).
         """
+        how: dict[str, list[tuple[Key, Any, Any]]] = {}
         for name in sorted(a.keys() & b.keys(), key=_sort_key):
             da, db = a[name], b[name]
             if _same(da, db) or da.version != db.version:
                 continue
-            child_loc, child_path = (*loc, name), f"{path}[{name}]"
-            child_keys, child_pattern = (*keys, name), f"{pattern}[*]"
             for field in type(da).model_fields:
                 va, vb = getattr(da, field), getattr(db, field)
                 if va == vb:
                     continue
-                if field != "files":
-                    self.walk(va, vb, (*child_loc, field), f"{child_path}.{field}", child_keys,
-                              f"{child_pattern}.{field}", known_different=True)
-                    continue
-                self.found.append(self._files_difference(
-                    name, da, db, (*child_loc, field), f"{child_path}.{field}"))
+                if field == "files":
+                    self.found.append(self._files_difference(
+                        name, da, db, (*loc, name, field), f"{path}[{name}].{field}"))
+                else:
+                    how.setdefault(field, []).append((name, va, vb))
+        for field, changed in how.items():
+            if len(changed) > FOLD_OVER:
+                self.found.append(_folded(field, changed, loc, path, pattern))
+                continue
+            for name, va, vb in changed:
+                self.walk(va, vb, (*loc, name, field), f"{path}[{name}].{field}",
+                          (*keys, name), f"{pattern}[*].{field}", known_different=True)
 
     def _files_difference(self, name: Key, da: Any, db: Any, loc: tuple[Key, ...],
                           path: str) -> Difference:
@@ -219,6 +224,36 @@ class Walker:
             location=loc, path=path, rule=rule_name, change=change, impact=rule.impact,
             reason=reason_for(rule, change, a, b, keys, path), before=a, after=b,
         ))
+
+
+FOLD_OVER = 3
+"""More distributions than this whose installer, tags or direct URL differ are one line:
+an environment rebuilt by uv from one installed by pip differs in every installer."""
+
+
+def _folded(field: str, changed: list[tuple[Key, Any, Any]], loc: tuple[Key, ...], path: str,
+            pattern: str) -> Difference:
+    """One line for a how-installed field that differs in many distributions."""
+    rule_name = f"{pattern}[*].{field}"
+    rule = RULES[rule_name]
+    names = [str(name) for name, _, _ in changed]
+    shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
+    pairs = {(show_value(va), show_value(vb)) for _, va, vb in changed}
+    label = rule.label.replace("{keys[0]} ", "")
+    if len(pairs) == 1:
+        (before, after), = pairs
+        text = f"{label} {before} → {after} in {len(changed)} distributions ({shown})"
+    else:
+        text = f"{label} differs in {len(changed)} distributions ({shown})"
+    return Difference(
+        location=(*loc, "*", field), path=f"{path}[*].{field}", rule=rule_name,
+        change=ChangeKind.CHANGED, impact=rule.impact, reason=f"{text}: {rule.why}",
+        before={str(name): _json(va) for name, va, _ in changed},
+        after={str(name): _json(vb) for name, _, vb in changed})
+
+
+def _json(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
 
 _CUDA_SUFFIX = re.compile(r"-cu(\d+)$")
