@@ -101,9 +101,10 @@ def _diff(args: argparse.Namespace) -> int:
                                    trail=trail_between(a, b, "a vs b")).encode(), None)
     else:
         from manifest.cli.render_diff import render_diff
-        from manifest.nodes.patches import code_report
+        from manifest.nodes.patches import code_report, repository_of
 
-        code = code_report(a, b, roots, outputs_identical=result.outputs == "identical",
+        code = code_report(a, b, (repository_of(args.a), repository_of(args.b)),
+                           outputs_identical=result.outputs == "identical",
                            only_code=all(d.section == "code" for d in result.bits))
         no_gpu = not any(p.devices for m in (a, b) for p in m.determinism.processes)
         render_diff(result, a_file=args.a, b_file=args.b, only=only, fold=not args.all,

@@ -291,3 +291,18 @@ def code_report(a: Manifest, b: Manifest, roots: tuple[Path | None, Path | None]
                 f"{len(names)} files changed ({', '.join(names[:SHOWN])})")
         lines.append(f"code: only {what}; the outputs are identical.")
     return lines
+
+
+def repository_of(manifest_file: str) -> Path | None:
+    """The repository holding a manifest file (the nearest folder above it with ``.git``):
+    where its commit and its store are looked for; None for stdin or outside any."""
+    if manifest_file == "-":
+        return None
+    try:
+        here = Path(manifest_file).resolve().parent
+    except (OSError, RuntimeError):
+        return None
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
