@@ -89,3 +89,21 @@ def segments_verify(repo: Path, *args: str) -> tuple[int, dict[str, Any], str]:
 SEGMENT_KEYS = ("start", "end", "checkpoint", "verdict", "first_divergent_step",
                 "steps_compared", "end_checkpoints", "reason")
 """What a replayed stretch found (its time and job are where it ran)."""
+
+
+def recorded_on(manifest: Path, out: Path, name: str, count: int, *, mig: bool | None = None,
+                ecc: bool | None = None) -> Path:
+    """The run as if captured on ``count`` GPUs that NVML names ``name`` (what the fake
+    NVML records at capture), sealed here: what a cluster re-run must ask the engine for."""
+    from manifest.canonical import dumps, seal
+    from manifest.trust import record_sealed
+
+    doc = json.loads(manifest.read_bytes())
+    doc["hardware"]["gpus"] = [{"index": i, "name": name, "memory_bytes": 80 << 30,
+                                "compute_capability": "9.0", "mig_mode": mig,
+                                "ecc_mode": ecc} for i in range(count)]
+    doc["hardware"]["gpu_count"] = count
+    sealed = seal(doc)
+    out.write_bytes(dumps(sealed))
+    assert record_sealed(sealed.digest)
+    return out

@@ -36,6 +36,7 @@ temp dir (Ray's daemons), then SIGKILL to whatever is left after 5 s.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -115,6 +116,12 @@ class _Node:
 
     def start(self, env: dict[str, str], temp: str) -> None:
         self.stop()
+        if self.proc is not None:  # reaped before it is replaced (an unreaped one is a
+            try:                   # ResourceWarning, an error under the tests' filters)
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.stop(signal.SIGKILL)
+                self.proc.wait()
         ports = _ports()
         self.port, self.seen, self.starts = ports["node-manager-port"], False, self.starts + 1
         fd, _ = tempfile.mkstemp(prefix=f"{self.what}-", suffix=".log", dir=temp)
@@ -147,8 +154,11 @@ def _warm(env: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def ray_cluster(*, raylets: int = 1, cpus: int = 2) -> Iterator[str]:
-    """The Jobs API address of a Ray cluster of ``raylets`` nodes with ``cpus`` CPUs each."""
+def ray_cluster(*, raylets: int = 1, cpus: int = 2,
+                declare: dict[int, list[str]] | None = None) -> Iterator[str]:
+    """The Jobs API address of a Ray cluster of ``raylets`` nodes with ``cpus`` CPUs each;
+    ``declare`` adds ``ray start`` arguments to node I (0 is the head): GPUs and custom
+    resources, which Ray takes as declared."""
     temp = tempfile.mkdtemp(prefix="mfray-", dir="/tmp")  # socket paths must stay short
     at = {"port": free_port(), "dash": free_port()}
     # No idle workers started ahead of tasks: on a loaded machine they starve the raylet
@@ -165,16 +175,19 @@ def ray_cluster(*, raylets: int = 1, cpus: int = 2) -> Iterator[str]:
                     os.kill(pid, signal.SIGKILL)
             at.update(port=free_port(), dash=free_port())
         return ["--head", "--block", f"--num-cpus={cpus}", f"--temp-dir={temp}",
+                *(declare or {}).get(0, []),
                 f"--port={at['port']}", f"--dashboard-port={at['dash']}",
                 "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1",
                 "--include-dashboard=true", "--disable-usage-stats"]
 
-    def raylet_args() -> list[str]:
+    def raylet_args(i: int) -> list[str]:
         return ["--block", f"--address=127.0.0.1:{at['port']}", f"--num-cpus={cpus}",
-                "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+                "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+                *(declare or {}).get(i, [])]
 
     head = _Node(head_args, "head")
-    others = [_Node(raylet_args, f"raylet{i}") for i in range(1, raylets)]
+    others = [_Node(functools.partial(raylet_args, i), f"raylet{i}")
+              for i in range(1, raylets)]
     try:
         _warm(env)
         deadline = time.monotonic() + PATIENCE_S

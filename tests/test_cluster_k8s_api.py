@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster_runs import recorded_on
 from tests.k8s_api import fake_kube
 from tests.runs import capture, make_repo, manifest_cli
 
@@ -182,22 +183,6 @@ def test_dry_run_says_where_the_bundle_is_and_prints_json_when_asked(
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def _on_h100s(manifest: Path, out: Path) -> Path:
-    """The run as if captured on two H100s (what the fake NVML records), sealed here."""
-    from manifest.canonical import dumps, seal
-    from manifest.trust import record_sealed
-
-    doc = json.loads(manifest.read_bytes())
-    doc["hardware"]["gpus"] = [{"index": i, "name": H100, "memory_bytes": 80 << 30,
-                                "compute_capability": "9.0", "mig_mode": False,
-                                "ecc_mode": True} for i in range(2)]
-    doc["hardware"]["gpu_count"] = 2
-    sealed = seal(doc)
-    out.write_bytes(dumps(sealed))
-    assert record_sealed(sealed.digest)
-    return out
-
-
 def _node(name: str, product: str, gpus: int) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
             "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(gpus)}}}
@@ -206,7 +191,7 @@ def _node(name: str, product: str, gpus: int) -> dict[str, Any]:
 def test_the_recorded_gpu_model_is_asked_for_and_refused_where_no_node_has_it(
         recorded: tuple[Path, Path], tmp_path: Path) -> None:
     repo, manifest = recorded
-    h100 = _on_h100s(manifest, tmp_path / "h100.json")
+    h100 = recorded_on(manifest, tmp_path / "h100.json", H100, 2, mig=False, ecc=True)
     others = [_node("a", "NVIDIA-A100-SXM4-80GB", 8), _node("b", "NVIDIA-H100-80GB-HBM3", 1)]
     with fake_kube(tmp_path, claim_dir=_claim(repo), nodes=others) as (kube, env):
         code, _, stderr = _verify(repo, h100, env, "--claim", "bundles")

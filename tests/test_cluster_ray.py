@@ -1,9 +1,11 @@
 """``verify`` and ``explain --on ray`` against a real Ray cluster on 127.0.0.1, started and
 stopped here (issue 23).
 
-The cluster is ``tests.ray_cluster.ray_cluster`` (one raylet here, the head): its
-own session and a private temp dir; teardown stops the process groups and then any
-process left that names the temp dir (Ray's daemons), by pid.
+The cluster is ``tests.ray_cluster.ray_cluster`` (the head, and a second raylet that
+declares two GPUs of type H100 the way Ray does on such a node, ``--num-gpus 2`` and the
+``accelerator_type:H100`` resource, which Ray accepts on a CPU machine): its own session
+and a private temp dir; teardown stops the process groups and then any process left that
+names the temp dir (Ray's daemons), by pid.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tests.cluster_runs import (
     EXPLAIN_KEYS,
     SEGMENT_KEYS,
     explain_both,
+    recorded_on,
     segments_run,
     segments_verify,
     threads_manifest,
@@ -34,7 +37,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    with ray_cluster(raylets=1, cpus=2) as address:
+    declared = {1: ["--num-gpus=2", '--resources={"accelerator_type:H100": 1}']}
+    with ray_cluster(raylets=2, cpus=2, declare=declared) as address:
         yield address
 
 
@@ -106,6 +110,7 @@ def test_edited_patch_is_refused_on_arrival(ray_address: str, tmp_path: Path) ->
     class Plan:
         verb, argv = "verify", ("python", "run.py")
         topology: dict[str, int] = {}  # noqa: RUF012 - a stand-in read only
+        gpu = None
         settings = LaunchSettings(seed=0, derivation="same", threads=1, deterministic=True)
 
     executor = RayExecutor(cluster_options("ray", {"address": ray_address,
@@ -208,3 +213,35 @@ def test_segments_on_ray_run_as_jobs_side_by_side_and_find_what_a_local_replay_f
                    (client.get_job_info(j["job_id"]) for j in jobs))
     assert all(0 < a < b for a, b in spans), spans
     assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans
+
+
+def test_the_recorded_gpu_model_is_placed_on_the_raylet_that_declares_it(
+        ray_address: str, recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    repo, manifest = recorded
+    client = JobSubmissionClient(ray_address)
+    gpu_nodes = {n["node_id"] for n in _nodes(ray_address)
+                 if "accelerator_type:H100" in n["resources_total"]}
+    assert len(gpu_nodes) == 1
+    h100 = recorded_on(manifest, tmp_path / "h100.json", "NVIDIA H100 80GB HBM3", 2)
+    code, report, stderr = _verify(repo, h100, "--address", ray_address)
+    assert code == 0, stderr
+    info = client.get_job_info(report["job"]["job_id"])
+    assert info.driver_node_id in gpu_nodes  # placed where the model is
+    # refused where no raylet declares the model: one sentence, nothing submitted
+    before = len(client.list_jobs())
+    a100 = recorded_on(manifest, tmp_path / "a100.json", "NVIDIA A100-SXM4-80GB", 1)
+    code, _, stderr = _verify(repo, a100, "--address", ray_address)
+    assert code == 3, stderr
+    assert ('the run recorded 1 × "NVIDIA A100-SXM4-80GB" (accelerator_type:A100) per node '
+            'and the cluster has no node with them (it declares "H100")') in stderr
+    assert "nothing was submitted" in stderr
+    assert len(client.list_jobs()) == before
+
+
+def _nodes(address: str) -> list[dict[str, Any]]:
+    from ray.util.state import list_nodes
+
+    return [{"node_id": n.node_id, "resources_total": n.resources_total}
+            for n in list_nodes(address=address, detail=True) if n.state == "ALIVE"]

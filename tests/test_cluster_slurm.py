@@ -9,6 +9,7 @@ reason. The multi-node SLURM cases are in ``tests/test_cluster_nodes_e2e.py``.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from tests.cluster_runs import (
     EXPLAIN_KEYS,
     explain_both,
+    recorded_on,
     segments_run,
     segments_verify,
     threads_manifest,
@@ -53,11 +55,40 @@ def test_verify_on_slurm_local_executor_is_identical(tmp_path: Path) -> None:
 
 
 def test_verify_on_real_slurm(tmp_path: Path) -> None:
+    """A CPU run, then the same run as if recorded on two H100s: SLURM is asked for the typed
+    GRES (``.ci/slurm-up`` gives n1 two of type h100) and places it there; a model no node
+    has is refused before submission."""
     require_slurm()
     repo, manifest = _repo(tmp_path, local=False)
     proc = manifest_cli("verify", str(manifest), "--json", "--on", "slurm", cwd=repo,
                         timeout=600)
     assert proc.returncode == 0, proc.stderr.decode()
+    if "gpu:h100:2" not in subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G"],
+                                          capture_output=True, text=True, check=False,
+                                          timeout=120).stdout:
+        pytest.skip("this SLURM declares no h100 GRES (.ci/slurm-up configures one)")
+    h100 = recorded_on(manifest, tmp_path / "h100.json", "NVIDIA H100 80GB HBM3", 2)
+    proc = manifest_cli("verify", str(h100), "--json", "--on", "slurm", cwd=repo, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()
+    job = json.loads(proc.stdout)["job"]["job_id"]
+    shown = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True,
+                           text=True, check=False, timeout=120).stdout
+    assert "gpu:h100:2" in shown and "NodeList=n1" in shown, shown
+    a100 = recorded_on(manifest, tmp_path / "a100.json", "NVIDIA A100-SXM4-80GB", 1)
+    before = _jobs_seen()
+    proc = manifest_cli("verify", str(a100), "--json", "--on", "slurm", cwd=repo, timeout=600)
+    assert proc.returncode == 3, proc.stderr.decode()
+    assert ('the run recorded 1 × "NVIDIA A100-SXM4-80GB" (GRES gpu:a100) per node and the '
+            'cluster has no node with them (it declares "h100")') in proc.stderr.decode()
+    assert _jobs_seen() == before  # nothing submitted
+
+
+def _jobs_seen() -> int:
+    """The controller's next job id: it moves with every submission, even a refused one."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                         check=False, timeout=120).stdout
+    return next(int(line.split("=")[1]) for line in out.splitlines()
+                if line.startswith("NEXT_JOB_ID"))
 
 
 def test_explain_on_slurm_names_what_a_local_explain_names(tmp_path: Path) -> None:
