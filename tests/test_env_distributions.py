@@ -296,6 +296,16 @@ def test_sources_with_nothing_configured_say_so(tmp_path: Path) -> None:
     disabled = probe_sources({"HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull},
                              cwd=tmp_path, etc=Path("/etc"))
     assert "pip config" not in disabled.origin
+    offline = probe_sources({"HOME": str(tmp_path), "PIP_NO_INDEX": "1",
+                             "PIP_FIND_LINKS": "/srv/wheels"}, cwd=tmp_path, etc=tmp_path)
+    assert offline.indexes == [] and offline.find_links == ["/srv/wheels"]
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[tool.uv]\nindex-url = "https://proj.example/simple"\n')
+    found = probe_sources({"HOME": str(tmp_path)}, cwd=project / "sub", etc=tmp_path)
+    assert found.indexes == ["https://proj.example/simple"]
+    assert f"uv config {project / 'pyproject.toml'}" in found.origin
 
 
 # ------------------------------------------------------------ identity, diff
