@@ -5,11 +5,23 @@ where, and the blake3 of the value (``launch/boot/_manifest_environ``). This
 module makes ``determinism.processes[*].environ`` of that, and says what
 differs between a run and its re-run (verify).
 
-**What is kept.** Variables compared elsewhere are dropped, so one cause is
-one line: the numerics allow-list (``env.variables``), the code-path
-variables (``command.code_env``), the launcher's layout and NCCL variables
-(``command.topology``), rendezvous addresses and ports (they name machines, a
-fresh port per torchrun), and this tool's own ``MANIFEST_*``.
+**What is kept.** Variables compared elsewhere are dropped by their exact
+names, so one cause is one line: the numerics allow-list (``env.variables``),
+the code-path variables (``command.code_env``), the topology's launcher and
+NCCL variables (``command.topology``), rendezvous addresses and ports (they
+name machines, a fresh port per torchrun), and this tool's own control
+variables (:data:`LAUNCHER_VARIABLES`). Never by prefix: ``SLURM_ARRAY_TASK_ID``
+picks an honest sweep's hyper-parameter, and a script's own ``MANIFEST_LR`` or
+an ``NCCL_*`` the topology does not list is an input like any other.
+
+**No plain digest.** A plain blake3 of a short value is the value (a 4-digit
+PIN comes back from 10,000 guesses in 0.01 s), and no rule on names finds
+every secret (``ADMIN_PIN``, ``OTP``, ``DB_PW``). Each value is kept as a
+digest keyed with the user's key (:func:`keyed_digest`, below), and the read
+names the key by its blake3 (``key``): where the key is held, values compare;
+under another key, the value is "not compared" (:data:`OTHER_KEY`), the name,
+site and set/unset still are; without the key, no dictionary leads back to a
+value. No key (none can be read or made): site and set/unset only.
 
 **Secrets.** A name that looks like a secret's (``HF_TOKEN``,
 ``WANDB_API_KEY``: :func:`manifest.redact.is_secret_name`, the project's one
@@ -35,7 +47,10 @@ that two manifests with the same run_id and different outputs show
 non-determinism: a script run under ``LRSCALE=1`` and ``LRSCALE=2`` with one
 run_id would be called non-deterministic by diff. The cost is that a script
 that reads a machine's own names itself (``os.environ["HOME"]``,
-``os.environ["USER"]``) gets one run_id per machine; that is what it read.
+``os.environ["USER"]``) gets one run_id per machine; that is what it read. And
+since the digest is keyed, a script that reads any variable gets one run_id per
+key: two users capture the same run under two run_ids unless they share the
+key file.
 Reads by libraries (``os.path.expanduser`` reading ``HOME``, torch reading
 ``TORCH_HOME``) never count, nor do the variables above that vary per
 launch (``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``), so the

@@ -12,14 +12,16 @@ code and the seeds are the same. This hook of the launcher (installed by
 the first read of each variable, where it happened and the blake3 of the value
 it returned (UTF-8, ``surrogateescape``), or ``set: false`` when it was unset
 (``os.environ.get("LRSCALE", "1.0")`` falls back: that is an input too). The
-value itself never leaves the process. A value the project's one redactor
+value itself never leaves the process, and this plain digest never reaches a
+manifest: capture keys it with the user's key (``manifest.capture.environ``). A value the project's one redactor
 (``manifest/redact.py``: URL userinfo, token shapes, secret-named query
 parameters, the value of a secret-named variable …) would change is marked
 ``"secret": true``: ``DATABASE_URL=postgresql://alice:hunter2@db/prod`` has a
 secret-free name and a guessable digest (a dictionary of passwords gives
 ``hunter2`` back). ``manifest.capture.environ`` turns the record into
-``determinism.processes[*].environ``, keeping no plain digest of a secret
-(by name or by shape), and drops the variables compared elsewhere.
+``determinism.processes[*].environ``, keeping no plain digest of any value
+(a secret's, by name or by shape, not even a keyed one in identity), and drops
+the variables compared elsewhere by their exact names.
 
 What is hooked: ``os._Environ.__getitem__``, the one method that
 ``os.environ[...]``, ``.get``, ``os.getenv``, ``in``, ``.setdefault`` and
@@ -27,14 +29,22 @@ What is hooked: ``os._Environ.__getitem__``, the one method that
 tell a copy from a read. The rule, one sentence: **a read counts when the
 frame that asked for one named variable is the run's own code**, where
 
-* ``os`` and ``collections.abc`` frames are plumbing (``.get`` → the caller);
+* ``os`` and ``collections.abc`` frames are plumbing (``.get`` → the caller):
+  their file is theirs *and* their globals are their module's dict;
+* a frame is a library's by the code's real origin, not its file name, which
+  the script chooses (``compile(src, "<frozen os>", "exec")``, a site-packages
+  path): its globals must be an imported module's own dict (not
+  ``__main__``'s), and its file that frozen module's ``<frozen NAME>``
+  (``__spec__.origin == "frozen"``) or a real file under a library prefix
+  (:func:`_library`);
 * a C callable has no frame, so ``os.environ.__getitem__("X")``,
   ``map(os.environ.__getitem__, names)`` and
   ``operator.itemgetter("X")(os.environ)`` are the calling script's reads;
 * three standard-library helpers exist to hand a named variable's value to
   their caller, and are looked through to it: ``os.path.expandvars``,
   ``string.Template.substitute`` / ``safe_substitute`` (with
-  ``os.environ`` as the mapping) and ``collections.ChainMap.__getitem__``;
+  ``os.environ`` as the mapping) and ``collections.ChainMap``'s
+  ``__getitem__``, ``get``, ``__contains__`` and ``__missing__``;
 * every other frame outside the run's code reads for itself: torch, numpy,
   this tool, and the standard library configuring itself —
   ``os.path.expanduser`` (``HOME``), ``tempfile`` (``TMPDIR``),
@@ -57,7 +67,10 @@ Not seen (known limits): reads that go around ``os.environ``
 subclass or a replacement of ``os.environ``), a script that picks variables
 from a copy (``dict(os.environ)["X"]``, ``Template.substitute(**os.environ)``,
 ``[v for k, v in os.environ.items() if …]``), reads through any other library
-helper (the script's config library reading ``MYAPP_LR``), a read in another
+helper (the script's config library reading ``MYAPP_LR``), a non-Python child
+(``sh -c 'echo $X'``, a shell, a compiled program: it reads what it inherits),
+code a script runs inside a library module's own namespace under that
+library's real file name (``exec(code, torch.__dict__)``), a read in another
 thread while this one digests a value (one flag, not a lock: a read is
 missed, never blocked), and a C callable's read at the instruction that last
 iterated the environment (taken for a copy). Only
