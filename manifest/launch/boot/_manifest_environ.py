@@ -13,12 +13,13 @@ the first read of each variable, where it happened and the blake3 of the value
 it returned (UTF-8, ``surrogateescape``), or ``set: false`` when it was unset
 (``os.environ.get("LRSCALE", "1.0")`` falls back: that is an input too). The
 value itself never leaves the process, and this plain digest never reaches a
-manifest: capture keys it with the user's key (``manifest.capture.environ``). A value the project's one redactor
-(``manifest/redact.py``: URL userinfo, token shapes, secret-named query
-parameters, the value of a secret-named variable …) would change is marked
-``"secret": true``: ``DATABASE_URL=postgresql://alice:hunter2@db/prod`` has a
-secret-free name and a guessable digest (a dictionary of passwords gives
-``hunter2`` back). ``manifest.capture.environ`` turns the record into
+manifest: capture keys it with the user's key (``manifest.capture.environ``).
+A value the project's one redactor (``manifest/redact.py``: URL userinfo,
+token shapes, secret-named query parameters, the value of a secret-named
+variable …) would change is marked ``"secret": true``:
+``DATABASE_URL=postgresql://alice:hunter2@db/prod`` has a secret-free name and
+a guessable value (a dictionary of passwords gives ``hunter2`` back).
+``manifest.capture.environ`` turns the record into
 ``determinism.processes[*].environ``, keeping no plain digest of any value
 (a secret's, by name or by shape, not even a keyed one in identity), and drops
 the variables compared elsewhere by their exact names.
