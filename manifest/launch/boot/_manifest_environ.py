@@ -204,7 +204,7 @@ def _library(frame: Any) -> bool:
     globals must be the dict of an imported module other than ``__main__``, and its file
     either that frozen module's own ``<frozen NAME>`` (``__spec__.origin == "frozen"``) or
     a real file under a library prefix."""
-    g = frame.f_globals
+    g: dict[str, Any] = frame.f_globals
     name = g.get("__name__")
     module = sys.modules.get(name) if isinstance(name, str) else None
     if module is None or name == "__main__" or getattr(module, "__dict__", None) is not g:
