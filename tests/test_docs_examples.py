@@ -344,6 +344,11 @@ def test_config_block(block: Block, tmp_path: Path) -> None:
             (tmp_path / "pyproject.toml").write_text(block.body, encoding="utf-8")
             table, _ = load_config(tmp_path)
             assert table == data["tool"]["manifest"]
+            from manifest.rerun.cluster.options import cluster_options
+
+            executors = table.get("executors", {})
+            for on in executors:  # each executor's table is its own options (or refused)
+                cluster_options(on, {}, executors)
         return
     if block.lang == "json":
         _check_json_excerpt(json.loads(block.body))
