@@ -546,6 +546,11 @@ class Envelope(Model):
         "each declared output (its recorded path) → the twin's file's relative L2 distance "
         "from the recorded file, tensor by tensor: how far verify widens the output's bound "
         "when judging against the twin (``numeric.twin.output_bound``)")
+    loss_eps: float | None = later(
+        "the machine epsilon of the base run's loss (its trail's ``loss_eps``): the loss's "
+        "rounding unit, which the loss bound is floored at. What a renderer with no trail at "
+        "hand (lab) calibrates with; the verdict takes it from the recorded trail "
+        "(``numeric.calibration.verdict_calibration``)")
 
 
 class OpStreamRef(Model):

@@ -110,7 +110,7 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
             from manifest.numeric.envelope import milestones
 
             add("", "noise envelope", "; ".join(out.envelope.runs))
-            for bound in milestones(out.envelope):
+            for bound in milestones(out.envelope, numeric or []):  # the verdict's bound
                 add("", f"envelope step {bound.step}",
                     f"parameters {max(bound.groups, default=0.0):.2g}, loss {bound.loss:.2g} "
                     "(relative)")

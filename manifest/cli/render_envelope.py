@@ -13,15 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from manifest.models import Envelope
+from manifest.models import Envelope, NumericPoint
 
 
-def envelope_lines(envelope: Envelope) -> list[str]:
-    """The envelope in a few lines: how it was measured, its bound at milestone steps."""
-    from manifest.numeric.calibration import calibrate, resolution
+def envelope_lines(envelope: Envelope,
+                   trail: Sequence[NumericPoint] | None = None) -> list[str]:
+    """The envelope in a few lines: how it was measured, its bound at milestone steps: the
+    bound the verdict uses (``calibration.verdict_calibration``; ``trail``: the recorded
+    run's numeric trail, else the loss's rounding unit the envelope carries)."""
+    from manifest.numeric.calibration import resolution, verdict_calibration
     from manifest.numeric.envelope import milestones
 
-    fitted = calibrate(envelope)
+    fitted = verdict_calibration(envelope, trail)
     seen = resolution(fitted)
     runs = "; ".join(envelope.runs)
     lines = [f"noise envelope: {len(envelope.runs)} rounding-only runs ({runs}), "
@@ -30,14 +33,15 @@ def envelope_lines(envelope: Envelope) -> list[str]:
              f"curve)" + ("" if seen is None else
                           f"; smallest change seen at the first step: {seen:.2g} (relative)")]
     lines.extend(f"  note: {note}" for note in fitted.notes)
-    for bound in milestones(envelope):
+    for bound in milestones(envelope, trail):
         lines.append(f"  step {bound.step:>6}: parameters {max(bound.groups, default=0.0):.2g}, "
                      f"loss {bound.loss:.2g} (relative)")
     return lines
 
 
 def envelope_png(envelope: Envelope, others: Mapping[str, Sequence[tuple[int, float]]]
-                 | None = None, *, title: str = "noise envelope") -> bytes | None:
+                 | None = None, *, title: str = "noise envelope",
+                 trail: Sequence[NumericPoint] | None = None) -> bytes | None:
     """Per-step parameter distances (group 0 … summed as the largest group) on a log scale."""
     try:
         import matplotlib
@@ -56,7 +60,7 @@ def envelope_png(envelope: Envelope, others: Mapping[str, Sequence[tuple[int, fl
         ys = [max((g[i] for g in s.groups), default=0.0) for s in envelope.steps]
         ax.plot(steps, [y if y > 0 else float("nan") for y in ys], color="tab:gray",
                 lw=1, alpha=0.8, label=f"rounding only: {label}")
-    limit = bounds(envelope)
+    limit = bounds(envelope, trail)
     ax.plot([b.step for b in limit], [max(b.groups, default=0.0) for b in limit],
             color="black", lw=2, ls="--", label="bound (equivalent below)")
     palette = ("tab:blue", "tab:red", "tab:orange", "tab:green", "tab:purple", "tab:brown")

@@ -61,7 +61,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from manifest.models import Envelope
+from manifest.models import Envelope, NumericPoint
 from manifest.numeric.defaults import ALPHA as ALPHA  # callers name it here
 from manifest.numeric.defaults import DEFAULT_RUNS as DEFAULT_RUNS  # callers name it here
 
@@ -326,6 +326,29 @@ def calibrate(envelope: Envelope, loss_eps: float = 0.0, alpha: float = ALPHA) -
     top_loss = max(math.exp(ceiling), max(s[0] for s in seen))
     return Calibration(out, max(top_loss, loss_eps), one_in, math.exp(margins[-1]),
                        list(envelope.runs))
+
+
+def loss_rounding(trail: Sequence[NumericPoint]) -> float:
+    """The loss's rounding unit a trail recorded (the largest ``loss_eps`` of its points; 0
+    when none did): what the verdict floors the loss bound at."""
+    return max((p.loss_eps for p in trail if p.loss_eps), default=0.0)
+
+
+def verdict_calibration(envelope: Envelope,
+                        trail: Sequence[NumericPoint] | None = None) -> Calibration:
+    """The bound a verdict judges against, for every caller that prints or uses one: the
+    envelope calibrated with the loss's rounding unit of ``trail`` (the recorded run's
+    numeric trail, what ``envelope.judge`` takes it from), or, with no trail at hand (lab's
+    report), the one the envelope carries from its base run (``Envelope.loss_eps``).
+
+    Without that unit the loss bound is a model fitted on distances floored at 2^-50: the
+    one-ULP runs' loss distances jump between 0 and a few units of the loss's last place,
+    so their log excesses spread over 30 nats and the 1% margin reaches e^160 (measured:
+    ``show`` printed 5.7e+69 for a bound the verdict held at 4.8e-07)."""
+    if trail is not None:  # never the envelope's own number when a trail is at hand
+        return calibrate(envelope, loss_rounding(trail))
+    eps = envelope.loss_eps
+    return calibrate(envelope, eps if eps is not None and math.isfinite(eps) and eps > 0 else 0.0)
 
 
 def _running_max(envelope: Envelope) -> list[list[float]]:

@@ -39,9 +39,10 @@ from manifest.numeric.calibration import (
     ULP_LABEL,
     Bound,
     Calibration,
-    calibrate,
     check_envelope,
+    loss_rounding,
     resolution,
+    verdict_calibration,
 )
 
 __all__ = ["ULP_LABEL", "Bound", "Calibration", "Judgement", "bounds", "judge",
@@ -91,7 +92,9 @@ def measure_envelope(base: Sequence[NumericPoint],
         steps.append(EnvelopeStep(
             step=point.step, loss=[_finite(m[0]) for m in pairs],
             groups=[[_finite(m[1][g]) for m in pairs] for g in range(len(point.groups))]))
-    return Envelope(runs=[label for label, _ in runs], steps=steps)
+    eps = loss_rounding(base)
+    return Envelope(runs=[label for label, _ in runs], steps=steps,
+                    loss_eps=eps if eps > 0 else None)
 
 
 def _finite(x: float) -> float:
@@ -120,8 +123,10 @@ def spread(envelope: Envelope) -> float:
     return worst
 
 
-def bounds(envelope: Envelope, loss_eps: float = 0.0) -> list[Bound]:
-    """The bound at every step of the envelope, in step order (``calibration.calibrate``).
+def bounds(envelope: Envelope, trail: Sequence[NumericPoint] | None = None) -> list[Bound]:
+    """The bound at every step of the envelope, in step order: the one the verdict judges
+    against (``calibration.verdict_calibration``, with the loss's rounding unit of the
+    recorded ``trail``, or the envelope's own without one).
 
     The loss of step t is computed on the state after step t - 1, and the envelope's
     perturbation enters with the first update, after step 1's forward: the envelope's loss
@@ -130,7 +135,7 @@ def bounds(envelope: Envelope, loss_eps: float = 0.0) -> list[Bound]:
     of a Transformer layer ``equivalent`` to its CPU run, but also a GPU run with 1e-3
     added to one weight at step 5 (benchmarks/numeric_trail.py --devices), and a false
     ``equivalent`` is the one error this verdict must not make."""
-    return calibrate(envelope, loss_eps).bounds
+    return verdict_calibration(envelope, trail).bounds
 
 
 @dataclass
@@ -218,10 +223,9 @@ def judge(recorded: Sequence[NumericPoint], rerun: Sequence[NumericPoint],
     if not recorded or not rerun:
         return Judgement("not-compared", reason="no numeric trail in "
                          + ("the recorded run" if not recorded else "the re-run"))
-    eps = max((p.loss_eps for p in recorded if p.loss_eps), default=0.0)
     if calibration is None:
         assert envelope is not None
-        calibration = calibrate(envelope, eps)
+        calibration = verdict_calibration(envelope, recorded)
     limit = calibration.bounds
     if not limit:
         return Judgement("not-compared", reason="the noise envelope has no steps")
@@ -295,10 +299,12 @@ def judge(recorded: Sequence[NumericPoint], rerun: Sequence[NumericPoint],
     return Judgement("equivalent", compared, closest=closest, **context)
 
 
-def milestones(envelope: Envelope) -> list[Bound]:
+def milestones(envelope: Envelope,
+               trail: Sequence[NumericPoint] | None = None) -> list[Bound]:
     """The bound at the first step, at 10, 100, 1000 … and at the last: what ``show`` and
-    the reports print of an envelope."""
-    limit = bounds(envelope)
+    the reports print of an envelope, the verdict's own (``bounds``: pass the recorded
+    trail)."""
+    limit = bounds(envelope, trail)
     if not limit:
         return []
     wanted = {limit[0].step, limit[-1].step}
