@@ -127,7 +127,8 @@ _env: dict[str, Any] = {
     "helper_modules": None,
     "redact": None,
     "errors": 0,
-    "plumbing_globals": (),
+    "os_globals": None,
+    "abc_globals": None,
 }
 _reads: dict[str, Any] = {}
 """This process's reads (the dict its record holds)."""
@@ -185,8 +186,9 @@ def _plumbing(frame: Any) -> bool:
     """Whether a frame is ``os``'s or ``collections.abc``'s own code: its file is theirs and
     its globals are their module's dict (code a script compiled under ``<frozen os>`` runs
     in the script's globals, and is the script's)."""
-    return frame.f_code.co_filename in _PLUMBING_FILES and any(
-        frame.f_globals is g for g in _env["plumbing_globals"])
+    g = frame.f_globals
+    return frame.f_code.co_filename in _PLUMBING_FILES and (
+        g is _env["os_globals"] or g is _env["abc_globals"])
 
 
 def _known(frame: Any) -> bool:
@@ -375,8 +377,8 @@ def install(record: dict[str, Any], skip: tuple[str, ...],
         state.clear()
     record["environ"] = _reads
     record["environ_dropped"] = 0
-    _env.update(skip=skip, where=where, record=record, copying=None, plumbing_globals=tuple(
-        vars(m) for m in (os, sys.modules.get("_collections_abc")) if m is not None))
+    _env.update(skip=skip, where=where, record=record, copying=None, os_globals=vars(os),
+                abc_globals=vars(sys.modules.get("_collections_abc", os)))
     cls = type(os.environ)
     if _original is None:
         _original, _original_iter = cls.__getitem__, cls.__iter__
