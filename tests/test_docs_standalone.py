@@ -104,3 +104,22 @@ def test_each_generated_page_has_its_stand_in_committed() -> None:
     # The CLI's stand-in has a heading for every verb a guide may link to.
     anchors = _anchors(DOCS / "reference" / "cli.md")
     assert {"capture", "verify", "diff", "gate", "lab", "explain", "sign"} <= anchors
+
+
+def test_readme_names_every_exit_status_and_a_fresh_venv_for_the_tests() -> None:
+    import manifest.errors as errors
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    line = readme[readme.index("Exit status for every verb"):].split("\n\n", 1)[0]
+    codes = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
+    assert codes == {0, 1, 2, 3, 4}
+    for code in sorted(codes):
+        assert re.search(rf"\b{code} ", line), (code, line)
+    # The demo's venv and the tests' venv are two: the tests start from a fresh one.
+    section = readme.split("## Set up and run (developers)", 1)[1].split("\n## ", 1)[0]
+    venvs = re.findall(r"```\npython3 -m venv (\S+) ", section)
+    assert len(venvs) == 2 and venvs[0] != venvs[1], venvs
+    assert f"{venvs[1]}/" in (REPO / ".gitignore").read_text(encoding="utf-8")
+    # The Quick start names no placeholder repository.
+    assert "OWNER" not in readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "extra" in readme and "'.[docs]'" in readme
