@@ -12,8 +12,9 @@ both sides alike:
    the last one) and cold (``use_cache=False``: every RECORD read, as after a
    fresh install of everything).
 2. ``manifest capture -q`` of a small git repository as subprocesses
-   (``--captures``; 0 skips it): the source tree at ``REV`` (default: the commit
-   before distribution records were added) against this tree, with the cache
+   (``--captures``; 0 skips it): a copy of this tree whose ``probe_env``
+   records no distributions (:data:`RECORDS_OFF`; or the tree at ``--against
+   REV``) against this tree, with the cache
    warm and cold (an empty ``XDG_CACHE_HOME`` each round), in CPU seconds of
    the child (on a machine shared with other work, wall time mostly measures
    the others).
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -87,15 +89,44 @@ def probe_rounds(rounds: int, timer: Callable[[Callable[[], object]], float],
     return rows
 
 
-def capture_rounds(rounds: int, rev: str) -> dict[str, list[float]]:
+RECORDS_OFF = {
+    "distributions = {n: d for n, d in probe_distributions().items() if n in packages}":
+        "distributions = None",
+    "sources=probe_sources(),": "sources=None,",
+    "environment_digest=environment_digest(distributions),": "environment_digest=None,",
+}
+"""The three lines of ``probe_env`` that record distributions, and what they read when off."""
+
+
+def tree_without_records(tmp: Path) -> Path:
+    """A copy of this tree's ``manifest`` package whose ``probe_env`` records no distributions."""
+    out = tmp / "records-off"
+    shutil.copytree(HERE / "manifest", out / "manifest",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env_py = out / "manifest" / "probes" / "env.py"
+    text = env_py.read_text(encoding="utf-8")
+    for line, off in RECORDS_OFF.items():
+        if line not in text:
+            raise SystemExit(f"probe_env changed: {line!r} not found; update RECORDS_OFF")
+        text = text.replace(line, off)
+    env_py.write_text(text, encoding="utf-8")
+    return out
+
+
+def tree_at(tmp: Path, rev: str) -> Path:
+    out = tmp / "old"
+    out.mkdir()
+    archive = subprocess.run(["git", "archive", rev, "manifest"], cwd=HERE,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+def capture_rounds(rounds: int, rev: str | None) -> dict[str, list[float]]:
     from capture_latency import make_repo, tree_argv
 
     tmp = Path(tempfile.mkdtemp(prefix="manifest-bench-"))
-    old = tmp / "old"
-    old.mkdir()
-    archive = subprocess.run(["git", "archive", rev, "manifest"], cwd=HERE,
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    old = tree_at(tmp, rev) if rev else tree_without_records(tmp)
     repo = make_repo(tmp)
     base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     warm_cache = tmp / "cache-warm"
@@ -114,10 +145,11 @@ def capture_rounds(rounds: int, rev: str) -> dict[str, list[float]]:
     before, after = tree_argv(old), tree_argv(HERE)
     run(before, warm_cache)
     run(after, warm_cache)
-    rows: dict[str, list[float]] = {f"capture at {rev}": [], "capture, cache warm": [],
+    first = f"capture at {rev}" if rev else "capture, records off"
+    rows: dict[str, list[float]] = {first: [], "capture, cache warm": [],
                                     "capture, cache cold": []}
     for n in range(rounds):
-        rows[f"capture at {rev}"].append(run(before, warm_cache))
+        rows[first].append(run(before, warm_cache))
         rows["capture, cache warm"].append(run(after, warm_cache))
         rows["capture, cache cold"].append(run(after, tmp / f"cache-cold-{n}"))
     return rows
@@ -140,7 +172,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--captures", type=int, default=7)
-    parser.add_argument("--against", default=BEFORE_RECORDS, metavar="REV")
+    parser.add_argument("--against", metavar="REV", help="compare with the capture of this "
+                        f"commit (e.g. {BEFORE_RECORDS}, the last one before distribution "
+                        "records) instead of this tree with the records switched off")
     args = parser.parse_args()
     from manifest.probes.env import installed_distributions
 
@@ -152,7 +186,7 @@ def main() -> int:
     if args.captures:
         print(f"\nmanifest capture -q of a small repository, CPU (user+sys) "
               f"({args.captures} paired rounds)")
-        report(capture_rounds(args.captures, args.against), 1.0, "s")
+        report(capture_rounds(args.captures, args.against), 1e3, "ms")
     return 0
 
 

@@ -32,15 +32,12 @@ which files and variables were read.
 from __future__ import annotations
 
 import base64
-import configparser
-import csv
 import hashlib
 import io
 import json
 import os
 import re
 import sys
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -148,6 +145,8 @@ def _record_lines(record: Path) -> list[bytes]:
 
 def _parse(line: bytes) -> tuple[str, str, str]:
     """``(path, hash, size)`` of one RECORD line (CSV; quoted only where a path needs it)."""
+    import csv
+
     text = line.decode("utf-8", "surrogateescape")
     fields = next(csv.reader([text]), []) if '"' in text else text.rsplit(",", 2)
     fields += [""] * (3 - len(fields))
@@ -156,6 +155,8 @@ def _parse(line: bytes) -> tuple[str, str, str]:
 
 def _unparse(path: str, digest: str, size: str) -> bytes:
     """A RECORD line as pip and uv write it (``csv`` minimal quoting)."""
+    import csv
+
     out = io.StringIO()
     csv.writer(out, lineterminator="").writerow([path, digest, size])
     return out.getvalue().encode("utf-8", "surrogateescape")
@@ -513,6 +514,8 @@ class _Found:
 
 
 def _read_pip(path: Path, found: _Found) -> None:
+    import configparser  # 3-10 ms to import: only where a pip.conf exists
+
     parser = configparser.ConfigParser(interpolation=None)
     try:
         if not parser.read(path, encoding="utf-8"):
@@ -540,6 +543,8 @@ def _read_pip(path: Path, found: _Found) -> None:
 
 
 def _read_uv(path: Path, found: _Found) -> None:
+    import tomllib  # only where a uv.toml or a [tool.uv] table exists
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
