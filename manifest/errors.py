@@ -108,9 +108,10 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "ray": "ray", "submitit": "slurm", "kubernetes": "k8s",
     "torch": "torch", "safetensors": "torch", "numpy": "numpy",
 }
-"""Each optional library's top-level import name → the extra of pyproject.toml that installs it.
-The one table every "not installed" sentence is made from (``--on``, ``--data`` URLs, and
-any verb whose import of an optional library fails)."""
+"""Each optional library's top-level import name → the extra of pyproject.toml that installs it:
+any verb whose import of one fails says the extra's install line (``cli.app``), as ``--on``
+(``rerun.cluster.options``) and a ``--data`` URL (``data.remote.registry``) say theirs
+before importing anything. ``tests/test_cli_hints.py`` checks every extra named exists."""
 
 
 def install_line(extra: str) -> str:
