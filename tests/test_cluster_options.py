@@ -67,6 +67,9 @@ def test_every_row_has_its_extra_in_pyproject_and_in_the_docs_tables() -> None:
         assert f"torch-manifest[{row.extra}]" in readme, on
         assert f"--on {on}" in readme, on
         assert f"torch-manifest[{row.extra}]" in cluster_page, on
+        from manifest.errors import EXTRA_OF_MODULE
+
+        assert EXTRA_OF_MODULE[library] == row.extra, on  # the CLI's own install sentence
         dev_self = next(d for d in extras["dev"] if d.startswith("torch-manifest["))
         assert row.extra in dev_self.partition("[")[2].rstrip("]").split(","), on
 

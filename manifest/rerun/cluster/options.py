@@ -246,8 +246,9 @@ def missing_extra(on: str) -> str | None:
     except ValueError:  # in sys.modules as None: imports of it are blocked
         found = None
     if found is None:
-        return (f"--on {on} needs its client library: pip install "
-                f"'torch-manifest[{row.extra}]'.")
+        from manifest.errors import install_line
+
+        return f"--on {on} needs its client library: {install_line(row.extra)}."
     return None
 
 
