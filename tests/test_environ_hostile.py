@@ -138,3 +138,32 @@ def test_a_four_digit_pin_is_not_recovered_from_what_capture_leaves(tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     [record] = [p.read_bytes() for p in records.glob("*.json")]
     assert _brute_force([record]) == "1234"
+
+
+CHAIN = """
+import collections, os
+defaults = {"CHAIN_DEFAULT": "d"}
+got = collections.ChainMap(os.environ, defaults).get("CHAIN_GET")
+inside = "CHAIN_IN" in collections.ChainMap(os.environ, defaults)
+item = collections.ChainMap(os.environ, defaults)["CHAIN_ITEM"]
+fallback = collections.ChainMap(os.environ, defaults)["CHAIN_DEFAULT"]
+copies = [dict(collections.ChainMap(os.environ, defaults)),
+          {**collections.ChainMap(os.environ, defaults)},
+          list(collections.ChainMap(os.environ, defaults).items()),
+          list(collections.ChainMap(os.environ, defaults).values()),
+          collections.ChainMap(os.environ, defaults).copy()]
+"""
+
+
+def test_chainmap_reads_count_and_its_copies_do_not(tmp_path: Path) -> None:
+    """Every Mapping method of a ChainMap over the environment: a read of one named
+    variable is the script's (``get``, ``in``, ``[]``, a default under an unset name); a
+    copy (``dict``, ``{**…}``, ``items``, ``values``, ``copy``) hands the environment on and
+    reads none. The control: the twin below the hook saw the copies take every value."""
+    from tests.test_environ_reads import _launched
+
+    env = {"CHAIN_GET": "1", "CHAIN_IN": "2", "CHAIN_ITEM": "3", "COPY_ONLY": "4"}
+    reads, seen = _launched(tmp_path, CHAIN, env)
+    assert set(reads) == {"CHAIN_GET", "CHAIN_IN", "CHAIN_ITEM", "CHAIN_DEFAULT"}, reads
+    assert reads["CHAIN_DEFAULT"]["set"] is False  # unset: the script's default counted
+    assert "COPY_ONLY" in seen and "COPY_ONLY" not in reads

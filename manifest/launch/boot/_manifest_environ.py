@@ -203,17 +203,19 @@ def _library(frame: Any) -> bool:
     """Whether a frame is a library's (or the standard library's, or this tool's) by the
     code's real origin, not the file name its code object carries, which is the script's
     to choose (``compile(src, "<frozen os>", "exec")``, a path under site-packages): its
-    globals must be the dict of an imported module other than ``__main__``, and its file
+    globals must be the dict of an imported module other than ``__main__`` (found by its
+    ``__spec__``'s name, else its ``__name__``), and its file
     either that frozen module's own ``<frozen NAME>`` (``__spec__.origin == "frozen"``) or
     a real file under a library prefix."""
     g: dict[str, Any] = frame.f_globals
-    name = g.get("__name__")
+    spec = g.get("__spec__")
+    # By the spec's name first: _collections_abc sets its __name__ to "collections.abc".
+    name = getattr(spec, "name", None) or g.get("__name__")
     module = sys.modules.get(name) if isinstance(name, str) else None
     if module is None or name == "__main__" or getattr(module, "__dict__", None) is not g:
         return False  # exec'd in a namespace no imported module owns: the script's code
     filename = frame.f_code.co_filename
     if filename.startswith("<frozen"):
-        spec = g.get("__spec__")
         return (filename == f"<frozen {name}>"
                 and getattr(spec, "origin", None) == "frozen")
     return filename.startswith(_env["skip"]) and os.path.isfile(filename)
@@ -239,6 +241,8 @@ def _asker(key: Any, frame: Any) -> Any:
         if not helped:
             _not_own[(frame.f_code.co_filename, frame.f_code.co_firstlineno)] = frame.f_globals
         return None
+    if helped and (id(frame), frame.f_lasti) == _env["copying"]:
+        return None  # dict(ChainMap(os.environ, …)): a copy through the helper
     if calls or helped:
         return frame
     code, lasti = frame.f_code.co_code, frame.f_lasti
@@ -350,12 +354,19 @@ def _settle(key: Any, value: str | bytes | None, frame: Any) -> None:
         _env["errors"] += 1
 
 
+def _chain_iter() -> Any:
+    """``collections.ChainMap.__iter__``'s code (None before ``collections`` is imported):
+    a copy of a ChainMap over the environment iterates it from there for the caller."""
+    chain = getattr(sys.modules.get("collections"), "ChainMap", None)
+    return getattr(getattr(chain, "__iter__", None), "__code__", None)
+
+
 def _iter(self: Any) -> Any:
     """``os.environ``'s own iteration, noting the instruction of the run that drives it:
     the frame and instruction where a copy then takes each value (see :func:`_asker`)."""
     if not _env["busy"]:
         frame: Any = sys._getframe(1)
-        while frame is not None and _plumbing(frame):
+        while frame is not None and (_plumbing(frame) or frame.f_code is _chain_iter()):
             frame = frame.f_back
         _env["copying"] = None if frame is None else (id(frame), frame.f_lasti)
     yield from _original_iter(self)
