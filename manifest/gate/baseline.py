@@ -192,32 +192,64 @@ def env_drift(baseline: Manifest, current: Manifest) -> list[str]:
             if d.section in ("env", "hardware")]
 
 
-def _weigh_across_runners(baseline: Manifest, current: Manifest, where: str,
-                          drift: list[str]) -> CheckResult | None:
-    """``allow_equivalent``: a baseline from another runner type, weighed as ``diff`` weighs
-    two runs (identical, equivalent within the baseline's noise envelope, or outside it);
-    None when that cannot be judged (inputs beyond rounding changed, or no envelope)."""
-    from manifest.diff.engine import diff_manifests
+def _weigh_across_runners(project: Project, baseline: Manifest, current: Manifest,
+                          where: str, drift: list[str], changed: list[str]) -> CheckResult:
+    """``allow_equivalent``: weights that differ from a baseline recorded on another
+    environment, judged as verify judges a re-run: ``fail`` when an input beyond rounding
+    moved (code, data, seed, command) or the step trails leave the baseline's noise
+    envelope, ``pass`` when every step lies inside it, ``no-verdict`` when it cannot be
+    judged (no envelope, no trail, other devices). Never a skip: the weights were compared.
 
-    weighed = diff_manifests(baseline, current)
-    shown = tuple(drift[:20])
-    if weighed.outputs == "identical":
-        return CheckResult("baseline", Status.PASS, f"weights identical to the baseline {where}, "
-                           "recorded on another environment", shown)
-    if weighed.outputs == "equivalent" and weighed.numeric is not None:
-        return CheckResult("baseline", Status.PASS, f"equivalent to the baseline {where}: the "
-                           "same run up to rounding on another environment; "
-                           f"{weighed.numeric['sentence']}", shown)
-    if weighed.numeric is not None and weighed.numeric.get("verdict") != "not-compared":
-        return CheckResult("baseline", Status.FAIL, f"outside the baseline's noise envelope: "
-                           f"{weighed.numeric['sentence']}", shown,
-                           hint=f"If the change is intended, {UPDATE_HINT}.")
-    if baseline.outputs is not None and baseline.outputs.envelope is None:
-        return CheckResult("baseline", Status.SKIP, f"the baseline {where} carries no noise "
-                           "envelope: 'equivalent' cannot be judged", shown,
+    The envelope and the trail are the baseline's own numbers, and the gate lets them
+    decide, unlike ``diff`` (which trusts only envelopes sealed on its machine): the
+    baseline is the repository's committed reference, and whoever could edit its envelope
+    could as well replace it with their run (``--update-baseline``, then commit). Its
+    envelope is still held to the plausibility checks (``numeric.calibration``)."""
+    from manifest.diff.engine import diff_manifests
+    from manifest.numeric.envelope import judge, rounding_only
+    from manifest.numeric.precision import device_change
+
+    shown = tuple(["weights: " + c for c in changed[:10]] + drift[:20])
+    inputs = [d for d in diff_manifests(baseline, current).bits
+              if d.section != "outputs" and d.rule not in _CODE_IDENTITY]
+    beyond = [f"{d.section}: {d.reason}" for d in inputs if not rounding_only([d.path])]
+    beyond += code_changes(project, baseline, current)
+    if beyond:
+        return CheckResult(
+            "baseline", Status.FAIL,
+            f"weights changed from the baseline, and {len(beyond)} recorded input(s) beyond "
+            "rounding differ (code, data, seed or command: never 'equivalent')",
+            tuple(["weights: " + c for c in changed] + beyond)[:40],
+            hint=f"If the change is intended, {UPDATE_HINT}.")
+    moved = device_change(baseline, current)
+    if moved is not None:
+        return CheckResult("baseline", Status.NO_VERDICT, f"the weights differ from the "
+                           f"baseline {where} and 'equivalent' cannot be judged: {moved}",
+                           shown, hint="Record the baseline on this runner type.")
+    assert baseline.outputs is not None and current.outputs is not None
+    envelope = baseline.outputs.envelope
+    if envelope is None:
+        return CheckResult("baseline", Status.NO_VERDICT, f"the weights differ from the "
+                           f"baseline {where}, which carries no noise envelope: "
+                           "'equivalent' cannot be judged", shown,
                            hint="Run `manifest gate --update-baseline` with allow_equivalent = "
                                 "true (it measures the envelope) and commit the baseline.")
-    return None
+    now = {p.rank: p.numeric or [] for p in current.outputs.processes}
+    judged = [judge(p.numeric or [], now.get(p.rank, []), envelope)
+              for p in baseline.outputs.processes]
+    worst = next((j for j in judged if j.verdict != "equivalent"), None)
+    if judged and worst is None:
+        sentence = judged[0].to_json()["sentence"]
+        return CheckResult("baseline", Status.PASS, f"equivalent to the baseline {where}: the "
+                           "same run up to rounding on another environment; " + sentence,
+                           shown)
+    if worst is not None and worst.verdict == "differs":
+        return CheckResult("baseline", Status.FAIL, "outside the baseline's noise envelope: "
+                           f"{worst.to_json()['sentence']}", shown,
+                           hint=f"If the change is intended, {UPDATE_HINT}.")
+    why = worst.reason if worst is not None else "the baseline records no process"
+    return CheckResult("baseline", Status.NO_VERDICT, f"the weights differ from the baseline "
+                       f"{where} and 'equivalent' could not be judged: {why}", shown)
 
 
 def check_baseline(project: Project, current: Manifest) -> CheckResult:
@@ -240,22 +272,27 @@ def _compare_with_baseline(project: Project, baseline: Manifest, current: Manife
         return CheckResult("baseline", Status.FAIL,
                            f"the baseline {where} records no successful run", hint=UPDATE_HINT)
     drift = env_drift(baseline, current)
-    if drift and not project.policy.same_env and project.policy.allow_equivalent:
-        weighed = _weigh_across_runners(baseline, current, where, drift)
-        if weighed is not None:
-            return weighed
-    if drift and not project.policy.same_env:
-        return CheckResult(
-            "baseline", Status.SKIP,
-            f"the baseline was recorded on another environment ({len(drift)} difference(s) "
-            "that can change bits); weights not compared",
-            tuple(drift[:20]),
-            hint="Record the baseline on this runner type, or set same_env = true to "
-                 "compare anyway.")
     changed = weight_changes(baseline, current)
     if not changed:
+        if drift:
+            return CheckResult("baseline", Status.PASS, f"weights identical to the baseline "
+                               f"{where}, recorded on another environment", tuple(drift[:20]))
         return CheckResult("baseline", Status.PASS,
                            f"weights identical to the baseline {where}")
+    if drift and not project.policy.same_env:
+        if project.policy.allow_equivalent:
+            return _weigh_across_runners(project, baseline, current, where, drift, changed)
+        # Compared, and different; but the environment moved too, so whether the change is
+        # the pull request's or the runner's is not known: no verdict, never a pass.
+        return CheckResult(
+            "baseline", Status.NO_VERDICT,
+            f"the weights differ from the baseline {where}, which was recorded on another "
+            f"environment ({len(drift)} difference(s) that can change bits): whether the "
+            "change is this one's was not judged",
+            tuple(["weights: " + c for c in changed[:10]] + drift[:20]),
+            hint="Record the baseline on this runner type, set allow_equivalent = true to "
+                 "judge it against the baseline's noise envelope, or same_env = true to "
+                 "compare the weights alone.")
     causes = input_causes(project, baseline, current, include_env=project.policy.same_env)
     if causes:
         return CheckResult(

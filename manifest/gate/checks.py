@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import glob
+import os
 from pathlib import Path
 
 from manifest.errors import (
@@ -47,6 +48,9 @@ def run_gate(cwd: Path, options: GateOptions) -> GateReport:
         "update-baseline" if options.update_baseline else "full")
     report = GateReport(project=project.rel(project.dir), mode=mode, policy=project.policy,
                         baseline=project.rel(project.baseline_path))
+    ignored = baseline_ignored(project)
+    if ignored is not None:
+        report.warnings.append(ignored)
     if not _threads_pinned(project):
         report.warnings.append(
             "the thread count is not pinned ([tool.manifest] threads): runs follow the "
@@ -65,6 +69,26 @@ def run_gate(cwd: Path, options: GateOptions) -> GateReport:
             kept.append(c)
         report.checks = kept
     return report
+
+
+def baseline_ignored(project: Project) -> str | None:
+    """The warning for a baseline that git ignores (and does not track): CI's checkout
+    would not have it, so the gate there would find no baseline. None when git would
+    carry it, or git cannot say (no repository, no git)."""
+    from manifest.gitrun import GitMissingError, run_git
+
+    rel = project.rel(project.baseline_path)
+    try:
+        done = run_git(["check-ignore", "-v", "--", rel], project.root, check=False)
+    except (GitMissingError, OSError):
+        return None
+    if done.returncode != 0:  # 1: not ignored (or tracked), 128: not a repository
+        return None
+    source, _, _ = done.stdout.decode(errors="replace").partition("\t")
+    rule = source.strip()
+    return (f"the baseline {rel} is ignored by git ({rule}): it will not be committed, so "
+            f"the gate in CI will not find it; add '!{rel}' to .gitignore (or "
+            f"'git add -f {rel}') and commit it.")
 
 
 def _enabled(project: Project, name: str) -> bool:
@@ -311,6 +335,7 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
             hint=f"Run `manifest gate --update-baseline` and commit {report.baseline}."))
         return
     problems: list[str] = []
+    missing: list[str] = []
     drift: list[str] = []
     hygiene: list[str] = []
     signed: list[str] = []
@@ -328,7 +353,12 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
             continue
         for change in verdict.data:
             files = f" ({', '.join(change.files[:5])})" if change.files else ""
-            if change.checked:
+            recorded = Path(change.path)
+            if change.checked and not recorded.is_absolute() and "://" not in change.path \
+                    and not os.path.lexists(project.root / recorded):
+                missing.append(f"{shown}: dataset {change.name} is missing: nothing at "
+                               f"{change.path}")
+            elif change.checked:
                 problems.append(f"{shown}: {change.detail}{files}")
             else:
                 drift.append(f"{shown}: {change.detail}")
@@ -342,7 +372,18 @@ def _gate_committed(project: Project, options: GateOptions, report: GateReport) 
         manifests.append(manifest)
         hygiene.extend(f"{shown}: {p}" for p in hygiene_findings(project, manifest)
                        if not p.startswith("thread count"))
-    if problems:
+    if missing:
+        # Not a change to accept: updating the baseline would record a run without its data.
+        report.checks.append(CheckResult(
+            "manifests", Status.FAIL,
+            f"{len(missing)} recorded dataset(s) missing"
+            + (f", {len(problems)} changed since capture" if problems else ""),
+            tuple(missing + problems),
+            hint="Put the data at its recorded path before the gate (a CI checkout may need "
+                 "a download or `git lfs pull` step)"
+                 + (f"; for a changed dataset, if the change is intended, {UPDATE_HINT}."
+                    if problems else ".")))
+    elif problems:
         report.checks.append(CheckResult(
             "manifests", Status.FAIL,
             f"{len(problems)} recorded dataset(s) changed since capture", tuple(problems),
