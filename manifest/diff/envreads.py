@@ -67,8 +67,8 @@ _OTHER_KEY = Rule(Impact.BENIGN, "rank {keys[0]} {key}", "not compared: " + OTHE
 
 def _relabel_other_key(found: list[Difference], a: Manifest, b: Manifest) -> list[Difference]:
     """A read's digest line relabelled benign where both runs digested a value and keyed
-    their digests with different keys (each user's ``environ.key``): two digests of one value then differ, so
-    the line says the value is not compared, never "another value"."""
+    their digests with different keys (each user's ``environ.key``): two digests of one
+    value then differ, so the line says the value is not compared, never "another value"."""
     from manifest.diff.reasons import reason_for
     from manifest.diff.result import Difference
 
