@@ -437,6 +437,10 @@ def capture_from_cli(
     before = observed.output_matches(outputs, cwd)
     code_env = observed.record_code_env(dict(os.environ), cwd, snap.code.root)
     energy_before = read_energy(nvml)
+    from manifest.numeric.measure import listing
+
+    # --envelope: each envelope run starts from the tree this run starts from
+    start = listing(snap.code.root or cwd) if envelope else None
     started = time.monotonic()
     result = run_under_launcher(command, cwd, settings)
     wall_s = time.monotonic() - started
@@ -458,7 +462,8 @@ def capture_from_cli(
     assert manifest.outputs is not None
     if envelope and manifest.outputs.status == "ok":
         manifest = _with_envelope(manifest, result, settings, envelope, command, cwd, outputs,
-                                  progress, tree=snap.code.root or cwd, precision=precision)
+                                  progress, tree=snap.code.root or cwd, precision=precision,
+                                  start=start)
     # Verify runs a command without --trust only if this tool sealed it here.
     from manifest.trust import record_sealed
 
@@ -473,7 +478,8 @@ def capture_from_cli(
 
 def _with_envelope(manifest: Manifest, result: LaunchResult, settings: LaunchSettings,
                    runs: int, command: list[str], cwd: Path, outputs: list[str],
-                   progress: Any, *, tree: Path, precision: str = "fp32") -> Manifest:
+                   progress: Any, *, tree: Path, precision: str = "fp32",
+                   start: set[str] | None = None) -> Manifest:
     """``--envelope N``: the run's noise envelope (``manifest.numeric.measure``), in
     ``outputs.envelope``; outside identity, so the run_id stays; the digest is new.
 
@@ -513,7 +519,7 @@ def _with_envelope(manifest: Manifest, result: LaunchResult, settings: LaunchSet
     measured = measure(numeric_of(result.records), emulated, runs,
                        lambda planned: run_under_launcher(command, cwd, planned),
                        cwd=cwd, outputs=outputs, say=progress, keep=keep, tree=tree,
-                       twin=twin_outputs if precision != "fp32" else None)
+                       twin=twin_outputs if precision != "fp32" else None, start=start)
     for note in measured.notes:
         if progress is not None:
             progress(note)

@@ -27,6 +27,7 @@ from manifest.weights.compare import compare_artifacts
 
 if TYPE_CHECKING:
     from manifest.launch.runner import LaunchResult, LaunchSettings
+    from manifest.numeric.measure import Measured
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
     from manifest.verify.equivalence import RecordedFile
@@ -85,7 +86,10 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         report.drift.append(Drift(
             "code.diff_digest", "bits",
             "the scratch tree does not reproduce the recorded uncommitted changes exactly"))
-    result = executor_for(plan).run(plan, workspace, settings, base_env)
+    early = _interleaved(recorded, plan, workspace, settings, base_env, options) if (
+        options.envelope) else None  # verify --envelope N: the re-run among its runs
+    result = early.real if early is not None and early.real is not None else (
+        executor_for(plan).run(plan, workspace, settings, base_env))
     report.rerun_exit_code = result.exit_code
     report.job = result.job
     if result.job is not None:  # what the host that ran it applied, not the plan's guess
@@ -165,7 +169,8 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         return report
     _judge_topology(recorded, new, report)
     judge_numeric(recorded, new, report, Here(plan, workspace, settings, base_env, options,
-                                              result, original_cwd, matched, located))
+                                              result, original_cwd, matched, located,
+                                              measured=early))
     return report
 
 
@@ -204,6 +209,8 @@ class Here:
     recorded_files: dict[str, RecordedFile] | None = None
     """Where each recorded output's bytes are here (``equivalence.locate_recorded``); None:
     in the user's tree at ``original_cwd``."""
+    measured: Measured | None = None
+    """``verify --envelope N``: the envelope runs, made around the re-run (``_interleaved``)."""
 
     def recorded_file(self, path: str) -> RecordedFile:
         from manifest.verify.equivalence import RecordedFile
@@ -227,7 +234,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
     asked = here is not None and here.options.envelope
     if report.verdict != Verdict.DIFFERS or report.changed_data:
         if asked and report.verdict == Verdict.IDENTICAL:
-            report.notes.append("no envelope was measured (--envelope): the bits are the same")
+            report.notes.append("the envelope (--envelope) is not used: the bits are the same")
         return
     emulate = here.options.emulate if here is not None else None
     drift = [d.path for d in report.bits_drift]
@@ -239,12 +246,12 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
     if moved is not None and (not drift or rounding_only(drift)):
         _not_compared(report, moved)
         if asked:
-            report.notes.append("no envelope was measured (--envelope): the re-run ran on "
+            report.notes.append("the envelope (--envelope) is not used: the re-run ran on "
                                 "other devices, where no envelope decides")
         return
     if not rounding_only(drift) and not (emulate and not drift):  # emulation is rounding
         if asked:
-            report.notes.append("no envelope was measured (--envelope): what changed is not "
+            report.notes.append("the envelope (--envelope) is not used: what changed is not "
                                 "only rounding (hardware, driver, library build, threads), so "
                                 "the run cannot be equivalent")
         return
@@ -371,22 +378,39 @@ def _not_compared(report: VerifyReport, reason: str, **extra: Any) -> None:
     report.reason = f"not the same bits; {reason}"
 
 
+def _interleaved(recorded: Manifest, plan: RerunPlan, workspace: Workspace,
+                 settings: LaunchSettings, env: dict[str, str],
+                 options: VerifyOptions) -> Measured:
+    """``verify --envelope N``: the re-run and the verifier's envelope runs (one-ULP runs
+    with fresh seeds, one thread-count run) in an order drawn from the operating system's
+    generator, each starting from the tree the re-run starts from (``numeric.measure``:
+    what a run wrote is moved out before the next; the re-run's files are what the tree
+    holds afterwards). No run can tell from its place, or from what it finds, whether it
+    is the one judged. Measured before knowing whether the bits differ: when they do not,
+    the envelope is not used."""
+    from manifest.numeric.measure import listing, measure
+    from manifest.rerun.dispatch import executor_for
+
+    assert recorded.command is not None
+    executor = executor_for(plan)
+    return measure(
+        [], settings, options.envelope,
+        lambda planned: executor.run(plan, workspace, planned, env),
+        cwd=workspace.cwd, outputs=list(recorded.command.outputs), tree=workspace.tree,
+        start=listing(workspace.tree), owned=not options.in_place,
+        real=lambda: executor.run(plan, workspace, settings, env))
+
+
 def _envelope_here(new: Manifest, here: Here, report: VerifyReport) -> tuple[Envelope | None,
                                                                               int]:
     """``verify --envelope N``: the verifier's own envelope, from one-ULP runs (fresh seeds)
-    and a thread-count run of the recorded command in the scratch tree, against this
-    re-run's trail; in place (``--in-place``) what they write in the user's tree is undone."""
-    from manifest.numeric.measure import measure, numeric_of, written_files
-    from manifest.rerun.dispatch import executor_for
-
-    executor = executor_for(here.plan)
-    in_place = here.options.in_place
-    measured = measure(
-        numeric_of(here.result.records), here.settings, here.options.envelope,
-        lambda planned: executor.run(here.plan, here.workspace, planned, here.env),
-        cwd=here.workspace.cwd, outputs=list(new.command.outputs) if new.command else [],
-        keep=written_files(here.result.opened) if in_place else (),
-        tree=here.workspace.tree if in_place else None)
+    and a thread-count run of the recorded command, made around the re-run in the scratch
+    tree (``_interleaved``), against this re-run's trail."""
+    measured = here.measured
+    if measured is None:
+        report.notes.append("no envelope was measured here: the re-run was not made among "
+                            "the envelope runs")
+        return None, 0
     report.notes.extend(measured.notes)
     report.notes.extend(f"envelope run left out: {f}" for f in measured.failed)
     if measured.envelope is None:
