@@ -53,7 +53,7 @@ from tests.runs import REPO
 KINDS = {"run", "session", "parse", "python", "config", "layout", "diagram"}
 """``layout``: README's package listing, which tests/test_layout.py checks against the package."""
 EXTERNAL = {"pip", "python", "python3", "git", "openssl", "model_signing", "cd", "bash", ".",
-            "ruff", "mypy", "pytest", "jq", "mkdir", "printf", "head"}
+            "ruff", "mypy", "pytest", "jq", "mkdir", "printf", "head", "uv"}
 """Programs other than ``manifest`` that a ``parse`` block may name."""
 
 MARKER = re.compile(r"<!-- check: (\w+)((?:\s+[\w-]+(?:=\S+)?)*)\s*-->")
