@@ -206,6 +206,8 @@ def render_verify(report: VerifyReport, file: TextIO | None = None, *,
         console.print(f"job: {markup(str(job['executor']))} {markup(str(job['job_id']))}"
                       + (f", {nodes} nodes" if nodes > 1 else "")
                       + f"; see {markup(str(job['where']))}")
+    if report.environment is not None and report.rerun_exit_code is not None:
+        console.print(f"environment: {markup(str(report.environment['line']))}")
     for sentence in report.outside_recipe:  # before any verdict detail: it qualifies them all
         console.print(f"[yellow]outside the recipe[/yellow]: {markup(sentence)}")
     for impact, reason in folded_drift(folded_environment(report.drift, verbose=verbose),

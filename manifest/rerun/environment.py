@@ -8,14 +8,28 @@
   values (they went into the argv only), and with the recorded code
   variables (``PYTHONPATH`` …) replayed where ``{repo}`` stands for the tree
   the command sees.
+* **interpreter** (``--env run``): the run's own environment, rebuilt by uv and proven
+  file by file (``manifest.pyenv``): its venv's ``bin`` goes first on ``PATH``, so the
+  recorded ``python`` (or ``torchrun``) is the rebuilt one, as in an activated venv; the
+  launcher (``manifest/launch/boot``, on ``PYTHONPATH``) is standard library only, so it
+  runs in a venv that holds none of this tool's dependencies. Without it, the re-run uses
+  this machine's environment, and the report says how many of the run's distributions
+  differ here (``this_machine``). Drift is then taken from the rebuilt interpreter
+  (``probe_env_in``): the environment the re-run used is the one compared.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from manifest.models import Manifest
+
+if TYPE_CHECKING:
+    from manifest.trust import TrustDecision
 
 
 def argv_to_run(argv: list[str] | tuple[str, ...]) -> list[str]:
@@ -58,3 +72,196 @@ def rerun_env(recorded: Manifest, tree_seen: Path) -> tuple[dict[str, str], list
         env = {k: v for k, v in env.items() if k not in CODE_ENV_VARS}
         env.update(replay)
     return env, absent
+
+
+# ------------------------------------------------------------ the run's own environment
+
+
+@dataclass(frozen=True)
+class RebuildOptions:
+    """``--env run``: re-run in the run's own Python environment, rebuilt by uv and proven
+    (``manifest.pyenv``). Where wheels may come from besides the recorded sources (which
+    count only when the manifest is trusted, as its command does)."""
+
+    find_links: tuple[str, ...] = ()
+    index_urls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunEnvironment:
+    """The Python environment a re-run runs in, and the words the report gives it."""
+
+    line: str
+    """``the run's environment (rebuilt, files identical)``, ``this machine's: 3
+    distributions differ`` …"""
+    python: Path | None = None
+    """The rebuilt venv's interpreter; None: this machine's (the verifier's) environment."""
+    proof: dict[str, Any] | None = None
+    """``manifest.pyenv.prove.Proof.to_json`` of a rebuild."""
+    cached: bool = False
+
+    @property
+    def venv(self) -> Path | None:
+        return self.python.parent.parent if self.python is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"used": "run" if self.python is not None else "here", "line": self.line,
+                **({"proof": self.proof, "cached": self.cached, "venv": str(self.venv)}
+                   if self.proof is not None else {})}
+
+    def apply(self, env: dict[str, str], tool: Path | None = None) -> dict[str, str]:
+        """``env`` for a re-run in this environment: the venv's ``bin`` first on ``PATH`` (a
+        recorded ``python``, ``torchrun`` … resolves there, as in an activated venv), and
+        neither the verifier's venv nor the user's site-packages leaking in; ``tool``
+        (:meth:`tool_folder`) last on ``PYTHONPATH``."""
+        if self.venv is None:
+            return env
+        out = {k: v for k, v in env.items()
+               if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME")}
+        out["PATH"] = str(self.venv / "bin") + (os.pathsep + env["PATH"] if env.get("PATH")
+                                                else "")
+        out["VIRTUAL_ENV"] = str(self.venv)
+        out["PYTHONNOUSERSITE"] = "1"
+        if tool is not None:
+            out["PYTHONPATH"] = (env["PYTHONPATH"] + os.pathsep if env.get("PYTHONPATH")
+                                 else "") + str(tool)
+        return out
+
+    def tool_folder(self, scratch: Path) -> Path:
+        """A folder of links for the rebuilt venv, which holds only the run's distributions:
+        this tool's package (a script that calls ``manifest.seed_everything`` imports it;
+        the recipe needs nothing but the standard library and torch), and, when the venv has
+        no blake3 of its own, this interpreter's (the launcher's step-trail and generator
+        fingerprints are blake3; without it they are not recorded and the trails cannot be
+        compared). Nothing else of this environment is visible there."""
+        import importlib.util
+
+        import manifest
+
+        folder = scratch / "run-env-tool"
+        folder.mkdir(parents=True, exist_ok=True)
+        links = {"manifest": Path(manifest.__file__).resolve().parent}
+        assert self.venv is not None
+        own = any(self.venv.glob("lib/python*/site-packages/blake3-*.dist-info"))
+        spec = importlib.util.find_spec("blake3") if not own else None
+        if spec is not None and spec.submodule_search_locations:
+            links["blake3"] = Path(next(iter(spec.submodule_search_locations))).resolve()
+        for name, target in links.items():
+            if not (folder / name).exists():
+                os.symlink(target, folder / name)
+        return folder
+
+
+def rebuilt_environment(recorded: Manifest, options: RebuildOptions, *, trust: TrustDecision,
+                        tree: Path, note: Callable[[str], None] | None = None
+                        ) -> RunEnvironment:
+    """The run's environment rebuilt and proven (``manifest.pyenv.rebuild``); ``python`` is
+    None when nothing could be built (a distribution vanished), and ``line`` says why."""
+    from manifest.pyenv.rebuild import build_environment
+
+    built = build_environment(recorded, trust=trust, find_links=options.find_links,
+                              index_urls=options.index_urls, tree=tree, note=note)
+    proof = built.proof
+    if built.python is None:
+        line = f"the run's environment could not be rebuilt ({proof.line()}: " + ", ".join(
+            f"{f.name} {f.version}" for f in proof.differing()) + ")"
+    elif proof.proven:
+        line = "the run's environment (rebuilt, files identical)"
+    else:
+        line = f"the run's environment, rebuilt but not proven ({proof.line()}: " + ", ".join(
+            f"{f.name} {f.version} {f.status.value}" for f in proof.differing()) + ")"
+    return RunEnvironment(line, built.python, proof.to_json(), built.cached)
+
+
+def this_machine(recorded: Manifest, today: Mapping[str, Any]) -> RunEnvironment:
+    """The verifier's own environment, against the run's distributions (those the run
+    imported, with torch and its CUDA libraries): how many differ, by files or version."""
+    from manifest.pyenv.sources import normalise, rebuild_set
+
+    recorded_dists = recorded.env.distributions
+    if not recorded_dists:
+        return RunEnvironment("this machine's (the run did not record its distributions by "
+                              "content)")
+    here = {normalise(k): v for k, v in (today.get("distributions") or {}).items()}
+    names = rebuild_set(recorded_dists, recorded.env.imported)
+    wanted = {normalise(k): v for k, v in recorded_dists.items()}
+    differ = 0
+    for name in names if names is not None else sorted(wanted):
+        was, now = wanted.get(name), here.get(name)
+        if was is None:
+            continue
+        same = now is not None and now.get("version") == was.version and (
+            now.get("files") == was.files)
+        differ += not same
+    if not differ:
+        return RunEnvironment("this machine's: the run's distributions, files identical")
+    return RunEnvironment(f"this machine's: {differ} distribution"
+                          + (" differs" if differ == 1 else "s differ"))
+
+
+_PROBE = """\
+import json, sys
+args = json.loads(sys.argv[1])
+own = list(sys.path)
+sys.path[:0] = [args["tool"]]
+sys.path.extend(p for p in args["helpers"] if p not in own)
+import manifest.probes.env as probe
+probe.distribution_paths = lambda: list(own)
+env = probe.probe_env(cuda_driver=args["driver"], cuda_driver_reason=args["reason"])
+sys.stdout.write(env.model_dump_json())
+"""
+"""The env probe run by another interpreter: the distributions on its own path only
+(``distribution_paths`` is that path), this tool and its dependencies (pydantic …)
+appended after it, so they are importable without being counted as the run's."""
+
+
+def probe_env_in(python: Path, machine_env: Mapping[str, Any]) -> dict[str, Any]:
+    """The env section as ``python`` (a rebuilt venv's interpreter) sees it, for drift: the
+    run's environment is compared, not the verifier's. ``machine_env`` (this process's
+    probe) gives the CUDA driver facts, which belong to the machine, not the venv."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    import manifest
+    from manifest.errors import NoVerdictError
+
+    with tempfile.TemporaryDirectory(prefix="manifest-probe-") as tool:
+        os.symlink(Path(manifest.__file__).resolve().parent, Path(tool) / "manifest")
+        helpers = [p for p in sys.path if p and os.path.isdir(p)]
+        args = {"tool": tool, "helpers": helpers, "driver": machine_env.get("cuda_driver"),
+                "reason": (machine_env.get("unavailable") or {}).get("cuda_driver")}
+        done = subprocess.run([str(python), "-I", "-c", _PROBE, json.dumps(args)],
+                              capture_output=True, text=True, check=False, timeout=600,
+                              stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise NoVerdictError(f"the rebuilt environment's interpreter {python} could not be "
+                             f"probed: {tail}")
+    doc: dict[str, Any] = json.loads(done.stdout)
+    return with_this_tool(doc, machine_env)
+
+
+def with_this_tool(doc: dict[str, Any], machine_env: Mapping[str, Any]) -> dict[str, Any]:
+    """The rebuilt environment's probe with this tool's own distribution as this machine has
+    it: a rebuild never installs it (``pyenv.sources.SELF_DISTRIBUTIONS``), the re-run
+    imports this copy (:meth:`RunEnvironment.tool_folder`), so that is the one compared."""
+    from manifest.canonical import blake3_name, canonical_bytes
+    from manifest.probes.distributions import environment_digest
+    from manifest.pyenv.sources import SELF_DISTRIBUTIONS
+
+    packages = dict(doc.get("packages") or {})
+    dists = dict(doc.get("distributions") or {})
+    for name in SELF_DISTRIBUTIONS:
+        if name in (machine_env.get("packages") or {}):
+            packages[name] = machine_env["packages"][name]
+        if name in (machine_env.get("distributions") or {}):
+            dists[name] = machine_env["distributions"][name]
+    from manifest.models import Distribution
+
+    listing = sorted(f"{n}=={v}" for n, v in packages.items())
+    return dict(doc, packages=packages, distributions=dists,
+                packages_digest=blake3_name(canonical_bytes(listing)),
+                environment_digest=environment_digest(
+                    {n: Distribution.model_validate(d) for n, d in dists.items()}))

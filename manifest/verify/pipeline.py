@@ -190,20 +190,21 @@ def judge_data(report: VerifyReport) -> VerifyReport:
 
 
 def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
-               announce: Any = None, show_plan: Any = None) -> VerifyReport:
+               announce: Any = None, show_plan: Any = None, note: Any = None) -> VerifyReport:
     """Verify a manifest or a pack (bytes of the file); never raises for a mismatch.
 
     ``show_plan(plan)`` is called with what would run (a
     ``manifest.rerun.plan.RerunPlan``) before the trust decision is enforced
     (unless the manifest was sealed here); ``announce(argv)`` only once the
-    command is allowed to run.
+    command is allowed to run; ``note(sentence)`` with progress the user should see before
+    any training (the rebuilt environment's proof, ``--env run``).
     """
     return judge_data(_verify(data, file=file, cwd=cwd, options=options, announce=announce,
-                              show_plan=show_plan))
+                              show_plan=show_plan, note=note))
 
 
 def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
-            announce: Any, show_plan: Any) -> VerifyReport:
+            announce: Any, show_plan: Any, note: Any = None) -> VerifyReport:
     from manifest.travel.pack import is_pack, read_pack
 
     packed = read_pack(data) if is_pack(data) else None
@@ -220,6 +221,23 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     from manifest.capture.snapshot import probe_machine
 
     machine = probe_machine()  # probed once: for the drift report and the re-run's record
+    from manifest.rerun.environment import rebuilt_environment, this_machine
+
+    used = this_machine(recorded, machine[0])
+    if options.rebuild is not None:  # --env run: drift is the rebuilt environment's
+        from manifest.rerun.environment import probe_env_in
+
+        used = rebuilt_environment(recorded, options.rebuild, tree=root, note=note,
+                                   trust=check_trust(recorded, user_trusted=options.trust,
+                                                     signer=options.signer))
+        if note is not None:
+            note(used.line)
+        if used.python is None:
+            report.environment = used.to_json()
+            report.reason = used.line
+            return report
+        machine = (probe_env_in(used.python, machine[0]), machine[1], machine[2])
+    report.environment = used.to_json()
     report.drift = environment_drift(recorded, machine)
     rerun_options = RerunOptions(
         trust=options.trust, signer=options.signer, sandbox=options.sandbox,
@@ -293,4 +311,5 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             for shown in [list(n.argv) for n in plan.nodes] or [argv]:  # each node's launch
                 announce(shown)
         return rerun_and_compare(recorded, report, plan, workspace, options, machine, blobs,
-                                 packed.outputs if packed else None)
+                                 packed.outputs if packed else None,
+                                 used if options.rebuild is not None else None)

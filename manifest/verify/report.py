@@ -27,6 +27,7 @@ from manifest.weights.compare import ArtifactDelta
 if TYPE_CHECKING:
     from manifest.probes.hardware import NvmlFacts
     from manifest.rerun.cluster.options import ClusterOptions
+    from manifest.rerun.environment import RebuildOptions
 
 Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
 """(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
@@ -100,6 +101,10 @@ class VerifyReport:
     decided, or None when none may), ``resolution``, the confidence, ``trail_verdict`` (the
     trails alone) and ``outputs`` / ``outputs_verdict`` (each declared output held to the
     bound's last step: ``manifest.verify.equivalence``)."""
+    environment: dict[str, Any] | None = None
+    """Which Python environment the re-run used, and the drift was taken from
+    (``manifest.rerun.environment.RunEnvironment.to_json``): ``used`` (``run``: rebuilt and
+    proven, ``here``: this machine's), ``line`` (what the report says), the rebuild's proof."""
     job: dict[str, Any] | None = None
     """Where a cluster executor ran the re-run (``--on``): executor, job id, dashboard or log
     location, bundle name, the host's confinement and network policy, bytes shipped and
@@ -153,6 +158,7 @@ class VerifyReport:
             "plan": self.plan,
             "outside_recipe": self.outside_recipe,
             **({"job": self.job} if self.job is not None else {}),
+            **({"environment": self.environment} if self.environment is not None else {}),
             **({"topology": self.topology} if self.topology is not None else {}),
             **({"numeric": self.numeric} if self.numeric is not None else {}),
         }
@@ -190,6 +196,9 @@ class VerifyOptions:
     """``--envelope N``: where the outputs differ by rounding only, measure the noise envelope
     here (N one-ULP runs with fresh seeds and one under another thread count, in the scratch
     tree) and judge the re-run against it (``manifest.verify.equivalence``)."""
+    rebuild: RebuildOptions | None = None
+    """``--env run``: re-run (and take drift) in the run's own environment, rebuilt by uv and
+    proven (``manifest.rerun.environment.rebuilt_environment``); None: this machine's."""
     outputs: Path | None = None
     """``--outputs DIR``: where the recorded output files are (a run received without them):
     each is checked against its recorded digest, or tensor table, before it is used

@@ -28,6 +28,7 @@ from manifest.weights.compare import compare_artifacts
 if TYPE_CHECKING:
     from manifest.launch.runner import LaunchResult, LaunchSettings
     from manifest.numeric.measure import Measured
+    from manifest.rerun.environment import RunEnvironment
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
     from manifest.verify.equivalence import RecordedFile
@@ -61,10 +62,11 @@ def _first_op_difference(recorded: Manifest, result: Any, store: BlobStore) -> A
 
 def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                       workspace: Workspace, options: VerifyOptions, machine: Machine,
-                      blobs: BlobStore, received: Mapping[str, bytes] | None = None
-                      ) -> VerifyReport:
+                      blobs: BlobStore, received: Mapping[str, bytes] | None = None,
+                      run_env: RunEnvironment | None = None) -> VerifyReport:
     """Run the plan once in ``workspace`` and compare what it wrote with the record.
-    ``received``: the output files a pack carried, by recorded digest."""
+    ``received``: the output files a pack carried, by recorded digest; ``run_env``: the
+    rebuilt environment to run in (``--env run``; None: this machine's)."""
     from manifest.capture.run import build_run_manifest
     from manifest.capture.snapshot import take_snapshot
     from manifest.rerun.dispatch import executor_for
@@ -77,6 +79,15 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     settings = replace(plan.settings, ops=_recorded_ops_window(recorded),
                        root=str(workspace.mount_at), emulate=options.emulate)
     base_env, absent = rerun_env(recorded, workspace.mount_at)
+    if run_env is not None and run_env.venv is not None:
+        # the rebuilt venv, read-only in the sandbox (private /tmp would hide one under it)
+        tool = run_env.tool_folder(workspace.scratch)
+        base_env = run_env.apply(base_env, tool)
+        workspace = replace(workspace, ro_binds=(*workspace.ro_binds, (run_env.venv,
+                                                 run_env.venv), (tool, tool)))
+        if plan.argv and Path(plan.argv[0]).is_absolute():
+            report.notes.append(f"the command names its interpreter by path ({plan.argv[0]}): "
+                                "it runs that one, not the rebuilt environment's")
     report.drift.extend(Drift("command.code_env", "bits",
                               f"{entry} (on a code path variable at capture) does not exist "
                               "here: other code may be imported") for entry in absent)
