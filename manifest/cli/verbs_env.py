@@ -151,7 +151,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         lines = [f"python: {printable(str(built.python))}" if built.python
                  else "python: none (not built)"]
         if built.cached:
-            lines.append("from the cache, re-proven")
+            lines.append("from the cache (checked: no file changed, or every file hashed again)")
         lines.append(proof.line())
         for f in proof.differing():
             lines.append(f"  {printable(f.name)} {printable(f.version)}: {f.status.value} "

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from manifest.errors import ManifestError, NoVerdictError, UsageError
+from manifest.errors import ManifestError, MissingExtraError, NoVerdictError, UsageError
 from manifest.pyenv import cache
 from manifest.pyenv.archives import Archive, locate
 from manifest.pyenv.prove import Proof, not_built, prove_pins, site_packages
@@ -79,11 +79,6 @@ def find_uv() -> str:
     try:
         import uv  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        try:
-            from manifest.errors import MissingExtraError
-        except ImportError:  # pragma: no cover - an errors module without the helper
-            raise UsageError("rebuilding an environment needs uv: "
-                             "pip install 'torch-manifest[rebuild]'.") from None
         raise MissingExtraError("uv", "rebuild", what="rebuilding an environment") from None
     found: str = uv.find_uv_bin()
     return found
