@@ -124,7 +124,7 @@ def test_example_threads_names_the_first_op_that_differs(tmp_path: Path) -> None
     code, report, stderr = explain(repo, manifest, "--threads", "1")
     assert code == 1, stderr
     assert report["first_step"] == 1
-    assert report["cause"] == "configuration"
+    assert report["cause"] == "threads" and report["threads"] == [2, 1]
     [finding] = report["findings"]
     assert finding["kind"] == "op-differs"
     assert finding["op"].startswith("aten::")

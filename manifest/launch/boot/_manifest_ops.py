@@ -37,6 +37,8 @@ fingerprints) and ``benchmarks/trail_overhead.py``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import numbers
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -87,6 +89,9 @@ def _describe(t: Any) -> str:
         shape = str(list(t.shape))
     except Exception:  # a nested tensor has no single shape
         shape = "[?]"
+    torch = sys.modules["torch"]
+    if _plain_dense(torch, t):
+        return f"{dtype}{shape}"
     kind = _what_kind(t)
     return f"{dtype}{shape}" if kind in ("Tensor", "Parameter") else f"{dtype}{shape} {kind}"
 
@@ -191,6 +196,8 @@ def _value_parts(torch: Any, t: Any) -> str | tuple[str, list[Any]]:
     traceable wrapper subclass (DTensor, a jagged nested tensor) its inner
     tensors. A tensor with no bytes here (meta, fake) gives ``unreadable: <what>``.
     """
+    if _plain_dense(torch, t):
+        return "", [t]
     layout = str(t.layout).removeprefix("torch.")
     if t.device.type == "meta" or type(t).__name__ == "FakeTensor":
         return f"unreadable: {_what_kind(t)}"
@@ -225,6 +232,12 @@ def _value_parts(torch: Any, t: Any) -> str | tuple[str, list[Any]]:
     if layout != "strided":
         return f"unreadable: {layout}"
     return "", [t]
+
+
+def _plain_dense(torch: Any, t: Any) -> bool:
+    """The common case, checked first (every op's every tensor passes here)."""
+    return bool(type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided
+                and not t.is_quantized and not t.is_nested and t.device.type != "meta")
 
 
 def _what_kind(t: Any) -> str:
@@ -307,13 +320,9 @@ def numbers_text(args: Any, kwargs: dict[str, Any]) -> str:
     is exact, so equal texts mean equal numbers. Recorded after the tensor inputs,
     as one entry: the tensors keep their positions.
     """
-    import numbers
-
     found = [x for x in _leaves((args, kwargs)) if isinstance(x, numbers.Number)]
     if not found:
         return ""
-    import hashlib
-
     text = repr([x.item() if hasattr(x, "item") else x for x in found]).encode()
     return NUMBERS + hashlib.blake2b(text, digest_size=8).hexdigest()
 
