@@ -218,3 +218,28 @@ def test_verify_folds_a_torch_builds_cuda_libraries_and_says_each_fact_once(
     diff = run_cli("diff", "--verbose", "run.json", name, cwd=repo.path, env=cli_env,
                    timeout=300)
     assert "nvidia-nvjitlink" in diff.text
+
+
+def test_the_plan_shown_before_trust_carries_the_drift(
+        repo: GitRepo, cli_env: dict[str, str]) -> None:
+    from manifest.canonical import seal
+
+    repo.write(".gitignore", "*.json\n")
+    repo.commit("ignore")
+    name = _cuda_build_run(repo, cli_env, devices=[])  # re-sealed: not sealed by this machine
+    result = run_cli("verify", name, cwd=repo.path, env=cli_env, timeout=300)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    refusal = next(i for i, line in enumerate(lines) if "refusing to run" in line)
+    drift = [i for i, line in enumerate(lines) if line.startswith("manifest:   drift (")]
+    assert len(drift) == 3 and max(drift) < refusal, result.stderr
+    assert lines[drift[0]].startswith("manifest:   drift (bits): torch 9.9.1+cu130 → ")
+    assert lines[drift[0]].endswith("this run used no GPU")
+    # Positive control: a run of this very environment, not sealed here, has a plan and no drift.
+    doc = json.loads((repo.path / "run.json").read_bytes())
+    doc["observed"]["started_at"] = "2026-01-01T00:00:00Z"
+    (repo.path / "other.json").write_text(seal(doc).model_dump_json(by_alias=True),
+                                          encoding="utf-8")
+    result = run_cli("verify", "other.json", cwd=repo.path, env=cli_env, timeout=300)
+    assert result.returncode == 2 and "manifest: verify would run:" in result.stderr
+    assert "drift (" not in result.stderr

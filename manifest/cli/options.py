@@ -25,7 +25,7 @@ and defaults by calling it, and a test can walk the parser once for all verbs:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -35,6 +35,7 @@ from manifest.errors import UsageError
 if TYPE_CHECKING:
     from manifest.rerun.cluster.options import ClusterOptions
     from manifest.rerun.plan import RerunPlan
+    from manifest.verify.report import Drift
 
 
 class ReportFormat(StrEnum):
@@ -250,8 +251,9 @@ def cluster_flag_names() -> list[str]:
     return list(names)
 
 
-def show_plan(plan: RerunPlan) -> None:
-    """What a verb would run, every string escaped, before it runs or refuses (stderr)."""
+def show_plan(plan: RerunPlan, drift: Sequence[Drift] = ()) -> None:
+    """What a verb would run, every string escaped, before it runs or refuses (stderr);
+    with the environment drift verify found, so it is read before the decision to run."""
     from manifest.cli.render import render_plan
 
-    render_plan(plan)
+    render_plan(plan, drift=drift)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from manifest.cli.text import (
@@ -159,8 +160,10 @@ def render_dry_run(argv: list[str], file: TextIO | None = None) -> None:
     stream.flush()
 
 
-def render_plan(plan: RerunPlan, file: TextIO | None = None) -> None:
-    """What a verb will run (or would, before a refusal), every string escaped (stderr)."""
+def render_plan(plan: RerunPlan, file: TextIO | None = None, *,
+                drift: Sequence[Drift] = ()) -> None:
+    """What a verb will run (or would, before a refusal), every string escaped (stderr),
+    then the environment drift, folded as the report folds it."""
     stream = file or sys.stderr
     head = (f"will run ({plan.trust.reason})" if plan.trust.allowed else "would run")
     lines = [f"manifest: {plan.verb} {head}:"] + [
@@ -168,6 +171,10 @@ def render_plan(plan: RerunPlan, file: TextIO | None = None) -> None:
         if line.startswith("confinement: ") else f"manifest:   {line}" for line in plan.lines()]
     if plan.trust.allowed and plan.trust.reason != plain_trust(plan.trust.reason):
         lines.append(f"manifest:   allowed because {plain_trust(plan.trust.reason)}")
+    from manifest.cli.text import printable
+
+    lines.extend(f"manifest:   drift ({impact}): {printable(reason)}"
+                 for impact, reason in folded_drift(folded_environment(list(drift))))
     stream.write("\n".join(lines) + "\n")
     stream.flush()
 

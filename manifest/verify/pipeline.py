@@ -193,8 +193,9 @@ def verify_run(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
                announce: Any = None, show_plan: Any = None, note: Any = None) -> VerifyReport:
     """Verify a manifest or a pack (bytes of the file); never raises for a mismatch.
 
-    ``show_plan(plan)`` is called with what would run (a
-    ``manifest.rerun.plan.RerunPlan``) before the trust decision is enforced
+    ``show_plan(plan, drift)`` is called with what would run (a
+    ``manifest.rerun.plan.RerunPlan``) and the environment drift before the trust
+    decision is enforced
     (unless the manifest was sealed here); ``announce(argv)`` only once the
     command is allowed to run; ``note(sentence)`` with progress the user should see before
     any training (the rebuilt environment's proof, ``--env run``).
@@ -252,7 +253,7 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         if not decision.allowed:
             if show_plan is not None and recorded.command is not None:
                 show_plan(plan_from_manifest(recorded, verb="verify", root=root,
-                                             options=rerun_options))
+                                             options=rerun_options), report.drift)
             outside = ", ".join(escape_text(i.path) for i in inputs if i.outside)
             raise UntrustedManifestError(
                 f"refusing to read the datasets outside the repository that the manifest "
@@ -295,7 +296,7 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     report.trust = plan.trust.reason if plan.trust.allowed else None
     report.confinement = plan.confinement
     if show_plan is not None and plan.trust.basis != "sealed":
-        show_plan(plan)
+        show_plan(plan, report.drift)  # the drift too: it weighs in the decision to run
     plan.require()
     argv_to_run(plan.argv)  # a missing MANIFEST_SECRET_N is refused before any work
 
