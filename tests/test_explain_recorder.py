@@ -161,3 +161,15 @@ def test_a_fault_in_the_recorder_is_kept_and_never_reaches_the_script(tmp_path: 
     other = tmp_path / "control"
     other.mkdir()
     assert "error" not in window_run(other, body)
+
+
+def test_the_accelerator_path_fingerprints_a_sparse_tensor_with_its_layout() -> None:
+    from manifest.launch.boot._manifest_ops import _Fingerprinter, fingerprint_text
+
+    fp = _Fingerprinter(torch, device_sums=True)  # the CUDA code path, on CPU tensors
+    slots = [fp(adjacency(5.0)), fp(adjacency(6.0)), fp(torch.ones(3))]
+    fp.resolve()
+    five, six, dense = (fingerprint_text(s) for s in slots)
+    assert five.startswith("sparse_coo[4, 4]:s") and six.startswith("sparse_coo[4, 4]:s")
+    assert five != six  # positive control: one stored value differs
+    assert dense.startswith("s") and ":" not in dense  # a dense tensor's text is unchanged
