@@ -52,7 +52,8 @@ def register_env(sub: argparse._SubParsersAction[Parser]) -> None:
         "env", help="the run's Python environment: a standard lock, or rebuilt and proven",
         description="The run's Python environment, from what capture recorded of each "
         "distribution (version, wheel tags, direct URL, a digest of its files). " + _HOW)
-    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser,
+                               help="lock (write pylock.toml) or build (rebuild and prove)")
     lock = actions.add_parser(
         "lock", help="write the recorded environment as a PEP 751 pylock.toml",
         description="Write the distributions the run imported (plus torch and its CUDA "
@@ -75,7 +76,7 @@ def register_env(sub: argparse._SubParsersAction[Parser]) -> None:
     add_format_option(build, what="the proof",
                       formats=(ReportFormat.TABLE, ReportFormat.JSON))
     build.set_defaults(func=_cmd_build)
-    p.set_defaults(func=_cmd_env_help, env_parser=p)
+    p.set_defaults(func=_cmd_env_help)
 
 
 def _cmd_env_help(args: argparse.Namespace) -> int:
