@@ -32,6 +32,12 @@ of steps is ever recorded
 One recorder, three users: the op window of ``manifest explain``
 (``_manifest_opstream``), the lab's op audit (``_manifest_audit``, without
 fingerprints) and ``benchmarks/trail_overhead.py``.
+
+Longer than 500 lines because it is the recorder and everything it reads, for
+one reader: the fingerprint of each tensor layout (dense, sparse, quantized,
+nested, wrapper subclasses), the memory no op wrote, the module stack and the
+source line are used by the recorder alone, inside the user's step, and each
+module the launcher loads there is one more import on its path.
 """
 
 from __future__ import annotations
