@@ -146,3 +146,25 @@ def test_uv_reads_an_option_line_in_a_requirements_file(tmp_path: Path) -> None:
     reqs.write_text(f"--find-links={planted}\nalpha==1.0\n")
     done = compile_()
     assert done.returncode == 0 and "alpha==1.0" in done.stdout, done.stderr
+
+
+def test_an_index_link_that_would_be_two_requirement_lines_is_not_served(
+        tmp_path: Path) -> None:
+    """An index page is data from the index: a link holding a newline (which would add an
+    option line to uv's requirements file) serves nothing; the honest link serves."""
+    from manifest.pyenv.archives import locate
+
+    [pin] = pins_of({"alpha": HONEST}, tree=None)
+    page = tmp_path / "simple" / "alpha"
+    page.mkdir(parents=True)
+    plan = plan_sources(None, index_urls=[(tmp_path / "simple").as_uri()], trust=UNTRUSTED,
+                        tree=None)
+    sha = "d" * 64
+    honest = f'<a href="../../files/alpha-1.0-py3-none-any.whl#sha256={sha}">a</a>'
+    (page / "index.html").write_text(honest)
+    found = locate(pin, plan)
+    assert found is not None and found.sha256 == sha  # positive control
+    hostile = ('<a href="../../files/alpha-1.0-py3-none-any.whl&#10;--find-links /tmp/evil'
+               f'&#10;x/alpha-1.0-py3-none-any.whl#sha256={sha}">a</a>')
+    (page / "index.html").write_text(hostile)
+    assert locate(pin, plan) is None

@@ -120,6 +120,9 @@ def _index_archives(index: str, pin: Pin) -> Archive | None:
     links.feed(page)
     for href in links.hrefs:
         url = urljoin(page_url, href)
+        if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url) or \
+                urlsplit(url).scheme not in ("https", "http", "file"):
+            continue  # a link that could be more than one requirement line: never served
         base, _, fragment = url.partition("#")
         filename = unquote(urlsplit(base).path.rsplit("/", 1)[-1])
         if not serves(filename, pin):

@@ -47,7 +47,14 @@ from manifest.errors import ManifestError, MissingExtraError, NoVerdictError, Us
 from manifest.pyenv import cache
 from manifest.pyenv.archives import Archive, locate
 from manifest.pyenv.prove import Proof, not_built, prove_pins, site_packages
-from manifest.pyenv.sources import Pin, SourcePlan, pins_of, plan_sources, rebuild_set
+from manifest.pyenv.sources import (
+    HostileRecordError,
+    Pin,
+    SourcePlan,
+    pins_of,
+    plan_sources,
+    rebuild_set,
+)
 
 if TYPE_CHECKING:
     from manifest.models import Manifest
@@ -139,6 +146,9 @@ def requirements(pins: list[Pin], located: dict[str, Archive]) -> str:
         archive = located.get(pin.name)
         if archive is None:
             continue
+        if any(ch.isspace() or ord(ch) < 0x20 for ch in archive.url):
+            raise HostileRecordError(f"refusing the URL found for {pin.name}: it holds "
+                                     "white space or control characters.")
         line = f"{pin.name} @ {archive.url}"
         if archive.sha256:
             line += f" --hash=sha256:{archive.sha256}"
