@@ -168,3 +168,25 @@ def test_an_index_link_that_would_be_two_requirement_lines_is_not_served(
                f'&#10;x/alpha-1.0-py3-none-any.whl#sha256={sha}">a</a>')
     (page / "index.html").write_text(hostile)
     assert locate(pin, plan) is None
+
+
+def test_a_recorded_archive_hash_is_required_of_the_file_found(tmp_path: Path) -> None:
+    """A wheel the author installed from a file records its sha256: a file of the same name
+    and version with other bytes does not serve it; the same bytes do."""
+    import hashlib
+
+    from manifest.pyenv.archives import locate
+    from tests.pyenv_wheels import make_wheel
+
+    wheel = make_wheel(tmp_path / "wheels", "alpha", "1.0", {"alpha/__init__.py": b"X = 1\n"})
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    plan = plan_sources(None, find_links=[tmp_path / "wheels"], trust=UNTRUSTED, tree=None)
+
+    def pin_recording(digest: str) -> Any:
+        record = dict(HONEST, direct_url={"url": "file:///author/alpha-1.0-py3-none-any.whl",
+                                          "archive_hash": f"sha256={digest}"})
+        return pins_of({"alpha": record}, tree=None)[0]
+
+    found = locate(pin_recording(sha), plan)
+    assert found is not None and found.sha256 == sha  # positive control
+    assert locate(pin_recording("e" * 64), plan) is None
