@@ -216,8 +216,6 @@ for step in range(1, 4):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    import manifest
-    manifest.trail(step, loss=loss)
 os.makedirs("out", exist_ok=True)
 torch.save({"w": w.detach()}, "out/w.pt")
 """
