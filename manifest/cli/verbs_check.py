@@ -214,7 +214,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             sys.stderr.write(f"manifest: note: {note}.\n")
     explained = None
     if args.explain and report.verdict == "differs":
-        explained = _explain_after_verify(args, report.first_divergent_step)
+        explained = _explain_after_verify(args, data, signer, report.first_divergent_step)
     if args.format is ReportFormat.JSON:
         from manifest.cli.text import json_text
 
@@ -300,12 +300,14 @@ def trusted_signer(args: argparse.Namespace, data: bytes) -> str | None:
     return check.signer if check is not None and check.trusted else None
 
 
-def _explain_after_verify(args: argparse.Namespace, step: int | None) -> ExplainReport:
+def _explain_after_verify(args: argparse.Namespace, data: bytes, signer: str | None,
+                          step: int | None) -> ExplainReport:
+    """explain on the bytes verify read (``-`` is stdin, which can be read once) with the
+    signer verify checked (checked once, named once on stderr)."""
     from manifest.explain.pipeline import ExplainOptions, explain_run
 
-    data = read_manifest_file(args.file)
     # Past step 1000 the recorded trail is sampled: let explain locate the exact step.
-    options = ExplainOptions(rerun=rerun_options(args, trusted_signer(args, data)),
+    options = ExplainOptions(rerun=rerun_options(args, signer),
                              threads=args.threads, keep=args.keep,
                              step=step if step is not None and step <= 1000 else None)
     return explain_run(data, file=args.file, cwd=Path.cwd(), options=options,
