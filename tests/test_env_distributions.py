@@ -25,6 +25,7 @@ from manifest.canonical import compute_run_id, load_manifest, seal, to_document
 from manifest.diff.engine import diff_manifests
 from manifest.models import Manifest
 from manifest.probes.distributions import (
+    NO_RECORD,
     _content_lines,
     environment_digest,
     locate_distributions,
@@ -211,6 +212,20 @@ def test_no_record_gives_none(tmp_path: Path) -> None:
     bare.mkdir()
     assert record_digest(bare, tmp_path) is None
     assert prove_distribution(bare, tmp_path) is None
+
+
+def test_probe_env_says_why_a_distribution_has_no_files(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    egg = tmp_path / "legacy-2.0.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.0\nName: legacy\nVersion: 2.0\n\n")
+    monkeypatch.setattr(sys, "path", [sys.path[0], str(tmp_path), *sys.path[1:]])
+    env = probe_env()
+    assert env.distributions is not None and env.distributions["legacy"].files is None
+    assert env.unavailable["distributions[legacy].files"] == NO_RECORD
+    # positive control: a distribution with a RECORD has files and no reason
+    assert env.distributions["torch"].files is not None
+    assert not any(key.startswith("distributions[torch]") for key in env.unavailable)
 
 
 def test_the_cache_is_missed_when_record_is_rewritten(pip_site: Path, tmp_path: Path) -> None:

@@ -197,17 +197,15 @@ def record_digest(dist_info_dir: Path, site_dir: Path) -> str | None:
     """``blake3:<hex>`` of the distribution's content lines in its RECORD (module docstring).
 
     None when there is no readable RECORD (egg-info, some editable installs):
-    :func:`missing_record_reason` words why.
+    the env probe stores :data:`NO_RECORD` for it in ``env.unavailable``.
     """
     lines = _content_lines(dist_info_dir, site_dir)
     return None if lines is None else _digest(lines)
 
 
-def missing_record_reason(dist_info_dir: Path) -> str:
-    """The sentence stored when :func:`record_digest` gives None."""
-    if dist_info_dir.name.endswith(".egg-info"):
-        return "an egg-info install (setup.py develop or an old installer) lists no file hashes"
-    return "its dist-info has no readable RECORD"
+NO_RECORD = ("no RECORD lists its files (an egg-info, or an editable install by an old "
+             "installer): its version is recorded, its files are not")
+"""The reason stored in ``env.unavailable`` for a distribution whose files are None."""
 
 
 def _file_facts(path: Path, algo: str) -> tuple[str, str]:

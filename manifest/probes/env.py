@@ -32,6 +32,7 @@ from manifest.canonical import blake3_name, canonical_bytes
 from manifest.models import Container, Env
 from manifest.probes.distributions import (
     _DIST_SUFFIXES,
+    NO_RECORD,
     environment_digest,
     probe_distributions,
     probe_sources,
@@ -191,6 +192,9 @@ def probe_env(cuda_driver: str | None = None, cuda_driver_reason: str | None = N
         unavailable["numpy"] = "numpy is not installed"
     listing = sorted(f"{n}=={v}" for n, v in packages.items())
     distributions = {n: d for n, d in probe_distributions().items() if n in packages}
+    for name, record in distributions.items():
+        if record.files is None:
+            unavailable[f"distributions[{name}].files"] = NO_RECORD
     return Env(
         python=python_version(),
         implementation=sys.implementation.name,
