@@ -77,7 +77,12 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     ("cryptography", "sign", ("verify", "run.json", "--no-rerun")),
     ("cryptography", "sign", ("show", "run.json")),
     ("submitit", "slurm", ("verify", "run.json", "--on", "slurm", "--trust")),
+    ("ray", "ray", ("verify", "run.json", "--on", "ray", "--trust")),
+    ("kubernetes", "k8s", ("explain", "run.json", "--on", "k8s", "--trust")),
     ("boto3", "s3", ("capture", "--data", "s3://bucket/prefix", "--", "true")),
+    ("google", "gcs", ("capture", "--data", "gs://bucket/prefix", "--", "true")),
+    ("huggingface_hub", "hf", ("capture", "--data", "hf://datasets/org/name@main", "--",
+                               "true")),
 ])
 def test_a_missing_extra_is_its_install_line(signed: tuple[Path, Path, Path], tmp_path: Path,
                                              blocked: str, extra: str,
