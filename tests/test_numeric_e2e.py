@@ -16,7 +16,7 @@ from typing import Any
 import blake3
 import pytest
 
-from tests.runs import capture, make_repo, manifest_cli
+from tests.runs import capture, git, make_repo, manifest_cli
 
 pytestmark = pytest.mark.slow
 
@@ -145,7 +145,10 @@ def test_explain_says_a_parting_on_another_thread_count_is_rounding(
 def test_diff_weighs_outputs_equivalent_across_thread_counts(
         repo: Path, enveloped: tuple[Path, dict[str, Any]]) -> None:
     path, _ = enveloped
-    other, _ = capture(repo, "--threads", "1", command=["python", "train.py", "--steps", "12"],
+    # the other run in a clone: diff compares both runs' outputs, each where its manifest is
+    clone = repo.parent / "threads1"
+    git(repo.parent, "clone", "-q", str(repo), str(clone))
+    other, _ = capture(clone, "--threads", "1", command=["python", "train.py", "--steps", "12"],
                        name="threads1.json")
     proc = manifest_cli("diff", str(path), str(other), "--json", cwd=repo)
     result = json.loads(proc.stdout)

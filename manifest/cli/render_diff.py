@@ -110,6 +110,10 @@ def _summary(result: ManifestDiff) -> str:
         from manifest.cli.text import markup  # device names are the manifests' authors'
 
         line += f" No numeric verdict: {markup(result.numeric['sentence'])}."
+    elif result.numeric is not None and result.numeric.get("outputs_verdict") == "outside":
+        from manifest.cli.text import markup  # output paths are the manifests' authors'
+
+        line += f" The outputs differ beyond rounding: {markup(result.numeric['sentence'])}."
     elif result.numeric is not None:
         line += f" Outside the noise envelope: {result.numeric['sentence']}."
     return line

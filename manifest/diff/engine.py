@@ -18,7 +18,9 @@ is more than a screen or two (the single module was 600 lines):
    generator line says so, and when those are the only ``bits`` lines the exit status
    follows the outputs (``manifest.diff.result.WEIGHED_BY_OUTPUTS``). Outputs that differ
    while every input difference is rounding only (hardware, driver, library build, threads) are
-   ``equivalent`` when the numeric trails stay inside a run's noise envelope.
+   ``equivalent`` when both runs were sealed here, their numeric trails stay inside the noise
+   envelope, and both runs' output files, found on disk with their recorded tensors, lie
+   within the bound's last step (``weigh_outputs``).
 
 The result and its documented ``--json`` shape are ``manifest.diff.result``.
 :func:`load_for_diff` reads one side, naming its file in every error.
@@ -31,7 +33,9 @@ that have none of them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from manifest.diff.refine import find_nondeterminism, refine_labels
@@ -89,8 +93,28 @@ def load_for_diff(data: bytes, *, name: str) -> Manifest:
 # ------------------------------------------------------------------- diffing
 
 
-def diff_manifests(a: Manifest, b: Manifest) -> ManifestDiff:
-    """Compare two manifests field by field; see the module docstring."""
+def outputs_root(manifest_file: str) -> Path | None:
+    """Where a manifest's recorded output paths are looked for by diff: the repository
+    (the nearest directory above the file holding ``.git``) that holds the manifest file;
+    None for stdin or a file outside any repository (its outputs are then not compared)."""
+    if manifest_file == "-":
+        return None
+    try:
+        here = Path(manifest_file).resolve().parent
+    except (OSError, RuntimeError):
+        return None
+    for folder in (here, *here.parents):
+        if os.path.lexists(folder / ".git"):
+            return folder
+    return None
+
+
+def diff_manifests(a: Manifest, b: Manifest,
+                   roots: tuple[Path | None, Path | None] = (None, None)) -> ManifestDiff:
+    """Compare two manifests field by field; see the module docstring. ``roots``: the
+    repositories each side's outputs are read from when diff weighs them numerically
+    (``outputs_root``); without one that side's outputs are not compared, and the two runs
+    are never ``equivalent``."""
     walker = Walker()
     for name in type(a).model_fields:
         loc_name = "schema" if name == "schema_" else name
@@ -104,7 +128,7 @@ def diff_manifests(a: Manifest, b: Manifest) -> ManifestDiff:
         found, key=lambda d: (d.impact is not Impact.BITS, order.get(d.section, len(order)))
     )
     nondet = find_nondeterminism(found) if a.run_id == b.run_id else None
-    outputs, numeric = weigh_outputs(a, b, ranked)
+    outputs, numeric = weigh_outputs(a, b, ranked, roots)
     if outputs == "identical":
         ranked = [_outputs_identical(d) for d in ranked]
     return ManifestDiff(
@@ -126,12 +150,23 @@ def _has_evidence(m: Manifest) -> bool:
         out.artifacts or any(p.trail for p in out.processes))
 
 
-def weigh_outputs(a: Manifest, b: Manifest,
-                  found: list[Difference]) -> tuple[str | None, dict[str, Any] | None]:
+def weigh_outputs(a: Manifest, b: Manifest, found: list[Difference],
+                  roots: tuple[Path | None, Path | None] = (None, None),
+                  ) -> tuple[str | None, dict[str, Any] | None]:
     """Step 5, the evidence: did the two runs produce the same thing? ``identical`` (no
-    output, trail state or ending differs), ``equivalent`` (they differ, every input that
-    differs in bits is rounding only and the numeric trails stay inside the envelope that
-    either run carries), ``differ``; None when a side has nothing to compare."""
+    output, trail state or ending differs), ``equivalent``, ``differ``; None when a side
+    has nothing to compare.
+
+    ``equivalent`` is the judgement verify makes of a re-run, with both runs' own numbers
+    held to what this machine can vouch for: every input that differs in bits is rounding
+    only; the envelope is one sealed here (``_vouched_envelope``); both numeric trails were
+    sealed here (a trail sits outside identity: anyone who can re-seal a manifest can put
+    another run's trail in it); the trails lie inside the envelope (``numeric.envelope
+    .judge``); and every declared output of both runs is on disk at its recorded path
+    (``roots``) with its recorded tensors, and the two lie within the bound's last step
+    (``verify.equivalence.output_distance`` and ``bind_outputs``, verify's own rule).
+    Where any of that cannot be checked, the numeric verdict is ``not-compared`` with the
+    reason, and the outputs ``differ`` (exit 1, ``manifest.verdicts.DIFF_OUTCOMES``)."""
     if not (_has_evidence(a) and _has_evidence(b)):
         return None, None
     produced = [d for d in found if d.impact is Impact.BITS and d.rule.startswith(
@@ -147,17 +182,99 @@ def weigh_outputs(a: Manifest, b: Manifest,
     moved = device_change(a, b)  # other devices: no envelope decides (verify says the same)
     rest = [d.path for d in inputs if d.rule not in _DEVICE_RULES]
     if moved is not None and (not rest or rounding_only(rest)):
-        return "differ", {"verdict": "not-compared", "reason": moved, "sentence": moved}
+        return "differ", _not_compared(moved)
     envelope = _vouched_envelope(a) or _vouched_envelope(b)
     if not rounding_only([d.path for d in inputs]) or envelope is None:
         return "differ", None
+    from manifest.trust import was_sealed_here
+
+    unvouched = [side for side, m in (("A", a), ("B", b)) if not was_sealed_here(m.digest)]
+    if unvouched:
+        return "differ", _not_compared(
+            f"{' and '.join(unvouched)} was not sealed on this machine, and a numeric trail "
+            "is its author's numbers (outside identity): whether the difference is rounding "
+            "was not judged (`manifest verify --envelope N` re-runs it here)")
     again = {p.rank: p.numeric or [] for p in b.outputs.processes}
     verdicts = [judge(p.numeric or [], again.get(p.rank, []), envelope)
                 for p in a.outputs.processes if p.numeric]
     if not verdicts:
         return "differ", None
     worst = next((v for v in verdicts if v.verdict != "equivalent"), verdicts[0])
-    return ("equivalent" if worst.verdict == "equivalent" else "differ"), worst.to_json()
+    doc = worst.to_json()
+    if worst.verdict != "equivalent":
+        return "differ", doc
+    return _hold_outputs(a, b, roots, envelope, doc)
+
+
+def _not_compared(reason: str) -> dict[str, Any]:
+    return {"verdict": "not-compared", "reason": reason, "sentence": reason}
+
+
+def _hold_outputs(a: Manifest, b: Manifest, roots: tuple[Path | None, Path | None],
+                  envelope: Envelope, doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The trails lie inside the envelope: the outputs decide, compared numerically as
+    verify compares a re-run's (``bind_outputs``), each side's file checked against its
+    own recorded tensors first (``output_distance``). Anything not compared: ``differ``."""
+    from manifest.numeric.calibration import verdict_calibration
+    from manifest.verify.equivalence import OutputDistance, bind_outputs
+
+    assert a.outputs is not None and b.outputs is not None
+    trail = next((p.numeric for p in sorted(a.outputs.processes, key=lambda p: p.rank)
+                  if p.numeric), None) or []
+    calibration = verdict_calibration(envelope, trail)
+    theirs = {art.path: art for art in b.outputs.artifacts}
+    outputs: list[OutputDistance] = []
+    for art in a.outputs.artifacts:
+        other = theirs.get(art.path)
+        if other is None:
+            outputs.append(OutputDistance(art.path, problem="B declares no output at this "
+                                          "path: the outputs were not compared"))
+            continue
+        outputs.append(_output_pair(art, other, a, b, roots))
+    if not outputs:
+        outputs.append(OutputDistance("(none)", problem="A declares no output: the outputs "
+                                      "were not compared"))
+    doc["trail_verdict"] = doc["verdict"]
+    problem = bind_outputs(doc, outputs, calibration, compared=True)
+    doc["outputs"] = [o.to_json() for o in outputs]
+    if problem is None:
+        return "equivalent", doc
+    compared = doc.get("outputs_verdict") == "outside"
+    doc["verdict"] = "differs" if compared else "not-compared"
+    doc["reason"] = f"the step trails lie inside the envelope, but {problem}"
+    doc["sentence"] = doc["reason"]
+    return "differ", doc
+
+
+def _output_pair(art: Any, other: Any, a: Manifest, b: Manifest,
+                 roots: tuple[Path | None, Path | None]) -> Any:
+    """One declared output of A against B's at the same recorded path: both files on disk
+    with their own recorded tensors, the distance the larger of the two directions."""
+    from manifest.verify.equivalence import OutputDistance, output_distance
+
+    files = []
+    for side, m, root in (("A", a, roots[0]), ("B", b, roots[1])):
+        if root is None:
+            return OutputDistance(art.path, problem=f"{side}'s repository is not known (a "
+                                  "manifest read from stdin or from outside a repository): "
+                                  "the outputs were not compared")
+        assert m.command is not None
+        files.append(root / m.command.cwd / art.path)
+    if files[0] == files[1]:
+        return OutputDistance(art.path, problem=(
+            "both runs recorded it at the same place, which holds at most one of them (a "
+            "later run writes over the earlier's): the outputs were not compared"))
+    try:
+        there = output_distance(art, files[0], files[1])
+        back = output_distance(other, files[1], files[0])
+    except ImportError as exc:  # diff runs where numpy may be missing (CI jobs)
+        return OutputDistance(art.path, problem=f"{exc.name or 'numpy'} is not installed "
+                              "here: the outputs were not compared")
+    for side, got in (("A", there), ("B", back)):
+        if got.problem is not None:
+            return OutputDistance(art.path, problem=f"{side}'s file: {got.problem}")
+    assert there.distance is not None and back.distance is not None
+    return there if there.distance >= back.distance else back
 
 
 _DEVICE_RULES = frozenset(f"determinism.processes[*].{field}"
