@@ -19,8 +19,11 @@ three checks, in order, each ending ``pass``, ``fail``, ``skip`` or
   ``data``). Causes found: fail, "accept with ``--update-baseline``". No
   cause: fail as non-reproducible (an undeclared input moved the weights).
   When env or hardware differ from the baseline's in a way that can change
-  bits (another runner type), the drift is reported and the weights are not
-  compared, unless ``same_env = true``, which turns that drift into causes.
+  bits (another runner type), the drift is reported and the weights are still
+  compared: identical passes; moved weights are ``no-verdict`` (the runner may
+  have moved them), judged against the baseline's noise envelope under
+  ``allow_equivalent = true``, or with the drift as causes under
+  ``same_env = true``. A baseline check never passes without comparing weights.
 * **hygiene**: tree clean or its patch recorded, a lockfile digested,
   datasets declared and unchanged between the two runs, every determinism
   flag still in force when each process exited, the thread count pinned in
@@ -46,7 +49,7 @@ pyproject's directory; every key optional)::
     require_lockfile = true # hygiene: a lockfile (uv.lock, requirements*.txt, ...) is digested
     require_data = true     # hygiene: at least one dataset is declared
 
-Exit status: 0 every check passed or was skipped, 1 a check failed, 2 bad
-configuration or input, 3 no verdict (the training failed, an output went
-missing). This module never prints; ``manifest.cli.render_gate`` renders.
+Exit status: 0 every check passed or was skipped (a check the mode does not
+run), 1 a check failed, 2 bad configuration or input, 3 no verdict (the training
+failed, an output went missing, moved weights on another environment). This module never prints; ``manifest.cli.render_gate`` renders.
 """
