@@ -31,6 +31,7 @@ from manifest.errors import UsageError
 
 if TYPE_CHECKING:
     from manifest.explain.pipeline import ExplainReport
+    from manifest.rerun.environment import RebuildOptions
     from manifest.rerun.plan import RerunOptions
 
 
@@ -142,6 +143,7 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--layout", metavar="NxP", default=None,
                    help="re-run a torchrun run here on N nodes x P processes per node (the "
                    "report says whether that layout is the same, equivalent or changed)")
+    add_environment_options(p)
     p.add_argument("--outputs", metavar="DIR", default=None,
                    help="where the run's recorded output files are, for a run received "
                    "without them (a pack made without --with-outputs): each is looked for at "
@@ -194,7 +196,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                             sandbox=not args.no_sandbox, require_sandbox=args.require_sandbox,
                             signer=signer, cluster=cluster_from_args(args), layout=args.layout,
                             envelope=args.envelope, emulate=args.emulate,
-                            outputs=_outputs_dir(args.outputs, args.no_rerun))
+                            outputs=_outputs_dir(args.outputs, args.no_rerun),
+                            rebuild=rebuild_options(args))
     if options.emulate and (options.envelope or options.cluster is not None):
         raise UsageError("--emulate is judged against the run's envelope at that precision "
                          "(capture --envelope N --precision P) on this machine; it cannot "
@@ -204,7 +207,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                          "be combined with --on.")
     dry = options.cluster is not None and options.cluster.dry_run
     report = verify_run(data, file=args.file, cwd=Path.cwd(), options=options,
-                        announce=render_dry_run if dry else render_command, show_plan=show_plan)
+                        announce=render_dry_run if dry else render_command, show_plan=show_plan,
+                        note=None if args.quiet else _note)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
         sys.stderr.write(f"manifest: the re-run ran {plain_confinement(report.confinement)}; "
                          f"it was allowed to run because {plain_trust(report.trust)}.\n")
@@ -212,7 +216,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             sys.stderr.write(f"manifest: note: {note}.\n")
     explained = None
     if args.explain and report.verdict == "differs":
-        explained = _explain_after_verify(args, report.first_divergent_step)
+        explained = _explain_after_verify(args, data, signer, report.first_divergent_step)
     if args.format is ReportFormat.JSON:
         from manifest.cli.text import json_text
 
@@ -235,6 +239,40 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
             render_explain(explained)
     return report.exit_code
+
+
+def _note(sentence: str) -> None:
+    from manifest.cli.text import printable
+
+    sys.stderr.write(f"manifest: {printable(sentence)}\n")
+
+
+def add_environment_options(p: argparse.ArgumentParser) -> None:
+    """``--env here|run`` and where a rebuild may fetch from (verify, explain)."""
+    p.add_argument("--env", choices=("here", "run"), default="here",
+                   help="the Python environment the re-run uses: 'here' (this machine's, the "
+                   "default; the report says how many of the run's distributions differ) or "
+                   "'run' (the run's own, rebuilt by uv from the recorded distributions, "
+                   "proven file by file before anything trains, cached; needs the rebuild "
+                   "extra: pip install 'torch-manifest[rebuild]')")
+    p.add_argument("--find-links", metavar="DIR", action="append", default=[],
+                   help="with --env run: a folder of wheels to rebuild from (repeatable); the "
+                   "sources the manifest records are used only when it is trusted")
+    p.add_argument("--index-url", metavar="URL", action="append", default=[],
+                   help="with --env run: a simple index (PEP 503) to rebuild from "
+                   "(repeatable); this machine's pip and uv configuration is never used")
+
+
+def rebuild_options(args: argparse.Namespace) -> RebuildOptions | None:
+    """``--env run``'s options, or None (this machine's environment)."""
+    from manifest.rerun.environment import RebuildOptions
+
+    if args.env != "run":
+        if args.find_links or args.index_url:
+            raise UsageError("--find-links and --index-url say where --env run rebuilds the "
+                             "run's environment from; pass --env run.")
+        return None
+    return RebuildOptions(tuple(args.find_links), tuple(args.index_url))
 
 
 def _outputs_dir(raw: str | None, no_rerun: bool) -> Path | None:
@@ -264,12 +302,14 @@ def trusted_signer(args: argparse.Namespace, data: bytes) -> str | None:
     return check.signer if check is not None and check.trusted else None
 
 
-def _explain_after_verify(args: argparse.Namespace, step: int | None) -> ExplainReport:
+def _explain_after_verify(args: argparse.Namespace, data: bytes, signer: str | None,
+                          step: int | None) -> ExplainReport:
+    """explain on the bytes verify read (``-`` is stdin, which can be read once) with the
+    signer verify checked (checked once, named once on stderr)."""
     from manifest.explain.pipeline import ExplainOptions, explain_run
 
-    data = read_manifest_file(args.file)
     # Past step 1000 the recorded trail is sampled: let explain locate the exact step.
-    options = ExplainOptions(rerun=rerun_options(args, trusted_signer(args, data)),
+    options = ExplainOptions(rerun=rerun_options(args, signer),
                              threads=args.threads, keep=args.keep,
                              step=step if step is not None and step <= 1000 else None)
     return explain_run(data, file=args.file, cwd=Path.cwd(), options=options,
