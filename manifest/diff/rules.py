@@ -523,8 +523,15 @@ RULES: Mapping[str, Rule] = {
     "outputs.envelope.twin_outputs[*]": Rule(N, "noise envelope twin output", "one declared "
                                              "output's distance from the twin's",
                                              missing="absent", show_values=False),
+    "outputs.envelope.loss_eps": Rule(N, "noise envelope loss rounding unit", "the base "
+                                      "run's loss precision the bound is floored at: how the "
+                                      "envelope is calibrated", missing="absent"),
     # ------------------------------------------------------------ observed
     "observed.tool_version": Rule(N, "manifest version", "the recorder, not the run"),
+    "observed.lockfile_disagrees": Rule(N, "lockfile disagreements",
+                                        "what a lockfile pins against what was installed; the "
+                                        "installed versions are compared under env",
+                                        show_values=False),
     "observed.started_at": Rule(N, "start time", "wall-clock time"),
     "observed.finished_at": Rule(N, "finish time", "wall-clock time"),
     "observed.duration_s": Rule(N, "duration (s)", "wall-clock time"),

@@ -55,12 +55,14 @@ KEYED_LISTS: Mapping[str, str] = {
 """List pattern -> the field that names an element. The key field itself is never a difference."""
 
 OPAQUE_LISTS = frozenset({"outputs.processes[*].numeric", "outputs.envelope.steps",
-                          "outputs.envelope.twin", "outputs.checkpoints"})
+                          "outputs.envelope.twin", "outputs.checkpoints",
+                          "observed.lockfile_disagrees"})
 """Lists of measurements compared as one value: one line when they differ, never one line
 per step (the numeric trail, the envelope and its emulated twin's trail: ``manifest.numeric``
 reads them; the
 checkpoints saved during training: ``verify --segments`` reads them, and the step trail
-already names the first step where two runs part)."""
+already names the first step where two runs part; the lockfile disagreements, a note on
+the installed versions that ``env`` compares one by one)."""
 
 SET_LISTS = frozenset({"hardware.cpu_isa", "hardware.nodes[*].cpu_isa"})
 """Lists whose order carries no meaning: compared as sets of strings."""
