@@ -110,7 +110,9 @@ GATE_VERDICTS: dict[GateStatus, tuple[int, str]] = {
     GateStatus.FAIL: (EXIT_FAILED, "a check failed: the re-run differs, the baseline moved, a "
                   "hygiene problem, or recorded data changed"),
     GateStatus.NO_VERDICT: (EXIT_NO_VERDICT, "a check could not be made: the training failed, or "
-                        "its re-run did"),
+                        "its re-run did, or the weights moved from a baseline recorded on "
+                        "another environment and 'equivalent' was not (or could not be) "
+                        "judged"),
     GateStatus.NOTHING_COMPARED: (EXIT_NO_VERDICT, "the determinism re-run finished but compared "
                               "nothing: the smoke command declares no output and takes no "
                               "optimizer step; declare outputs in [tool.manifest]"),
