@@ -152,10 +152,8 @@ def test_without_allow_equivalent_the_moved_weights_are_no_verdict(other_threads
     assert baseline["status"] == "no-verdict", baseline
     assert "the weights differ from the baseline" in baseline["reason"]
     assert "allow_equivalent = true" in baseline["hint"]
-    # Control: under the baseline's own thread count the weights are identical: pass.
-    code, report, text = gate(repo, "--warn-hygiene", env={"OMP_NUM_THREADS": "2"})
-    assert code == 0, text
-    assert checks(report)["baseline"]["reason"].startswith("weights identical"), report
+    # (Identical weights on another environment pass: tests/test_gate.py, whose baseline
+    # only claims another torch.)
 
 
 @pytest.mark.slow
