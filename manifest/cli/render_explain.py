@@ -92,6 +92,8 @@ def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
         kind = {"equivalent": "rounding only", "differs": "more than rounding"}.get(
             report.numeric["verdict"], "not judged")
         out.write(f"against the noise envelope: {kind}: {report.numeric['sentence']}\n")
+    if report.environment is not None and report.runs:
+        out.write(f"environment: {report.environment['line']}\n")
     for drift in report.drift:
         out.write(f"drift ({drift.impact}): {drift.reason}\n")
     if report.confinement is not None:  # None: explain stopped before planning a re-run

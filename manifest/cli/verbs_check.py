@@ -208,7 +208,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     dry = options.cluster is not None and options.cluster.dry_run
     report = verify_run(data, file=args.file, cwd=Path.cwd(), options=options,
                         announce=render_dry_run if dry else render_command, show_plan=show_plan,
-                        note=None if args.quiet else _note)
+                        note=None if args.quiet else progress)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
         sys.stderr.write(f"manifest: the re-run ran {plain_confinement(report.confinement)}; "
                          f"it was allowed to run because {plain_trust(report.trust)}.\n")
@@ -241,7 +241,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _note(sentence: str) -> None:
+def progress(sentence: str) -> None:
+    """Progress the user sees before anything trains (stderr): a rebuilt environment's proof."""
     from manifest.cli.text import printable
 
     sys.stderr.write(f"manifest: {printable(sentence)}\n")
@@ -311,7 +312,8 @@ def _explain_after_verify(args: argparse.Namespace, data: bytes, signer: str | N
     # Past step 1000 the recorded trail is sampled: let explain locate the exact step.
     options = ExplainOptions(rerun=rerun_options(args, signer),
                              threads=args.threads, keep=args.keep,
-                             step=step if step is not None and step <= 1000 else None)
+                             step=step if step is not None and step <= 1000 else None,
+                             rebuild=rebuild_options(args))
     return explain_run(data, file=args.file, cwd=Path.cwd(), options=options,
                        show_plan=show_plan)
 

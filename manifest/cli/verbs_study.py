@@ -46,6 +46,9 @@ def register_explain(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--step", type=positive_int, default=None,
                    help="explain this optimizer step (skip locating the first divergent one)")
     add_rerun_options(p)
+    from manifest.cli.verbs_check import add_environment_options
+
+    add_environment_options(p)
     p.add_argument("--keep", action="store_true", help="keep the scratch tree and op streams")
     add_format_option(p)
     p.set_defaults(func=_cmd_explain)
@@ -54,14 +57,21 @@ def register_explain(sub: argparse._SubParsersAction[Parser]) -> None:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from manifest.cli.render import render_command
     from manifest.cli.render_explain import render_explain
-    from manifest.cli.verbs_check import rerun_options, show_plan, trusted_signer
+    from manifest.cli.verbs_check import (
+        progress,
+        rebuild_options,
+        rerun_options,
+        show_plan,
+        trusted_signer,
+    )
     from manifest.explain.pipeline import ExplainOptions, explain_run
 
     data = read_manifest_file(args.file)
     options = ExplainOptions(rerun=rerun_options(args, trusted_signer(args, data)),
-                             threads=args.threads, keep=args.keep, step=args.step)
+                             threads=args.threads, keep=args.keep, step=args.step,
+                             rebuild=rebuild_options(args))
     report = explain_run(data, file=args.file, cwd=Path.cwd(), options=options,
-                         announce=render_command, show_plan=show_plan)
+                         announce=render_command, show_plan=show_plan, note=progress)
     if args.format is ReportFormat.JSON:
         from manifest.cli.text import json_text
 

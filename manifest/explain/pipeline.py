@@ -52,6 +52,7 @@ process start-up of each pinpoint run."""
 
 if TYPE_CHECKING:
     from manifest.launch.runner import LaunchSettings
+    from manifest.rerun.environment import RebuildOptions, RunEnvironment
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
 
@@ -69,6 +70,9 @@ class ExplainOptions:
     code_checked: bool = False
     """The caller knows the tree is the recorded code (the lab, which recorded it a
     moment ago); otherwise ``--in-place`` checks it, as verify does."""
+    rebuild: RebuildOptions | None = None
+    """``--env run``: both runs in the run's own environment, rebuilt and proven, as verify
+    (``manifest.rerun.environment.environment_for``); None: this machine's."""
 
 
 @dataclass
@@ -95,6 +99,8 @@ class ExplainReport:
     confinement: str | None = None
     plan: dict[str, Any] | None = None
     """What the re-runs were planned to be (``manifest.rerun.plan.RerunPlan.to_json``)."""
+    environment: dict[str, Any] | None = None
+    """Which Python environment the runs used (``RunEnvironment.to_json``), as verify says."""
     jobs: list[dict[str, Any]] = field(default_factory=list)
     """Where a cluster executor (``--on``) ran each run: one entry per run, as verify's ``job``."""
     numeric: dict[str, Any] | None = None
@@ -120,6 +126,7 @@ class ExplainReport:
             "confinement": self.confinement,
             "plan": self.plan,
             **({"jobs": self.jobs} if self.jobs else {}),
+            **({"environment": self.environment} if self.environment is not None else {}),
             **({"numeric": self.numeric} if self.numeric is not None else {}),
         }
 
@@ -168,7 +175,7 @@ def _recorded_trails(recorded: Manifest) -> dict[int, dict[int, str]]:
 
 
 def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
-                announce: Any = None, show_plan: Any = None) -> ExplainReport:
+                announce: Any = None, show_plan: Any = None, note: Any = None) -> ExplainReport:
     """Explain where a recorded run and fresh runs of it part; never raises for a mismatch.
 
     ``show_plan(plan)`` sees the plan before an untrusted manifest is refused or
@@ -190,8 +197,18 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
     # A pack's blobs (patch, op streams) are read from memory, never written.
     store = OverlayStore(local.root, packed.blobs) if packed else local
     from manifest.capture.snapshot import probe_machine
+    from manifest.rerun.environment import environment_for
+    from manifest.trust import check_trust
 
-    report.drift = environment_drift(recorded, probe_machine())
+    used, machine = environment_for(  # --env run: the runs and the drift are the run's env's
+        recorded, probe_machine(), options.rebuild, tree=root, note=note,
+        trust=lambda: check_trust(recorded, user_trusted=options.rerun.trust,
+                                  signer=options.rerun.signer))
+    report.environment = used.to_json()
+    if options.rebuild is not None and used.python is None:
+        report.reason = used.line
+        return report
+    report.drift = environment_drift(recorded, machine)
     if recorded.command is None or recorded.outputs is None:
         report.reason = "the manifest records no command to re-run"
         return report
@@ -220,20 +237,23 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
                         store=store, keep=options.keep) as workspace:
         if announce is not None:
             announce(argv)
-        _explain_in(recorded, report, plan, workspace, options, store)
+        _explain_in(recorded, report, plan, workspace, options, store,
+                    used if options.rebuild is not None else None)
     return report
 
 
 def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
-                workspace: Workspace, options: ExplainOptions, store: Any) -> None:
+                workspace: Workspace, options: ExplainOptions, store: Any,
+                used: RunEnvironment | None = None) -> None:
     from manifest.rerun.dispatch import executor_for
-    from manifest.rerun.environment import rerun_env
+    from manifest.rerun.environment import in_environment, rerun_env
 
     base = replace(plan.settings, trail="all", root=str(workspace.mount_at))
     other = base if options.threads is None else replace(base, threads=options.threads)
     report.runs = [_describe("A", base), _describe("B", other)]
     report.threads = [base.threads, other.threads]
     env, _ = rerun_env(recorded, workspace.mount_at)
+    env, workspace = in_environment(used, env, workspace)
     executor = executor_for(plan)
     scratch = workspace.scratch
 

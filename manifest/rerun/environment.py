@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from manifest.models import Manifest
 
 if TYPE_CHECKING:
+    from manifest.rerun.workspace import Workspace
     from manifest.trust import TrustDecision
 
 
@@ -171,6 +172,40 @@ def rebuilt_environment(recorded: Manifest, options: RebuildOptions, *, trust: T
         line = f"the run's environment, rebuilt but not proven ({proof.line()}: " + ", ".join(
             f"{f.name} {f.version} {f.status.value}" for f in proof.differing()) + ")"
     return RunEnvironment(line, built.python, proof.to_json(), built.cached)
+
+
+def environment_for(recorded: Manifest, machine: tuple[dict[str, Any], Any, Any],
+                    rebuild: RebuildOptions | None, *, tree: Path,
+                    trust: Callable[[], TrustDecision],
+                    note: Callable[[str], None] | None = None
+                    ) -> tuple[RunEnvironment, tuple[dict[str, Any], Any, Any]]:
+    """The environment a verb's re-runs use, and the machine probe its drift is taken from:
+    this machine's (``rebuild`` None), or the run's own rebuilt (``--env run``), whose
+    proof ``note`` receives before anything trains and whose interpreter is probed. With
+    nothing built (a distribution vanished) the machine probe is returned unchanged and the
+    caller stops: ``python`` is None and ``line`` says why. verify and explain call this."""
+    if rebuild is None:
+        return this_machine(recorded, machine[0]), machine
+    used = rebuilt_environment(recorded, rebuild, trust=trust(), tree=tree, note=note)
+    if note is not None:
+        note(used.line)
+    if used.python is None:
+        return used, machine
+    return used, (probe_env_in(used.python, machine[0]), machine[1], machine[2])
+
+
+def in_environment(used: RunEnvironment | None, env: dict[str, str],
+                   workspace: Workspace) -> tuple[dict[str, str], Workspace]:
+    """A re-run's environment variables and workspace for ``used``: the rebuilt venv first
+    on ``PATH``, and the venv and :meth:`RunEnvironment.tool_folder` bound read-only in the
+    sandbox (a private ``/tmp`` would hide a venv under it). Unchanged for this machine's."""
+    if used is None or used.venv is None:
+        return env, workspace
+    from dataclasses import replace
+
+    tool = used.tool_folder(workspace.scratch)
+    return used.apply(env, tool), replace(workspace, ro_binds=(
+        *workspace.ro_binds, (used.venv, used.venv), (tool, tool)))
 
 
 def this_machine(recorded: Manifest, today: Mapping[str, Any]) -> RunEnvironment:

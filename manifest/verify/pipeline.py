@@ -222,23 +222,16 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     from manifest.capture.snapshot import probe_machine
 
     machine = probe_machine()  # probed once: for the drift report and the re-run's record
-    from manifest.rerun.environment import rebuilt_environment, this_machine
+    from manifest.rerun.environment import environment_for
 
-    used = this_machine(recorded, machine[0])
-    if options.rebuild is not None:  # --env run: drift is the rebuilt environment's
-        from manifest.rerun.environment import probe_env_in
-
-        used = rebuilt_environment(recorded, options.rebuild, tree=root, note=note,
-                                   trust=check_trust(recorded, user_trusted=options.trust,
-                                                     signer=options.signer))
-        if note is not None:
-            note(used.line)
-        if used.python is None:
-            report.environment = used.to_json()
-            report.reason = used.line
-            return report
-        machine = (probe_env_in(used.python, machine[0]), machine[1], machine[2])
+    # --env run: the re-run and the drift are the rebuilt environment's
+    used, machine = environment_for(
+        recorded, machine, options.rebuild, tree=root, note=note,
+        trust=lambda: check_trust(recorded, user_trusted=options.trust, signer=options.signer))
     report.environment = used.to_json()
+    if options.rebuild is not None and used.python is None:
+        report.reason = used.line
+        return report
     report.drift = environment_drift(recorded, machine)
     rerun_options = RerunOptions(
         trust=options.trust, signer=options.signer, sandbox=options.sandbox,

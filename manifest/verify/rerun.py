@@ -80,11 +80,9 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                        root=str(workspace.mount_at), emulate=options.emulate)
     base_env, absent = rerun_env(recorded, workspace.mount_at)
     if run_env is not None and run_env.venv is not None:
-        # the rebuilt venv, read-only in the sandbox (private /tmp would hide one under it)
-        tool = run_env.tool_folder(workspace.scratch)
-        base_env = run_env.apply(base_env, tool)
-        workspace = replace(workspace, ro_binds=(*workspace.ro_binds, (run_env.venv,
-                                                 run_env.venv), (tool, tool)))
+        from manifest.rerun.environment import in_environment
+
+        base_env, workspace = in_environment(run_env, base_env, workspace)
         if plan.argv and Path(plan.argv[0]).is_absolute():
             report.notes.append(f"the command names its interpreter by path ({plan.argv[0]}): "
                                 "it runs that one, not the rebuilt environment's")
