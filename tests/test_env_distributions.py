@@ -240,6 +240,12 @@ def test_the_cache_is_missed_when_record_is_rewritten(pip_site: Path, tmp_path: 
     again = probe_distributions([str(site)], cache_file=cache)["tinydist"]
     assert again.files != first.files
     assert again == probe_distributions([str(site)], use_cache=False)["tinydist"]
+    # a second environment's capture keeps the first one's entries
+    other = tmp_path / "other"
+    shutil.copytree(pip_site, other)
+    probe_distributions([str(other)], cache_file=cache)
+    entries = json.loads(cache.read_bytes())["entries"]
+    assert {str(_dist_info(site)), str(_dist_info(other))} <= entries.keys()
 
 
 def test_records_cover_exactly_the_installed_distributions() -> None:

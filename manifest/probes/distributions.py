@@ -342,6 +342,9 @@ def locate_distributions(paths: Iterable[str]) -> dict[str, tuple[str, Path, Pat
 
 CACHE_FORMAT = "manifest-distributions-cache/v1"
 
+CACHE_ENTRIES = 5000
+"""Records the cache keeps (~350 bytes each: under 2 MB), across every environment captured."""
+
 
 def default_cache_file(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/manifest/distributions.json`` (``~/.cache`` by default)."""
@@ -424,8 +427,11 @@ def probe_distributions(paths: Iterable[str] | None = None, *,
             if stamp is not None:
                 fresh[key] = {"stamp": stamp, "record": record.model_dump(mode="json")}
         out[name] = record
-    if store is not None and fresh != cached:
-        _save_cache(store, fresh)
+    if store is not None and any(cached.get(k) != v for k, v in fresh.items()):
+        # Other environments' entries stay (one cache serves every venv), oldest dropped first.
+        kept = [(k, v) for k, v in cached.items() if k not in fresh]
+        kept = kept[max(0, len(kept) + len(fresh) - CACHE_ENTRIES):]
+        _save_cache(store, {**dict(kept), **fresh})
     return out
 
 
