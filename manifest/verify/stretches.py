@@ -302,7 +302,7 @@ def weigh(recorded: Manifest, stretch: Stretch) -> Weight | None:
     if finish is None or finish.step <= begin.step:
         return None
     measured = step_distance(begin, finish)
-    limit = [b for b in bounds(envelope) if b.step <= finish.step]
+    limit = [b for b in bounds(envelope, points) if b.step <= finish.step]
     if measured is None or not limit:
         return None
     bound = limit[-1]
