@@ -56,8 +56,6 @@ def _finding_lines(f: Finding) -> list[str]:
 
 
 def _what(f: Finding) -> str:
-    if f.kind == "op-differs" and (f.module == "(backward)" or f.module_type.endswith("backward")):
-        return "first op whose inputs matched and whose outputs differ (backward pass)"
     if f.kind == "op-differs":
         return "first op whose inputs matched and whose outputs differ"
     if f.kind == "input-from-outside":
