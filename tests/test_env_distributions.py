@@ -27,6 +27,7 @@ from manifest.models import Manifest
 from manifest.probes.distributions import (
     NO_RECORD,
     _content_lines,
+    default_cache_file,
     environment_digest,
     locate_distributions,
     probe_distributions,
@@ -240,12 +241,12 @@ def test_the_cache_is_missed_when_record_is_rewritten(pip_site: Path, tmp_path: 
     again = probe_distributions([str(site)], cache_file=cache)["tinydist"]
     assert again.files != first.files
     assert again == probe_distributions([str(site)], use_cache=False)["tinydist"]
-    # a second environment's capture keeps the first one's entries
-    other = tmp_path / "other"
-    shutil.copytree(pip_site, other)
-    probe_distributions([str(other)], cache_file=cache)
-    entries = json.loads(cache.read_bytes())["entries"]
-    assert {str(_dist_info(site)), str(_dist_info(other))} <= entries.keys()
+    # each environment has its own file: another venv's capture does not evict this one's
+    environ = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    mine = default_cache_file([str(site)], environ)
+    assert mine != default_cache_file([str(pip_site)], environ)
+    assert mine == default_cache_file([str(site)], environ)
+    assert mine.parent == tmp_path / "xdg" / "manifest" / "distributions"
 
 
 def test_records_cover_exactly_the_installed_distributions() -> None:

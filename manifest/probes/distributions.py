@@ -342,15 +342,17 @@ def locate_distributions(paths: Iterable[str]) -> dict[str, tuple[str, Path, Pat
 
 CACHE_FORMAT = "manifest-distributions-cache/v1"
 
-CACHE_ENTRIES = 5000
-"""Records the cache keeps (~350 bytes each: under 2 MB), across every environment captured."""
+def default_cache_file(paths: Iterable[str] = (),
+                       environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/manifest/distributions/<blake3 of paths>.json`` (``~/.cache``).
 
-
-def default_cache_file(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/manifest/distributions.json`` (``~/.cache`` by default)."""
+    One file per environment (its list of site directories), so a capture reads
+    only its own records whatever the number of venvs captured on the machine.
+    """
     env = os.environ if environ is None else environ
     base = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME", "~")).expanduser() / ".cache")
-    return base / "manifest" / "distributions.json"
+    key = blake3.blake3("\0".join(paths).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return base / "manifest" / "distributions" / f"{key}.json"
 
 
 def _stamp(dist_info: str) -> list[int] | None:
@@ -394,17 +396,19 @@ def probe_distributions(paths: Iterable[str] | None = None, *,
                         ) -> dict[str, Distribution]:
     """The record of each importable distribution (see the module docstring).
 
-    Over :func:`distribution_paths` unless ``paths`` is
-    given. Reading every RECORD costs ~70 ms on a 220-distribution venv with
-    torch (80,000 lines), against a capture of ~0.16 s, so each record is
-    kept in a cache file (:func:`default_cache_file`) under the stat of its
+    Over :func:`distribution_paths` unless ``paths`` is given. Reading every
+    RECORD costs ~80 ms CPU on a 220-distribution venv with torch (80,000
+    lines), against a capture of ~0.2 s, so each record is kept in the
+    environment's cache file (:func:`default_cache_file`) under the stat of its
     RECORD (device, inode, size, mtime in ns): any install, upgrade or
-    reinstall rewrites RECORD and so misses the cache, and a warm capture pays
-    a stat per distribution (the whole warm probe: ~5 ms CPU here). The cache only saves
-    reading RECORD again; the proof (:func:`prove_distribution`) never uses it.
+    reinstall rewrites RECORD and so misses the cache, and a warm probe pays a
+    stat per distribution (~5 ms CPU in all, ``benchmarks/capture_env.py``).
+    The cache only saves reading RECORD again; the proof
+    (:func:`prove_distribution`) never uses it.
     """
-    located = locate_distributions(distribution_paths() if paths is None else paths)
-    store = (cache_file or default_cache_file()) if use_cache else None
+    where = distribution_paths() if paths is None else list(paths)
+    located = locate_distributions(where)
+    store = (cache_file or default_cache_file(where)) if use_cache else None
     cached = _load_cache(store) if store is not None else {}
     fresh: dict[str, object] = {}
     out: dict[str, Distribution] = {}
@@ -427,11 +431,8 @@ def probe_distributions(paths: Iterable[str] | None = None, *,
             if stamp is not None:
                 fresh[key] = {"stamp": stamp, "record": record.model_dump(mode="json")}
         out[name] = record
-    if store is not None and any(cached.get(k) != v for k, v in fresh.items()):
-        # Other environments' entries stay (one cache serves every venv), oldest dropped first.
-        kept = [(k, v) for k, v in cached.items() if k not in fresh]
-        kept = kept[max(0, len(kept) + len(fresh) - CACHE_ENTRIES):]
-        _save_cache(store, {**dict(kept), **fresh})
+    if store is not None and fresh != cached:
+        _save_cache(store, fresh)
     return out
 
 
