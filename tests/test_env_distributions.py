@@ -165,6 +165,8 @@ def test_pip_and_uv_installs_of_one_wheel_give_one_digest(wheel: Path, pip_site:
     assert (uv_info / "RECORD").read_bytes() != (_dist_info(pip_site) / "RECORD").read_bytes()
     assert record_digest(uv_info, uv_site) == record_digest(_dist_info(pip_site), pip_site)
     assert prove_distribution(uv_info, uv_site) == record_digest(uv_info, uv_site)
+    linked = uv_install(wheel, tmp_path / "uv-hardlink", link_mode="hardlink")
+    assert record_digest(_dist_info(linked), linked) == record_digest(uv_info, uv_site)
 
 
 def test_another_build_of_the_same_version_has_other_files(tmp_path: Path,
