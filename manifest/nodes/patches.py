@@ -206,13 +206,19 @@ def _patch(digest: str | None, stores: list[BlobStore]) -> bytes | None:
 
 
 def _commit_changes(repo: Path, a: str, b: str) -> list[FileChange] | None:
+    """The files two commits differ in, or None where git or either commit is missing
+    (diff also runs in CI jobs without git: it then names no file)."""
+    from manifest.errors import ManifestError
     from manifest.gitrun import run_git
 
     args = ["--no-renames", "--no-color", "--no-ext-diff", "--no-textconv", a, b, "--"]
-    numstat = run_git(["diff", "--numstat", "-z", *args], repo, check=False)
-    if numstat.returncode != 0:
+    try:
+        numstat = run_git(["diff", "--numstat", "-z", *args], repo, check=False)
+        if numstat.returncode != 0:
+            return None
+        patch = run_git(["diff", "-U0", *args], repo, check=False)
+    except ManifestError:
         return None
-    patch = run_git(["diff", "-U0", *args], repo, check=False)
     return numstat_changes(numstat.stdout, patch.stdout if patch.returncode == 0 else b"")
 
 
@@ -220,10 +226,14 @@ def _untracked(repo: Path | None, paths: list[str]) -> list[str]:
     """Which of these paths the repository holds untracked and not ignored now."""
     if repo is None or not paths:
         return []
+    from manifest.errors import ManifestError
     from manifest.gitrun import run_git
 
-    out = run_git(["ls-files", "-z", "--others", "--exclude-standard", "--", *paths], repo,
-                  check=False)
+    try:
+        out = run_git(["ls-files", "-z", "--others", "--exclude-standard", "--", *paths],
+                      repo, check=False)
+    except ManifestError:
+        return []
     found = {p.decode("utf-8", "replace") for p in out.stdout.split(b"\0") if p}
     return [p for p in paths if p in found]
 
@@ -244,7 +254,8 @@ def code_report(a: Manifest, b: Manifest, roots: tuple[Path | None, Path | None]
         found = _commit_changes(repo, ca.commit, cb.commit) if repo is not None else None
         if found is None:
             lines.append(f"code: the commits differ ({ca.commit[:12]} → {cb.commit[:12]}); "
-                         "no repository here holds both, so the files cannot be named.")
+                         "the files cannot be named: no repository here holds both, or git "
+                         "is missing.")
         elif found:
             lines.append(f"code: the commits differ in {len(found)} file(s):")
             lines.extend(_line(c) for c in found[:SHOWN])
