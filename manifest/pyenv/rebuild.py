@@ -30,7 +30,11 @@ find-links are pip's alone). ``--link-mode copy``: a script that edits an instal
 edits the venv's copy, never uv's cache.
 
 uv is an optional extra (``pip install 'torch-manifest[rebuild]'``), found lazily with
-``uv.find_uv_bin()``. Measured here (``benchmarks/rebuild.py``): see docs/benchmarks.md.
+``uv.find_uv_bin()``. Measured here (``benchmarks/rebuild.py``, the bundled example's 10
+distributions with torch 2.13.0+cpu, 2 cores at load average ~7): cold, 28.8 s against
+27.7-36.6 s for ``uv venv`` + ``uv pip install`` alone on the same list (paired median
+ratio 0.97x; locating and hashing the wheels ~0.6 s, the proof ~3.4 s); warm, 2.1-3.2 s
+wall for 0.5-0.6 s of CPU (0.5 s wall on an idle machine).
 """
 
 from __future__ import annotations
