@@ -145,3 +145,17 @@ def test_a_vanished_distribution_is_named_before_anything_runs(tmp_path: Path) -
         if not p.name.startswith("."))
     proc = manifest_cli("verify", "run.json", "--trust", cwd=repo, env=here)
     assert "re-running" in proc.stderr.decode(), proc.stderr.decode()
+
+
+def test_env_flags_that_cannot_apply_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    from tests.runs import manifest_cli
+
+    (tmp_path / "run.json").write_bytes(GOLDEN.read_bytes())
+    cases = {("--env", "run", "--at", "3"): "--segments and --at replay stretches",
+             ("--env", "run", "--on", "slurm"): "cannot be combined with --on",
+             ("--find-links", "wheels"): "pass --env run"}
+    for args, expected in cases.items():
+        proc = manifest_cli("verify", "run.json", *args, cwd=tmp_path)
+        stderr = proc.stderr.decode()
+        assert proc.returncode == 2 and expected in stderr, (args, stderr)
+        assert stderr.count("\n") == 1 and "Traceback" not in stderr

@@ -189,6 +189,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from manifest.cli.verbs_segments import run_segments, wants_segments
 
     if wants_segments(args):  # a long run: replay stretches (manifest.verify.segments)
+        if args.env == "run" or args.outputs:
+            raise UsageError("--env run and --outputs apply to a whole re-run; --segments and "
+                             "--at replay stretches in this machine's environment.")
         return run_segments(args, data, signer)
     options = VerifyOptions(strict=args.strict, trust=args.trust, in_place=args.in_place,
                             no_rerun=args.no_rerun, threads=args.threads, keep=args.keep,
@@ -202,6 +205,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise UsageError("--emulate is judged against the run's envelope at that precision "
                          "(capture --envelope N --precision P) on this machine; it cannot "
                          "be combined with --envelope or --on.")
+    if options.rebuild is not None and options.cluster is not None:
+        raise UsageError("--env run rebuilds the run's environment on this machine; it cannot "
+                         "be combined with --on (the cluster runs its own image or venv).")
     if options.envelope and options.cluster is not None:
         raise UsageError("--envelope measures the noise envelope on this machine; it cannot "
                          "be combined with --on.")
