@@ -243,3 +243,17 @@ def test_a_vanished_wheel_leaves_no_partial_lock(recorded: tuple[Path, Path],
     shutil.copy2(next(wheels.glob("alpha-*.whl")), only_alpha)
     lock = build_lock(m, trust=_untrusted(m), find_links=[only_alpha])
     assert lock.vanished == ("beta-lib==2.0+cpu",)
+
+
+def test_an_editable_install_is_built_here_and_not_claimed(recorded: tuple[Path, Path]) -> None:
+    """The project's own checkout (an editable install) is built from code by the verb that
+    re-runs it: the rebuild installs the rest, names it, and does not call itself proven."""
+    wheels, site = recorded
+    m = manifest_recording(site, edit={"alpha": {"direct_url": {
+        "url": "file:///home/author/alpha", "editable": True}}})
+    built = build_environment(m, trust=_untrusted(m), find_links=[wheels])
+    assert built.python is not None
+    assert {f.name: f.status for f in built.proof.findings} == {
+        "alpha": Status.BUILT_HERE, "beta-lib": Status.IDENTICAL}
+    assert built.proof.line() == "not proven: 1 of 2 identical, 1 built-here"
+    assert not list(built.python.parent.parent.glob("lib/python*/site-packages/alpha"))
