@@ -48,7 +48,9 @@ def test_the_on_choices_are_the_registry_rows() -> None:
 
 def test_every_options_flag_is_a_flag_of_the_verb_with_that_dest() -> None:
     by_dest = {a.dest: a.option_strings for a in _verify_parser()._actions}
-    for options in (ClusterOptions, *(row.options for row in REGISTRY.values())):
+    records: list[type[ClusterOptions]] = [ClusterOptions,
+                                           *(row.options for row in REGISTRY.values())]
+    for options in records:
         own = {f.name for f in fields(options)}
         for name, flag in options.FLAGS.items():
             assert name in own, (options.__name__, name)
