@@ -185,6 +185,6 @@ def render_diff(
         console.print(table)
     elif only is not None and result.differences:
         console.print(f"No {only.value} differences.")
-    for line in code:
+    for line in code if only is not Impact.BENIGN else ():  # code rows are bits rows
         console.print(escape(line), soft_wrap=True)
     console.print(_summary(result))
