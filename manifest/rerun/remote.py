@@ -229,7 +229,7 @@ def decode_result(log: str) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m manifest.rerun.remote")
+    parser = argparse.ArgumentParser(prog="python -m manifest.rerun.remote", allow_abbrev=False)
     parser.add_argument("bundle", type=Path)
     parser.add_argument("outdir", type=Path, nargs="?",
                         help="where to run and write result.json (default: a temporary "

@@ -514,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["fetch"] and len(argv) == 3:
         return fetch_main(argv[1], argv[2])
-    parser = argparse.ArgumentParser(prog="python -m manifest.rerun.cluster.k8s")
+    parser = argparse.ArgumentParser(prog="python -m manifest.rerun.cluster.k8s",
+                                     allow_abbrev=False)
     parser.add_argument("bundle")
     parser.add_argument("--expect", required=True)
     parser.add_argument("--service", required=True)

@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     from manifest.rerun.cluster.placement import NodeNeed, combine_results
     from manifest.rerun.remote import RESULT_FORMAT, encode_result
 
-    parser = argparse.ArgumentParser(prog="python -m manifest.rerun.cluster.ray_nodes")
+    parser = argparse.ArgumentParser(prog="python -m manifest.rerun.cluster.ray_nodes",
+                                     allow_abbrev=False)
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--expect", required=True)
     parser.add_argument("--nodes", type=int, required=True)
