@@ -92,10 +92,11 @@ def probe_rounds(rounds: int, timer: Callable[[Callable[[], object]], float],
 RECORDS_OFF = {
     "distributions = {n: d for n, d in probe_distributions().items() if n in packages}":
         "distributions = None",
+    "for name, record in distributions.items():": "for name, record in {}.items():",
     "sources=probe_sources(),": "sources=None,",
     "environment_digest=environment_digest(distributions),": "environment_digest=None,",
 }
-"""The three lines of ``probe_env`` that record distributions, and what they read when off."""
+"""The lines of ``probe_env`` that record distributions, and what they read when off."""
 
 
 def tree_without_records(tmp: Path) -> Path:
