@@ -130,6 +130,9 @@ def test_diff_names_the_changed_line_and_the_untracked_files_of_a_patch(
         "code: untracked, not ignored, so packed with the code of b: logs/a.log, "
         "logs/b.log; if they are not code, add them to .gitignore (logs/).",
     ]
+    markdown = run_cli("diff", "--format", "markdown", "a.json", "b.json", cwd=repo.path,
+                       env=cli_env, timeout=300).text
+    assert "```text\ncode: the uncommitted changes differ in 3 file(s):\n" in markdown
     # Positive control: the same run twice has no code lines at all.
     status, lines = _diff(repo, cli_env, "b.json", "b.json")
     assert (status, lines) == (0, [])

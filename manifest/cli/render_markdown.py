@@ -92,7 +92,9 @@ def verify_markdown(report: VerifyReport, *, trail: StepTrail | None = None,
 
 def diff_markdown(result: ManifestDiff, *, a_file: str, b_file: str,
                   only: Impact | None = None, trail: StepTrail | None = None,
-                  plots: bool = True) -> str:
+                  plots: bool = True, code_lines: list[str] | None = None) -> str:
+    """The diff for a pull-request comment; ``code_lines``: what changed in the code
+    (``manifest.nodes.patches.code_report``), in a text block under the table."""
     from manifest.diff.reasons import show_value
 
     n_bits = len(result.bits)
@@ -105,6 +107,10 @@ def diff_markdown(result: ManifestDiff, *, a_file: str, b_file: str,
     rows = [(r.impact.value, r.section, r.reason) for r in result.selected(only)]
     if rows:
         out += [*table(("impact", "section", "difference"), rows), ""]
+    if code_lines and (only is None or only.value == "bits"):
+        text = [printable(line) for line in code_lines]
+        fence = "````" if any("```" in line for line in text) else "```"
+        out += [f"{fence}text", *text, fence, ""]
     out.append(f"{n_bits} can change the bits, {len(result.benign)} cannot.")
     if trail is not None:
         out += ["", *trail_markdown(trail, plots=plots)]

@@ -30,7 +30,9 @@ from manifest.cli.text import plain_confinement, plain_trust
 from manifest.errors import UsageError
 
 if TYPE_CHECKING:
+    from manifest.diff.result import ManifestDiff
     from manifest.explain.pipeline import ExplainReport
+    from manifest.models import Manifest
     from manifest.rerun.environment import RebuildOptions
     from manifest.rerun.plan import RerunOptions
 
@@ -101,18 +103,26 @@ def _diff(args: argparse.Namespace) -> int:
         from manifest.cli.render_markdown import diff_markdown, trail_between
 
         write_output(diff_markdown(result, a_file=args.a, b_file=args.b, only=only,
-                                   trail=trail_between(a, b, "a vs b")).encode(), None)
+                                   trail=trail_between(a, b, "a vs b"),
+                                   code_lines=_code_lines(a, b, args, result)).encode(), None)
     else:
         from manifest.cli.render_diff import render_diff
-        from manifest.nodes.patches import code_report, repository_of
 
-        code = code_report(a, b, (repository_of(args.a), repository_of(args.b)),
-                           outputs_identical=result.outputs == "identical",
-                           only_code=all(d.section == "code" for d in result.bits))
+        code = _code_lines(a, b, args, result)
         no_gpu = not any(p.devices for m in (a, b) for p in m.determinism.processes)
         render_diff(result, a_file=args.a, b_file=args.b, only=only, fold=not args.all,
                     code=code, verbose=args.verbose, no_gpu=no_gpu)
     return result.exit_code
+
+
+def _code_lines(a: Manifest, b: Manifest, args: argparse.Namespace,
+                result: ManifestDiff) -> list[str]:
+    """What changed in the code (``manifest.nodes.patches.code_report``), for the report."""
+    from manifest.nodes.patches import code_report, repository_of
+
+    return code_report(a, b, (repository_of(args.a), repository_of(args.b)),
+                       outputs_identical=result.outputs == "identical",
+                       only_code=all(d.section == "code" for d in result.bits))
 
 
 def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
