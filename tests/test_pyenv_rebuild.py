@@ -257,3 +257,19 @@ def test_an_editable_install_is_built_here_and_not_claimed(recorded: tuple[Path,
         "alpha": Status.BUILT_HERE, "beta-lib": Status.IDENTICAL}
     assert built.proof.line() == "not proven: 1 of 2 identical, 1 built-here"
     assert not list(built.python.parent.parent.glob("lib/python*/site-packages/alpha"))
+
+
+def test_a_lock_against_an_index_names_it_and_its_files(recorded: tuple[Path, Path],
+                                                        tmp_path: Path) -> None:
+    from manifest.pyenv.lock import build_lock
+
+    wheels, site = recorded
+    index = simple_index(tmp_path / "index", sorted(wheels.glob("*.whl")))
+    m = manifest_recording(site)
+    with serving(index) as base:
+        lock = build_lock(m, trust=_untrusted(m), index_urls=[f"{base}/simple"])
+    packages = tomllib.loads(lock.text)["packages"]
+    assert {p["index"] for p in packages} == {f"{base}/simple"}
+    assert packages[1]["wheels"][0]["url"] == f"{base}/files/beta_lib-2.0%2Bcpu-py3-none-any.whl"
+    found = tomllib.loads(build_lock(m, trust=_untrusted(m), find_links=[wheels]).text)
+    assert not any("index" in p for p in found["packages"])  # a folder is no index

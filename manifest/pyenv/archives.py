@@ -44,6 +44,8 @@ class Archive:
     url: str
     """``file://`` for a find-links file, else the index's link (fragment dropped)."""
     sha256: str | None
+    index: str | None = None
+    """The simple index that served it; None for a find-links folder or a direct URL."""
 
 
 def wheel_tags(filename: str) -> tuple[str, str, frozenset[str]] | None:
@@ -174,5 +176,5 @@ def locate(pin: Pin, plan: SourcePlan, *, hash_files: bool = True) -> Archive | 
             continue
         if pin.sha256 is not None and found.sha256 not in (None, pin.sha256):
             continue
-        return Archive(found.filename, found.url, found.sha256 or pin.sha256)
+        return Archive(found.filename, found.url, found.sha256 or pin.sha256, index)
     return None

@@ -7,7 +7,8 @@ without manifest. What it holds, for each distribution a rebuild installs
 (``manifest.pyenv.sources.rebuild_set``):
 
 * ``name`` and ``version`` (the local label kept: ``2.13.0+cpu`` is the CPU build);
-* ``index``: the first index the plan searches, when there is one;
+* ``index``: the simple index that serves its wheel, when one does (not a find-links
+  folder);
 * ``[[packages.wheels]]`` with ``name``, ``url`` and ``hashes`` for the wheel the sources
   serve (``manifest.pyenv.archives``: PEP 751 requires a hash and a location per wheel,
   and an installed distribution records neither, so the lock is written against the
@@ -113,7 +114,7 @@ def dumps(document: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _package(pin: Pin, archive: Archive | None, index: str | None) -> dict[str, Any]:
+def _package(pin: Pin, archive: Archive | None) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": pin.name, "version": pin.version}
     if pin.kind == "built-here" and pin.vcs:
         url = pin.url or ""
@@ -128,8 +129,8 @@ def _package(pin: Pin, archive: Archive | None, index: str | None) -> dict[str, 
         path = unquote(urlsplit(url).path) if url.startswith("file:") else url
         entry["directory"] = {"path": path, "editable": pin.editable}
     else:
-        if index and pin.kind == "index":
-            entry["index"] = index
+        if archive is not None and archive.index:
+            entry["index"] = archive.index
         if archive is not None:
             wheel: dict[str, Any] = {"name": archive.filename, "url": archive.url}
             if archive.sha256:
@@ -149,7 +150,6 @@ def build_lock(manifest: Manifest, *, trust: TrustDecision,
     pins = recorded_pins(manifest, tree)
     plan = plan_sources(manifest.env.sources, find_links=find_links, index_urls=index_urls,
                         trust=trust, tree=tree, pins=pins)
-    index = plan.index_urls[0] if plan.index_urls else None
     packages = []
     vanished = []
     left_out = []
@@ -161,7 +161,7 @@ def build_lock(manifest: Manifest, *, trust: TrustDecision,
         if pin.kind in ("index", "archive") and archive is None:
             vanished.append(f"{pin.name}=={pin.version}")
             continue
-        packages.append(_package(pin, archive, index))
+        packages.append(_package(pin, archive))
     document: dict[str, Any] = {
         "lock-version": "1.0",
         "created-by": CREATED_BY,
