@@ -273,3 +273,20 @@ def test_a_lock_against_an_index_names_it_and_its_files(recorded: tuple[Path, Pa
     assert packages[1]["wheels"][0]["url"] == f"{base}/files/beta_lib-2.0%2Bcpu-py3-none-any.whl"
     found = tomllib.loads(build_lock(m, trust=_untrusted(m), find_links=[wheels]).text)
     assert not any("index" in p for p in found["packages"])  # a folder is no index
+
+
+def test_a_broken_cache_entry_is_replaced_and_a_raced_one_kept(tmp_path: Path) -> None:
+    from manifest.pyenv import cache
+
+    root = tmp_path / "envs"
+    key = "blake3:" + "f" * 64
+    (root / ("f" * 64) / "junk").mkdir(parents=True)  # no stamp: never trusted
+    first = cache.staging(root)
+    (first / "one").write_text("1")
+    assert cache.publish(root, key, first, {"proof": None}) == root / ("f" * 64)
+    assert (root / ("f" * 64) / "one").exists() and not (root / ("f" * 64) / "junk").exists()
+    second = cache.staging(root)  # a rebuild that lost the race
+    (second / "two").write_text("2")
+    assert cache.publish(root, key, second, {"proof": None}) == root / ("f" * 64)
+    assert not second.exists() and not (root / ("f" * 64) / "two").exists()
+    assert cache.lookup(root, key) is not None

@@ -102,12 +102,19 @@ def publish(root: Path, key: str, built: Path, stamp: dict[str, Any]) -> Path:
     (built / STAMP).write_text(json.dumps(dict(stamp, key=key), sort_keys=True),
                                encoding="utf-8")
     final = _folder(root, key)
-    try:
-        os.rename(built, final)
-    except OSError:
-        if lookup(root, key) is None:
-            raise
-        shutil.rmtree(built, ignore_errors=True)
+    for _attempt in range(2):
+        try:
+            os.rename(built, final)
+            return final
+        except OSError:
+            if lookup(root, key) is not None:  # another rebuild got there first
+                shutil.rmtree(built, ignore_errors=True)
+                return final
+            if _attempt:
+                raise
+            # A folder without a valid stamp (a copy someone emptied or broke): never
+            # trusted, replaced.
+            shutil.rmtree(final, ignore_errors=True)
     return final
 
 
