@@ -12,8 +12,8 @@ Steps, in order:
    else where A parts from the recorded trail, is the step to explain.
    (With a known step, e.g. from ``verify --explain``, this pass is skipped.)
 3. Pinpoint: run both again up to and including that step only, recording
-   its op stream (``_manifest_ops``) and keeping its tensors' values, then
-   stop the processes there.
+   the op stream (``_manifest_ops``) of that step and the ``LOOKBACK`` steps
+   before it and keeping their tensors' values, then stop the processes there.
 4. Align the two streams (``manifest.ops.align``) per rank and report
    the first op whose inputs matched and outputs differ, or the value that
    entered from outside torch. When A and B agree with each other but not
