@@ -27,6 +27,7 @@ process into entries, after the run:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,11 @@ MAX_SIBLINGS = 256
 run that saves one file per rank there, one per rank): past it, the rest are not recorded,
 so verify refuses them by name."""
 
+
+
+HF_CHECKPOINT = re.compile(r"checkpoint-[0-9]+")
+"""A Hugging Face Trainer's checkpoint directory: the files beside its weights (trainer
+state, optimizer, scheduler, RNG) are what a resume reads, so they are recorded with it."""
 
 def siblings_of(path: Path, cache: dict[str, dict[str, SiblingFile]]) -> dict[str, SiblingFile]:
     """The regular files beside ``path`` in its directory (``path`` itself left out), each
@@ -112,7 +118,6 @@ def record_checkpoints(records: list[dict[str, Any]], cwd: Path,
                        root: Path) -> list[Checkpoint]:
     """``outputs.checkpoints`` from the processes' records (sorted by step, then path)."""
     from manifest.errors import MalformedArtifactError
-    from manifest.verify.placing import HF_CHECKPOINT
     from manifest.weights.tables import digest_artifact
 
     saves: dict[tuple[str, int], tuple[str, list[int] | None]] = {}

@@ -43,9 +43,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from manifest.capture.checkpoints import HF_CHECKPOINT
 from manifest.models import Checkpoint, Manifest
 
-HF_CHECKPOINT = re.compile(r"checkpoint-[0-9]+")
 MAX_AT_ONE_STEP = 4096
 """Checkpoints recorded at one stretch end that a replay compares (a 2,048-rank run that
 saves one file per rank has 2,048 at each step)."""

@@ -103,7 +103,7 @@ def resume_name(checkpoint: Checkpoint) -> str:
     """What a stretch resumes from, as the user knows it. A Hugging Face Trainer checkpoint
     is its ``checkpoint-N`` directory, placed whole (``manifest.verify.placing``), not
     whichever of its files (``optimizer.pt``) the stretch's digest check used."""
-    from manifest.verify.placing import HF_CHECKPOINT
+    from manifest.capture.checkpoints import HF_CHECKPOINT
 
     path = PurePosixPath(checkpoint.path)
     if HF_CHECKPOINT.fullmatch(path.parent.name):
