@@ -50,6 +50,10 @@ A locator is the run's own output, so it is untrusted input: at most
 entries in all (however many processes left some), schema-checked (unknown keys
 refused), a tracking URI handed to mlflow's client only (never opened here), a log
 directory confined to the tree, and every note URL-redacted and printable.
+
+Longer than 500 lines because MLflow, W&B and log-directory tagging share one set of
+limits (what a locator may claim) and one ownership rule (only this capture's runs);
+each tracker's part is about 100 lines.
 """
 
 from __future__ import annotations

@@ -45,6 +45,10 @@ answers 404 for it.
 Not run against a real cluster here (none can run on these machines): the
 tests speak to a local HTTP server that answers the endpoints used and runs
 the pod entrypoint locally for each index.
+
+Longer than 500 lines because the rendered Job, its watcher and the pods' entrypoint
+(``python -m manifest.rerun.cluster.k8s``, named in every rendered Job and its golden
+file) share one Job's names and constants.
 """
 
 from __future__ import annotations
