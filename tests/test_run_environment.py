@@ -118,6 +118,12 @@ def test_drift_is_probed_in_the_rebuilt_interpreter(bare_venv: Path) -> None:
             assert seen["packages"][name] == here["packages"][name]
     again = with_this_tool(dict(seen, packages={}), here)
     assert set(again["packages"]) <= {"torch-manifest", "manifest"}
+    # an interpreter where the probe cannot run: one sentence (environment_for then says
+    # the drift shown is this machine's), never a traceback
+    from manifest.errors import NoVerdictError
+
+    with pytest.raises(NoVerdictError, match="could not be probed"):
+        probe_env_in(Path("/bin/false"), here)
 
 
 def test_a_vanished_distribution_is_named_before_anything_runs(tmp_path: Path) -> None:

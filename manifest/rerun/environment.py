@@ -191,7 +191,15 @@ def environment_for(recorded: Manifest, machine: tuple[dict[str, Any], Any, Any]
         note(used.line)
     if used.python is None:
         return used, machine
-    return used, (probe_env_in(used.python, machine[0]), machine[1], machine[2])
+    from dataclasses import replace
+
+    from manifest.errors import NoVerdictError
+
+    try:
+        return used, (probe_env_in(used.python, machine[0]), machine[1], machine[2])
+    except NoVerdictError as exc:  # this tool's own dependencies do not load in that Python
+        return replace(used, line=f"{used.line}; the drift shown is this machine's "
+                       f"({exc.message.rstrip('.')})"), machine
 
 
 def in_environment(used: RunEnvironment | None, env: dict[str, str],
@@ -267,14 +275,21 @@ def probe_env_in(python: Path, machine_env: Mapping[str, Any]) -> dict[str, Any]
         helpers = [p for p in sys.path if p and os.path.isdir(p)]
         args = {"tool": tool, "helpers": helpers, "driver": machine_env.get("cuda_driver"),
                 "reason": (machine_env.get("unavailable") or {}).get("cuda_driver")}
-        done = subprocess.run([str(python), "-I", "-c", _PROBE, json.dumps(args)],
-                              capture_output=True, text=True, check=False, timeout=600,
-                              stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        try:
+            done = subprocess.run([str(python), "-I", "-c", _PROBE, json.dumps(args)],
+                                  capture_output=True, text=True, check=False, timeout=600,
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NoVerdictError(f"the rebuilt environment's interpreter {python} could not "
+                                 f"be probed: {exc}") from exc
+    tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
+    try:
+        doc: Any = json.loads(done.stdout) if done.returncode == 0 else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
         raise NoVerdictError(f"the rebuilt environment's interpreter {python} could not be "
                              f"probed: {tail}")
-    doc: dict[str, Any] = json.loads(done.stdout)
     return with_this_tool(doc, machine_env)
 
 
