@@ -8,7 +8,14 @@ The plan, the workspace and the executor come from the re-run engine
   declared output tensor by tensor (``manifest.weights.compare``), the step
   trails by first divergent step, and, when the capture stored an op stream
   (``--fingerprint-ops``), the first op that computes differently;
-* a failed re-run names the files it read that git does not carry.
+* a failed re-run names the files it read that git does not carry;
+* where the recorded outputs are on this machine (the tree, a pack, ``--outputs DIR``),
+  and the environment the re-run runs in (``--env run``: the run's own, rebuilt).
+
+Longer than 500 lines because the re-run, its comparison and ``judge_numeric`` (a
+``differs`` refined by a noise envelope, with the verifier's envelope runs made around
+the re-run) share one plan, tree, environment and set of recorded files (``Here``):
+split apart, each half would hand all of them back to the other.
 """
 
 from __future__ import annotations
