@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Checkpoint, SiblingFile
 
 MAX_SIBLINGS = 256
@@ -100,9 +100,9 @@ def _index_for(shard: Path) -> Path | None:
     return None
 
 
-def _notes(records: list[dict[str, Any]]) -> list[tuple[int, str, str, list[int] | None]]:
+def _notes(records: list[ProcessRecord]) -> list[tuple[int, str, str, list[int] | None]]:
     """(step, absolute path, kind, signature) of every recorded save, in save order."""
-    out = []
+    out: list[tuple[int, str, str, list[int] | None]] = []
     for record in records:
         for note in record.get("checkpoints") or []:
             try:
@@ -114,7 +114,7 @@ def _notes(records: list[dict[str, Any]]) -> list[tuple[int, str, str, list[int]
     return out
 
 
-def record_checkpoints(records: list[dict[str, Any]], cwd: Path,
+def record_checkpoints(records: list[ProcessRecord], cwd: Path,
                        root: Path) -> list[Checkpoint]:
     """``outputs.checkpoints`` from the processes' records (sorted by step, then path)."""
     from manifest.errors import MalformedArtifactError

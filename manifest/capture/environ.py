@@ -72,13 +72,15 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
+from manifest.launch.boot import _manifest_wire as wire
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import EnvRead, EnvReadsRecorded, KeyedRead, Manifest
 
 _ADDRESSES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
 LAUNCHER_VARIABLES = frozenset({
-    "MANIFEST_LAUNCH", "MANIFEST_LAUNCH_RECORDS", "MANIFEST_OPS", "MANIFEST_OPS_DEVICE_SUMS",
-    "MANIFEST_SEGMENT", "MANIFEST_RESUME_FROM", "MANIFEST_RESUME_PROBE", "MANIFEST_AUDIT",
-    "MANIFEST_DEBUG", "MANIFEST_SEALED_RUN", "MANIFEST_ENTRY", "MANIFEST_DIR",
+    wire.CONFIG_VAR, wire.RECORDS_VAR, wire.OPS_VAR, "MANIFEST_OPS_DEVICE_SUMS",
+    wire.SEGMENT_VAR, wire.RESUME_VAR, wire.PROBE_VAR, wire.AUDIT_VAR,
+    "MANIFEST_DEBUG", wire.SEALED_RUN_VAR, "MANIFEST_ENTRY", "MANIFEST_DIR",
 })
 """The launcher's own control variables, by exact name: capture and verify set them per
 launch (a replay's segment, the records' directory), so they say how the run was launched,
@@ -153,7 +155,7 @@ def keyed_digest(key: bytes, plain: str) -> str:
 
 
 
-def environ_recorded(record: dict[str, Any]) -> EnvReadsRecorded | None:
+def environ_recorded(record: ProcessRecord) -> EnvReadsRecorded | None:
     """That a process record has its reads (the launcher recorded them), with the count of
     names it dropped past its limit; None for a record without them."""
     from pydantic import ValidationError

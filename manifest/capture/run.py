@@ -38,6 +38,7 @@ from manifest.capture.environ import environ_reads, environ_recorded, keyed_read
 from manifest.capture.snapshot import Snapshot, observed_for, seal_snapshot, take_snapshot
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, UsageError
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import (
     Artifact,
     Flags,
@@ -94,11 +95,11 @@ def _strings(raw: Any) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in raw.items()}
 
 
-def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], list[Any]]:
+def merge_records(records: list[ProcessRecord]) -> tuple[list[Any], list[Any], list[Any]]:
     """Per-rank randomness, determinism and outcome entries from process records."""
     rnd, det, out = [], [], []
     for r in records:
-        rank = int(r["rank"])
+        rank = int(r.get("rank") or 0)  # select_ranks gave every record an int
         seed = r.get("seed")
         if isinstance(seed, int) and not 0 <= seed <= 2**53 - 1:
             raise UsageError(
@@ -137,7 +138,7 @@ def merge_records(records: list[dict[str, Any]]) -> tuple[list[Any], list[Any], 
     return rnd, det, out
 
 
-def _recording(r: dict[str, Any]) -> RecordingCost | None:
+def _recording(r: ProcessRecord) -> RecordingCost | None:
     """The process's time in the trails (``recording_ns``) and its share of its wall time."""
     spent, start, end = r.get("recording_ns"), r.get("start_ns"), r.get("end_ns")
     if not isinstance(spent, int) or spent <= 0 or not isinstance(start, int) \
@@ -166,7 +167,7 @@ def digest_outputs(globs: list[str], cwd: Path, *,
     return [artifacts[k] for k in sorted(artifacts)], missing
 
 
-def _process_error(records: list[dict[str, Any]]) -> str | None:
+def _process_error(records: list[ProcessRecord]) -> str | None:
     for r in records:
         if r.get("exception"):
             return str(r["exception"])

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.canonical import load_manifest
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Manifest
 from manifest.ops.findings import Finding, compare_streams
 from manifest.ops.stream import OpStream, parse_stream, streams_in
@@ -134,8 +135,8 @@ class ExplainReport:
 # ------------------------------------------------------------------ trails
 
 
-def _judge_parting(recorded: Manifest, report: ExplainReport, a: list[dict[str, Any]],
-                   b: list[dict[str, Any]], parted: int | None) -> None:
+def _judge_parting(recorded: Manifest, report: ExplainReport, a: list[ProcessRecord],
+                   b: list[ProcessRecord], parted: int | None) -> None:
     """Runs A and B part, and the recorded run carries a noise envelope: say whether B
     stays inside it (a parting by rounding) or where it leaves (a real change)."""
     envelope = recorded.outputs.envelope if recorded.outputs is not None else None
@@ -147,11 +148,11 @@ def _judge_parting(recorded: Manifest, report: ExplainReport, a: list[dict[str, 
     report.numeric = judge(numeric_of(a), numeric_of(b), envelope).to_json()
 
 
-def _trails(records: list[dict[str, Any]], *, auto: bool) -> dict[int, dict[int, str]]:
+def _trails(records: list[ProcessRecord], *, auto: bool) -> dict[int, dict[int, str]]:
     out: dict[int, dict[int, str]] = {}
     for r in records:
         points = r.get("auto_trail") if auto else (r.get("trail") or r.get("auto_trail"))
-        out[int(r["rank"])] = {int(p["step"]): str(p["digest"]) for p in points or []}
+        out[int(r.get("rank") or 0)] = {int(p["step"]): str(p["digest"]) for p in points or []}
     return out
 
 

@@ -21,13 +21,14 @@ import sys
 from typing import Any
 
 from manifest.capture.tracker_names import MAX_LOCATORS, TRACKERS_KEY
+from manifest.launch.boot._manifest_wire import RECORDS_VAR
 
 
 def leave(locators: list[dict[str, Any]]) -> bool:
     """Add ``locators`` to this process's launcher record; False when not under the launcher."""
     state = sys.modules.get("_manifest_state")
     record = getattr(state, "state", {}).get("record") if state is not None else None
-    if not isinstance(record, dict) or not os.environ.get("MANIFEST_LAUNCH_RECORDS"):
+    if not isinstance(record, dict) or not os.environ.get(RECORDS_VAR):
         return False
     kept = record.setdefault(TRACKERS_KEY, [])
     for loc in locators:

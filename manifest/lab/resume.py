@@ -31,18 +31,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.errors import NoVerdictError, UsageError
+from manifest.launch.boot._manifest_wire import PROBE_VAR, SEGMENT_VAR, Probe, ProcessRecord
 
 if TYPE_CHECKING:
     from manifest.rerun.plan import RerunOptions, RerunPlan
 
-PROBE_VAR = "MANIFEST_RESUME_PROBE"
-SEGMENT_VAR = "MANIFEST_SEGMENT"
 _RNG_NAMES = {"python": "python's random", "numpy": "numpy's global", "torch_cpu": "torch's CPU",
               "cuda": "the CUDA"}
 
@@ -71,7 +70,7 @@ class ResumeAudit:
                 "forgotten": self.forgotten, "detail": self.detail}
 
 
-def _trail(records: list[dict[str, Any]]) -> dict[int, dict[int, str]]:
+def _trail(records: list[ProcessRecord]) -> dict[int, dict[int, str]]:
     out: dict[int, dict[int, str]] = {}
     for r in records:
         points = r.get("trail") or r.get("auto_trail") or []
@@ -80,14 +79,14 @@ def _trail(records: list[dict[str, Any]]) -> dict[int, dict[int, str]]:
     return out
 
 
-def _probes(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def _probes(records: list[ProcessRecord]) -> dict[int, Probe]:
     for r in records:
         if r.get("probes"):
             return {int(p["step"]): p for p in r["probes"]}
     return {}
 
 
-def _checkpoint_at(records: list[dict[str, Any]], step: int, cwd: Path) -> str:
+def _checkpoint_at(records: list[ProcessRecord], step: int, cwd: Path) -> str:
     saved = [c for r in records for c in r.get("checkpoints") or [] if c.get("step") == step]
     if not saved:
         found = sorted({int(c["step"]) for r in records for c in r.get("checkpoints") or []})
@@ -102,7 +101,7 @@ def _show(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def name_forgotten(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def name_forgotten(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """What differs between two probes of one step, uninterrupted (a) and resumed (b)."""
     if a.get("params") != b.get("params"):
         return ["the model's weights (the checkpoint did not restore them)"]
@@ -159,7 +158,7 @@ def resume_audit(cwd: Path, command: list[str], *, at: int, template: str | None
     with open_workspace(plan, root) as workspace:
         run_settings = replace(settings, root=str(workspace.mount_at))
 
-        def run(argv: list[str], extra: dict[str, str], what: str) -> list[dict[str, Any]]:
+        def run(argv: list[str], extra: dict[str, str], what: str) -> list[ProcessRecord]:
             say(what)
             this = replace(plan, argv=tuple(argv))
             result = executor.run(this, workspace, run_settings, {**os.environ, **extra})

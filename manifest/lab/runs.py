@@ -62,6 +62,7 @@ from manifest.lab.report import (
     TensorDiff,
     WallStats,
 )
+from manifest.launch.boot._manifest_wire import AUDIT_VAR, ProcessRecord
 from manifest.launch.runner import LaunchSettings, default_threads
 from manifest.models import Manifest
 from manifest.ops.catalogue import base_name, load_table
@@ -76,7 +77,6 @@ if TYPE_CHECKING:
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
 
-AUDIT_VAR = "MANIFEST_AUDIT"
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class _Run:
     index: int
     wall_s: float
     manifest: Manifest
-    records: list[dict[str, Any]]
+    records: list[ProcessRecord]
     saved: Path
 
 
@@ -292,7 +292,7 @@ def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions) -> E
 # ---------------------------------------------------------------- comparing
 
 
-def _final_loss(records: list[dict[str, Any]]) -> tuple[float | None, dict[int, float]]:
+def _final_loss(records: list[ProcessRecord]) -> tuple[float | None, dict[int, float]]:
     """The last logged loss of rank 0 and its loss by step."""
     rank0 = next((r for r in records if r.get("rank") == 0), None)
     by_step: dict[int, float] = {}
@@ -305,7 +305,7 @@ def _final_loss(records: list[dict[str, Any]]) -> tuple[float | None, dict[int, 
     return last, by_step
 
 
-def _trail(records: list[dict[str, Any]]) -> list[tuple[int, str]]:
+def _trail(records: list[ProcessRecord]) -> list[tuple[int, str]]:
     rank0 = next((r for r in records if r.get("rank") == 0), None)
     points = (rank0 or {}).get("trail") or (rank0 or {}).get("auto_trail") or []
     return [(int(p["step"]), str(p["digest"])) for p in points]

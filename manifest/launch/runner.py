@@ -35,12 +35,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from manifest.errors import UsageError
+from manifest.launch.boot._manifest_wire import (
+    CONFIG_VAR,
+    CUBLAS_VAR,
+    OPS_VAR,
+    RECORDS_VAR,
+    WORKER_PREFIX,
+    ProcessRecord,
+)
+from manifest.launch.boot._manifest_wire import CUBLAS_DETERMINISTIC as CUBLAS_DETERMINISTIC
+from manifest.launch.boot._manifest_wire import PRIVATE_FILE as PRIVATE_FILE
+from manifest.launch.boot._manifest_wire import SEALED_RUN_VAR as SEALED_RUN_VAR
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch" / "boot"
-CUBLAS_DETERMINISTIC = ":4096:8"
 RECIPE_NCCL = {"NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
 """What the recipe sets for collectives, where the user did not: torch's
 ``use_deterministic_algorithms`` sets no NCCL variable, and NCCL picks its algorithm per
@@ -58,9 +68,6 @@ def default_threads() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-SEALED_RUN_VAR = "MANIFEST_SEALED_RUN"
 
 
 def launch_identity(commit: str | None, diff_digest: str | None, argv: list[str],
@@ -122,7 +129,7 @@ class LaunchSettings:
         env = dict(os.environ if base is None else base)
         existing = env.get("PYTHONPATH")
         env["PYTHONPATH"] = str(LAUNCH_DIR) + (os.pathsep + existing if existing else "")
-        env["MANIFEST_LAUNCH"] = json.dumps({
+        env[CONFIG_VAR] = json.dumps({
             "seed": self.seed, "derivation": self.derivation,
             "threads": self.threads, "deterministic": self.deterministic,
             "trail": "" if self.trail == "off" else self.trail,
@@ -131,16 +138,16 @@ class LaunchSettings:
             **({} if self.emulate is None else {"emulate": self.emulate}),
         })
         write_private(records_dir, self.perturb)
-        env.pop("MANIFEST_OPS", None)
+        env.pop(OPS_VAR, None)
         if self.ops is not None:
-            env["MANIFEST_OPS"] = json.dumps({"dir": str(records_dir), **self.ops})
-        env["MANIFEST_LAUNCH_RECORDS"] = str(records_dir)
+            env[OPS_VAR] = json.dumps({"dir": str(records_dir), **self.ops})
+        env[RECORDS_VAR] = str(records_dir)
         env.pop(SEALED_RUN_VAR, None)
         if self.sealed is not None:
             env[SEALED_RUN_VAR] = self.sealed
         env.setdefault("PYTHONHASHSEED", self.hashseed or "0")
         if self.deterministic:
-            env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+            env.setdefault(CUBLAS_VAR, CUBLAS_DETERMINISTIC)
             for name, value in RECIPE_NCCL.items():
                 env.setdefault(name, value)
         env["OMP_NUM_THREADS"] = str(self.threads)
@@ -148,14 +155,13 @@ class LaunchSettings:
         return env
 
 
-PRIVATE_FILE = "launch-private"
-"""The launcher's private settings file in the records directory: what must not show in
-the environment or argv. Every run gets it, with the same name and the same length
-(``PRIVATE_BYTES``), the real run included: its perturbation (an envelope run's one-ULP
-seed, ``null`` in the real run) is no marker a script can read from ``os.environ``,
-``sys.argv`` or ``/proc/self/environ`` (issue 36: ``MANIFEST_LAUNCH`` carried it, and a
-script that scaled its learning rate only in those runs inflated its own envelope)."""
 PRIVATE_BYTES = 64
+"""The length of the launcher's private settings file (``PRIVATE_FILE``), in every run: what
+must not show in the environment or argv. Every run gets it, with the same name and this
+length, the real run included: its perturbation (an envelope run's one-ULP seed, ``null``
+in the real run) is no marker a script can read from ``os.environ``, ``sys.argv`` or
+``/proc/self/environ``; a script that scaled its learning rate only in envelope runs would
+inflate its own envelope."""
 
 
 def write_private(records_dir: Path, perturb: int | None) -> None:
@@ -170,7 +176,7 @@ def write_private(records_dir: Path, perturb: int | None) -> None:
 @dataclass(frozen=True)
 class LaunchResult:
     exit_code: int
-    records: list[dict[str, Any]]
+    records: list[ProcessRecord]
     env: dict[str, str]
     op_streams: dict[str, bytes] = field(default_factory=dict)
     """File name → bytes of each op stream the processes wrote (``ops-<rank>-<pid>.json``)."""
@@ -183,7 +189,7 @@ class LaunchResult:
     """Python processes that ran outside the recipe (``manifest.launch.outside``)."""
     workers: int = 0
     """Worker processes started (forks, multiprocessing children), each counted at its start."""
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[ProcessRecord] = field(default_factory=list)
     """Earlier attempts of an elastic run (torchelastic ``--max-restarts``) whose ranks were
     replaced by a restart: their records, not counted among ``records``."""
     tables: tuple[list[Any], list[str]] | None = None
@@ -216,11 +222,11 @@ def run_under_launcher(
             raise UsageError(f"command not found: {argv[0]}.") from exc
         except PermissionError as exc:
             raise UsageError(f"command is not executable: {argv[0]}.") from exc
-        records = []
+        records: list[ProcessRecord] = []
         streams: dict[str, bytes] = {}
         workers = junk = 0
         for name in sorted(os.listdir(tmp)):
-            if name.startswith("worker-"):
+            if name.startswith(WORKER_PREFIX):
                 workers += 1
             elif name.startswith("ops-") and name.endswith(".json"):
                 streams[name] = Path(tmp, name).read_bytes()
@@ -229,8 +235,8 @@ def run_under_launcher(
                     record = json.loads(Path(tmp, name).read_text(encoding="utf-8"))
                 except (OSError, ValueError):
                     record = None
-                if isinstance(record, dict):
-                    records.append(record)
+                if isinstance(record, dict):  # its values are checked where they are read
+                    records.append(cast(ProcessRecord, record))
                 else:  # a process's own output: `[1]` is no record (r.get would fail)
                     junk += 1
         if junk:
@@ -253,7 +259,7 @@ def run_under_launcher(
 
 
 def outside_found(argv: list[str], env: dict[str, str], watched: list[dict[str, str]],
-                  records: list[dict[str, Any]]) -> list[dict[str, str]]:
+                  records: list[ProcessRecord]) -> list[dict[str, str]]:
     """Every lookout's findings (``manifest.launch.outside``): the command line itself,
     the process tree, and each prepared process's audit of what it started."""
     from manifest.launch.boot._manifest_escape import describe_start
@@ -284,7 +290,7 @@ def _run_to_end(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
         raise
 
 
-def select_ranks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def select_ranks(records: list[ProcessRecord]) -> list[ProcessRecord]:
     """The records that stand for ranks, each with its ``rank`` set."""
     records = [r for r in records if not r.get("mp_child")]
     # Without RANK, the rank srun or mpirun gave the process (manifest.nodes.topology).
@@ -295,21 +301,21 @@ def select_ranks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                 "PMI_RANK") if str(env.get(k, "")).isdigit()),
                          None)
             if given is not None:
-                records[i] = dict(r, rank=int(given))
+                records[i] = {**r, "rank": int(given)}
     ranked = [r for r in records if isinstance(r.get("rank"), int)]
     if ranked:
-        return sorted(ranked, key=lambda r: int(r["rank"]))
+        return sorted(ranked, key=lambda r: int(r.get("rank") or 0))
     ordered = sorted(records, key=lambda r: (int(r.get("start_ns") or 0), int(r.get("pid") or 0)))
-    return [dict(r, rank=i) for i, r in enumerate(ordered)]
+    return [{**r, "rank": i} for i, r in enumerate(ordered)]
 
 
-def restart_of(record: dict[str, Any]) -> int:
+def restart_of(record: ProcessRecord) -> int:
     """The elastic restart a record's process belongs to (0 without torchelastic)."""
     value = (record.get("launch_env") or {}).get("TORCHELASTIC_RESTART_COUNT", "0")
     return int(value) if str(value).isdigit() else 0
 
 
-def latest_attempt(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def latest_attempt(ranks: list[ProcessRecord]) -> list[ProcessRecord]:
     """The ranks of the last restart: a restarted elastic run records each rank once per
     attempt, and only the last attempt's ranks produced the outputs."""
     if not ranks:
@@ -318,7 +324,7 @@ def latest_attempt(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in ranks if restart_of(r) == last]
 
 
-def earlier_attempts(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def earlier_attempts(ranks: list[ProcessRecord]) -> list[ProcessRecord]:
     if not ranks:
         return []
     last = max(restart_of(r) for r in ranks)
@@ -327,7 +333,8 @@ def earlier_attempts(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def stream_ranks(result: LaunchResult) -> dict[str, int]:
     """Stream file name → rank of the process that wrote it (by pid, as ranks were assigned)."""
-    by_pid = {int(r["pid"]): int(r["rank"]) for r in result.records if r.get("pid")}
+    by_pid = {int(r.get("pid") or 0): int(r.get("rank") or 0) for r in result.records
+              if r.get("pid")}
     out: dict[str, int] = {}
     for name in result.op_streams:
         pid = name.removesuffix(".json").rsplit("-", 1)[-1]

@@ -39,9 +39,9 @@ from __future__ import annotations
 import re
 import socket
 from dataclasses import dataclass
-from typing import Any
 
 from manifest.errors import UsageError
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Topology
 from manifest.nodes.torchrun import find_torchrun, option, with_options
 
@@ -212,15 +212,15 @@ def node_env(node: int, host: str, port: int) -> dict[str, str]:
     return {"PET_NODE_RANK": str(node), "PET_RDZV_ENDPOINT": f"{host}:{port}"}
 
 
-def ranks_held(records: list[dict[str, Any]]) -> list[int]:
+def ranks_held(records: list[ProcessRecord]) -> list[int]:
     """The global ranks whose records one node's launch returned (its workers' ``rank``),
     in order: node ``i`` of a re-run holds ``i × P …``."""
-    return sorted({int(r["rank"]) for r in records
+    return sorted({int(r.get("rank") or 0) for r in records
                    if isinstance(r, dict) and isinstance(r.get("rank"), int)
                    and not r.get("mp_child")})
 
 
-def held_line(node: int, records: list[dict[str, Any]], where: str = "") -> str:
+def held_line(node: int, records: list[ProcessRecord], where: str = "") -> str:
     """The line a node's job log gets: ``manifest: node I held global ranks …``."""
     held = ", ".join(map(str, ranks_held(records))) or "none"
     return f"manifest: node {node} held global ranks {held}{where}\n"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Manifest, RankPlace, Segment, Topology
 
 GLOBAL_RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -48,7 +49,7 @@ def _first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
     return None
 
 
-def launch_env(record: dict[str, Any]) -> dict[str, str]:
+def launch_env(record: ProcessRecord) -> dict[str, str]:
     raw = record.get("launch_env")
     return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
 
@@ -67,17 +68,17 @@ def launcher_of(env: dict[str, str]) -> str | None:
     return None
 
 
-def global_rank(record: dict[str, Any]) -> int | None:
+def global_rank(record: ProcessRecord) -> int | None:
     """The rank a launcher gave a process, whichever launcher it was."""
     return _first_int(launch_env(record), GLOBAL_RANK)
 
 
-def _rank_of(record: dict[str, Any]) -> int:
+def _rank_of(record: ProcessRecord) -> int:
     rank = global_rank(record)
-    return int(record["rank"]) if rank is None else rank
+    return int(record.get("rank") or 0) if rank is None else rank
 
 
-def rendezvous_of(records: list[dict[str, Any]]) -> str | None:
+def rendezvous_of(records: list[ProcessRecord]) -> str | None:
     """What names one distributed run across its node records: torchelastic's run id, or
     SLURM's job and step."""
     for record in records:
@@ -89,7 +90,7 @@ def rendezvous_of(records: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def topology_from_records(records: list[dict[str, Any]]) -> Topology | None:
+def topology_from_records(records: list[ProcessRecord]) -> Topology | None:
     """The topology of the ranks in ``records`` (the last attempt's), or None for a run
     that no launcher placed."""
     from manifest.launch.boot._manifest_topology import NCCL_VARS
@@ -108,7 +109,7 @@ def topology_from_records(records: list[dict[str, Any]]) -> Topology | None:
     for record, env in zip(records, envs, strict=True):
         rank = _first_int(env, GLOBAL_RANK)
         places.append(RankPlace(
-            rank=int(record["rank"]) if rank is None else rank,
+            rank=int(record.get("rank") or 0) if rank is None else rank,
             node=_first_int(env, NODE_RANK) or 0,
             local_rank=_first_int(env, LOCAL_RANK),
             device=record.get("device") if isinstance(record.get("device"), str) else None))
@@ -133,14 +134,14 @@ def topology_from_records(records: list[dict[str, Any]]) -> Topology | None:
         backend=backends[0] if backends else None, ranks=places, nccl=nccl, node=node)
 
 
-def segments_from(earlier: list[dict[str, Any]], last: list[dict[str, Any]],
+def segments_from(earlier: list[ProcessRecord], last: list[ProcessRecord],
                   error: str | None) -> list[Segment] | None:
     """The attempts of an elastic run in order (None when it never restarted)."""
     from manifest.launch.runner import restart_of
 
     if not earlier:
         return None
-    by_restart: dict[int, list[dict[str, Any]]] = {}
+    by_restart: dict[int, list[ProcessRecord]] = {}
     for record in [*earlier, *last]:
         by_restart.setdefault(restart_of(record), []).append(record)
     out: list[Segment] = []
@@ -162,7 +163,7 @@ def segments_from(earlier: list[dict[str, Any]], last: list[dict[str, Any]],
     return out
 
 
-def writer_nodes(records: list[dict[str, Any]], topology: Topology,
+def writer_nodes(records: list[ProcessRecord], topology: Topology,
                  cwd: Any) -> dict[str, int]:
     """Output path (relative to ``cwd``) → the node whose rank opened it for writing: on a
     multi-node run each node writes to its own disk, so the merged manifest says where."""

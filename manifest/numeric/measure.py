@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Envelope, NumericPoint
 from manifest.numeric.envelope import ULP_LABEL, measure_envelope
 from manifest.numeric.twin import TWIN_LABEL
@@ -57,7 +58,7 @@ SEED_RANGE = 2**31 - 1
 """One-ULP seeds are drawn from 1 … 2**31 - 1 (``torch.Generator.manual_seed`` takes them)."""
 
 
-def numeric_of(records: Sequence[dict[str, Any]]) -> list[NumericPoint]:
+def numeric_of(records: Sequence[ProcessRecord]) -> list[NumericPoint]:
     """Rank 0's numeric trail from process records (the first process with one)."""
     ordered = sorted(records, key=lambda r: (r.get("rank") or 0))
     for record in ordered:

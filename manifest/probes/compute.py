@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from manifest.launch.boot._manifest_wire import ProcessRecord
+
 NS_PER_S = 1_000_000_000
 
 
@@ -91,7 +93,7 @@ def visible_gpus(count: int, env: Mapping[str, str]) -> list[int]:
 def compute_record(
     *,
     wall_s: float,
-    records: list[dict[str, Any]],
+    records: list[ProcessRecord],
     before: EnergyReading,
     after: EnergyReading,
     env: Mapping[str, str],

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from manifest.launch.boot._manifest_wire import CONFIG_VAR
 from manifest.nodes.plan import NodeRun
 from manifest.trust import TrustDecision, escape_text, quote_arg
 
@@ -320,8 +321,8 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
         variables.update(recorded.command.code_env)
     variables.update({
         "OMP_NUM_THREADS": str(settings.threads), "MKL_NUM_THREADS": str(settings.threads),
-        "MANIFEST_LAUNCH": (f"seed={settings.seed} derivation={settings.derivation} "
-                            f"deterministic={settings.deterministic}"),
+        CONFIG_VAR: (f"seed={settings.seed} derivation={settings.derivation} "
+                     f"deterministic={settings.deterministic}"),
     })
     decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
     refuse_oversized(recorded)  # trust decided, and nothing built yet that a claim sizes

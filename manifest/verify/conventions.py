@@ -73,6 +73,7 @@ from pathlib import Path
 
 from manifest.bounded import InputKind, cap_of, read_user_file
 from manifest.errors import ManifestError, UsageError
+from manifest.launch.boot import _manifest_wire as wire
 
 MAX_SOURCE = cap_of(InputKind.SCRIPT)
 """The most bytes of a script or config file read (the bounded reader's cap for a script)."""
@@ -444,7 +445,7 @@ NO_TEMPLATE = (
     "the script did not resume: it takes no resume argument the manifest knows of",
     "Set [tool.manifest] resume = \"--resume {checkpoint}\" in pyproject.toml, or pass "
     "--resume-args '--resume {checkpoint}'.")
-RESUME_VAR = "MANIFEST_RESUME_FROM"
+RESUME_VAR = wire.RESUME_VAR
 
 
 def resume_template(root: Path, given: str | None) -> list[str] | None:

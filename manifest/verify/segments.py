@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from manifest.errors import UsageError
+from manifest.launch.boot._manifest_wire import SEGMENT_VAR
 from manifest.models import Manifest
 from manifest.verdicts import VERDICTS, Findings, Verdict, judge
 from manifest.verify.conventions import (
@@ -88,8 +89,6 @@ from manifest.verify.stretches import (
     unusable,
     weigh,
 )
-
-SEGMENT_VAR = "MANIFEST_SEGMENT"
 
 
 @dataclass

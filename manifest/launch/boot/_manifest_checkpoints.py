@@ -40,16 +40,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
     from manifest.launch.boot import _manifest_rng as rng
+    from manifest.launch.boot import _manifest_wire as wire
     from manifest.launch.boot._manifest_state import state as _state
 else:
     try:  # under the launcher this directory is on sys.path; as a package module otherwise
         import _manifest_rng as rng
+        import _manifest_wire as wire
         from _manifest_state import state as _state
     except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
         from manifest.launch.boot import _manifest_rng as rng
+        from manifest.launch.boot import _manifest_wire as wire
         from manifest.launch.boot._manifest_state import state as _state
 
-SEGMENT_VAR = "MANIFEST_SEGMENT"
+SEGMENT_VAR = wire.SEGMENT_VAR
 """``{"step_offset": S, "stop_after": E}``: a resumed segment (``verify --segments``)."""
 
 _saving = [0]  # depth of recorded saves in progress (a save inside a save is not another)
@@ -164,7 +167,7 @@ def on_torch(torch: Any, write_record: Callable[[], None]) -> None:
 
 # ------------------------------------------------------------ resume audit
 
-PROBE_VAR = "MANIFEST_RESUME_PROBE"
+PROBE_VAR = wire.PROBE_VAR
 """``{"from": K}``: before each optimizer step after K, fingerprint what a resume must carry
 (``manifest lab --resume-at K``, ``manifest.lab.resume``)."""
 MAX_PROBES = 2000
@@ -269,7 +272,7 @@ def on_dcp_state_dict(module: Any) -> None:
 
 # -------------------------------------------------- known resume conventions
 
-RESUME_VAR = "MANIFEST_RESUME_FROM"
+RESUME_VAR = wire.RESUME_VAR
 """A checkpoint for a script that resumes by a known convention, no template needed:
 Lightning's ``Trainer.fit(ckpt_path=…)``, the Hugging Face ``Trainer.train(
 resume_from_checkpoint=…)``. Given only where the script passed none. A convention the

@@ -26,9 +26,17 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-MARKER = "MANIFEST_LAUNCH"
+if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
+    from manifest.launch.boot._manifest_wire import CONFIG_VAR
+else:
+    try:  # under the launcher this directory is on sys.path; as a package module otherwise
+        from _manifest_wire import CONFIG_VAR
+    except ImportError:  # as a package module (the host's lookouts, manifest.launch.outside)
+        from manifest.launch.boot._manifest_wire import CONFIG_VAR
+
+MARKER = CONFIG_VAR
 HOOK_FILE = "torch_manifest.pth"
 _PYTHON = re.compile(r"(python|pypy)[0-9.]*")
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})

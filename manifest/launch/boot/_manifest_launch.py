@@ -12,21 +12,15 @@ code, into every process of every run: its start-up hooks stay in one file, and 
 that runs later lives beside it (``_manifest_trail``, ``_manifest_observe``,
 ``_manifest_environ``, ``_manifest_checkpoints``).
 
-Per-process record (JSON, written atomically at exit to
-``$MANIFEST_LAUNCH_RECORDS/<pid>.json``)::
-
-    {"pid", "start_ns", "argv0", "rank", "local_rank", "world_size",
-     "seed", "torch_imported", "numpy_imported", "flags", "pythonhashseed",
-     "cuda_runtime", "cudnn", "nccl", "devices", "at_start", "at_exit",
-     "trail", "log", "errors", "modules", "fp32_precision", "recording_ns",
-     "auto_trail_scheme", "opened", "reseeds", "switches", "loaders", "unaccounted", "outside",
-     "launch_env", "backend", "device", "environ", "environ_dropped"}
+Per-process record: JSON, written atomically at exit to
+``$MANIFEST_LAUNCH_RECORDS/<pid>.json``; its keys and their types are
+``_manifest_wire.ProcessRecord``, the one type the host reads it through.
 
 Each worker (a fork, a multiprocessing child) also leaves ``worker-<pid>`` there
 the moment it starts (``note_worker``): one killed later writes no record.
 
-The last group comes from ``_manifest_observe`` (what the script itself did,
-with call sites); ``capture`` turns it into manifest fields.
+What the script itself did, with call sites, comes from ``_manifest_observe``;
+``capture`` turns it into manifest fields.
 
 Seeds: every process gets the base seed; with derivation ``base+rank`` a
 process whose environment carries ``RANK`` gets ``base + RANK``.
@@ -61,7 +55,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
     from manifest.launch.boot import _manifest_checkpoints as checkpoints
@@ -71,6 +65,7 @@ if TYPE_CHECKING:  # mypy checks the calls between these modules through the pac
     from manifest.launch.boot import _manifest_switches as switches
     from manifest.launch.boot import _manifest_topology as topology
     from manifest.launch.boot import _manifest_trail as trail
+    from manifest.launch.boot import _manifest_wire as wire
     from manifest.launch.boot._manifest_state import state as _state
 else:
     try:  # under the launcher this directory is on sys.path; as a package module otherwise
@@ -81,6 +76,7 @@ else:
         import _manifest_switches as switches
         import _manifest_topology as topology
         import _manifest_trail as trail
+        import _manifest_wire as wire
         from _manifest_state import state as _state
     except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
         from manifest.launch.boot import _manifest_checkpoints as checkpoints
@@ -90,11 +86,12 @@ else:
         from manifest.launch.boot import _manifest_switches as switches
         from manifest.launch.boot import _manifest_topology as topology
         from manifest.launch.boot import _manifest_trail as trail
+        from manifest.launch.boot import _manifest_wire as wire
         from manifest.launch.boot._manifest_state import state as _state
 
-CONFIG_VAR = "MANIFEST_LAUNCH"
-RECORDS_VAR = "MANIFEST_LAUNCH_RECORDS"
-CUBLAS_DETERMINISTIC = ":4096:8"
+CONFIG_VAR = wire.CONFIG_VAR
+RECORDS_VAR = wire.RECORDS_VAR
+CUBLAS_DETERMINISTIC = wire.CUBLAS_DETERMINISTIC
 
 
 # ---------------------------------------------------------------- step hook
@@ -240,7 +237,7 @@ def _install_step_hook(torch: Any) -> None:
     # tell an envelope run from the real one.
     register_optimizer_step_pre_hook(_before_optimizer_step)
     _install_backward_hook(torch)
-    raw = os.environ.get("MANIFEST_OPS")
+    raw = os.environ.get(wire.OPS_VAR)
     if raw:
         import _manifest_opstream  # type: ignore[import-not-found]
 
@@ -351,30 +348,34 @@ def _on_torch(module: ModuleType) -> None:
     record["at_start"] = rng.rng_fingerprints()
     # Checkpoints the run saves, and a resumed segment's step offset and stop.
     checkpoints.on_torch(module, _write_record)
-    if config.get("trail", "sampled") or os.environ.get("MANIFEST_OPS"):
+    if config.get("trail", "sampled") or os.environ.get(wire.OPS_VAR):
         _install_step_hook(module)
     if config.get("emulate"):  # another device's matmul precision (_manifest_precision)
         _install_precision(str(config["emulate"]))
-    if os.environ.get("MANIFEST_AUDIT"):  # manifest lab's op audit (_manifest_audit)
+    if os.environ.get(wire.AUDIT_VAR):  # manifest lab's op audit (_manifest_audit)
         import _manifest_audit  # type: ignore[import-not-found]
 
-        _manifest_audit.start(os.environ["MANIFEST_AUDIT"])
+        _manifest_audit.start(os.environ[wire.AUDIT_VAR])
     observe.note_launch_state(["python", "numpy", "torch_cpu"])
     observe.on_torch(module)
     topology.on_torch(module, record)
 
 
 def _write_record() -> None:
-    record = _state["record"]
+    record: wire.ProcessRecord | None = _state["record"]
     directory = os.environ.get(RECORDS_VAR)
     if record is None or not directory:
         return
     try:
         record["end_ns"] = time.time_ns()  # the rank's wall time, for the compute record
         record["flags"] = switches.read_flags()
-        record.update(switches.loaded_versions())
+        versions = switches.loaded_versions()
+        record["cuda_runtime"] = versions["cuda_runtime"]
+        record["cudnn"] = versions["cudnn"]
+        record["nccl"] = versions["nccl"]
+        record["devices"] = versions["devices"]
         record["at_exit"] = rng.rng_fingerprints() if record["torch_imported"] else None
-        record["trail"] = trail.trail_points()
+        record["trail"] = cast("list[wire.StepDigest]", trail.trail_points())
         if _state["steps"] == 0 and _state["backwards"] and _state["leaves"]:
             # Hand-updated weights: the last backward()'s update is the last step.
             _backward_step(_state["backwards"])
@@ -416,7 +417,8 @@ def note_worker() -> None:
     if not directory:
         return
     try:
-        with open(os.path.join(directory, f"worker-{os.getpid()}"), "w", encoding="utf-8") as fh:
+        name = f"{wire.WORKER_PREFIX}{os.getpid()}"
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as fh:
             fh.write(str(os.getppid()))
     except OSError:
         pass
@@ -434,9 +436,9 @@ def _excepthook_wrapper(
     return hook
 
 
-PRIVATE_FILE = "launch-private"
-"""``manifest.launch.runner.PRIVATE_FILE``: every run's private settings, in the records
-directory, the same name and length in every run; nothing of it enters the environment."""
+PRIVATE_FILE = wire.PRIVATE_FILE
+"""Every run's private settings, in the records directory, the same name and length in
+every run (``manifest.launch.runner.write_private``); nothing of it enters the environment."""
 
 
 def _private_settings() -> dict[str, Any]:
@@ -465,7 +467,7 @@ def install() -> None:
     config.pop("perturb", None)  # only ever from the private file, never the environment
     config.update(_private_settings())
     _state["config"] = config
-    _state["record"] = {
+    record: wire.ProcessRecord = {
         "pid": os.getpid(),
         "start_ns": time.time_ns(),
         "argv0": sys.argv[0] if sys.argv else None,
@@ -488,6 +490,7 @@ def install() -> None:
         "errors": [],
         "exception": None,
     }
+    _state["record"] = record
     observe.install(_state["record"], config.get("root"), sys.modules[__name__])
     # The variables the script's own code reads (_manifest_environ), never their values.
     envreads.install(_state["record"], observe._obs["code_skip"], observe._where)

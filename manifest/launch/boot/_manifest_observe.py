@@ -59,11 +59,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # mypy checks the calls between these modules through the package
     from manifest.launch.boot import _manifest_rng as rng
+    from manifest.launch.boot import _manifest_wire as wire
 else:
     try:  # under the launcher this directory is on sys.path; as a package module otherwise
         import _manifest_rng as rng
+        import _manifest_wire as wire
     except ImportError:  # pragma: no cover - exercised through manifest.launch.recipe
         from manifest.launch.boot import _manifest_rng as rng
+        from manifest.launch.boot import _manifest_wire as wire
 
 MAX_RESEEDS = 32
 MAX_SWITCHES = 64
@@ -561,7 +564,7 @@ def install(record: dict[str, Any], root: str | None, launch: ModuleType) -> Non
     tool = os.path.dirname(os.path.dirname(here))  # the manifest package
     _obs["own"] = (here + os.sep, tool + os.sep)
     libs = _prefixes()
-    records = os.environ.get("MANIFEST_LAUNCH_RECORDS")
+    records = os.environ.get(wire.RECORDS_VAR)
     own_files = (os.path.abspath(records) + os.sep,) if records else ()
     _obs["skip"] = (*libs, *_SYSTEM_DIRS, here + os.sep, *own_files)
     _obs["code_skip"] = (*libs, here + os.sep, tool + os.sep)

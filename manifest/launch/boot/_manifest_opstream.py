@@ -40,7 +40,6 @@ else:
     except ImportError:  # pragma: no cover - only the launcher loads this module
         from manifest.launch.boot import _manifest_ops as ops
 
-OPS_VAR = "MANIFEST_OPS"
 FORMAT = "manifest-ops/v1"
 
 

@@ -19,7 +19,10 @@ import json
 import random
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the record's type, for mypy only: nothing more loads at start-up
+    from manifest.launch.boot._manifest_wire import RngFingerprints
 
 # ------------------------------------------------------------------ hashing
 
@@ -64,7 +67,7 @@ def torch_rng_fingerprints() -> tuple[str | None, list[str]]:
     return cpu, cuda
 
 
-def rng_fingerprints() -> dict[str, Any]:
+def rng_fingerprints() -> RngFingerprints:
     cpu, cuda = torch_rng_fingerprints()
     return {
         "python": python_rng_fingerprint(),

@@ -28,7 +28,10 @@ import contextlib
 import functools
 import os
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the record's type, for mypy only: nothing more loads at start-up
+    from manifest.launch.boot._manifest_wire import ProcessRecord
 
 LAUNCH_VARS = (
     # torchrun / torchelastic
@@ -65,7 +68,7 @@ def launch_env() -> dict[str, str]:
     return {k: os.environ[k] for k in (*LAUNCH_VARS, *NCCL_VARS) if k in os.environ}
 
 
-def on_torch(torch: ModuleType, record: dict[str, Any]) -> None:
+def on_torch(torch: ModuleType, record: ProcessRecord) -> None:
     """Note the backend when the script starts a process group."""
     dist = getattr(torch, "distributed", None)
     if dist is None or not hasattr(dist, "init_process_group"):
@@ -85,7 +88,7 @@ def on_torch(torch: ModuleType, record: dict[str, Any]) -> None:
         c10d.init_process_group = init_process_group
 
 
-def at_exit(record: dict[str, Any], torch: ModuleType | None) -> None:
+def at_exit(record: ProcessRecord, torch: ModuleType | None) -> None:
     """The device this process computed on: ``cuda:<physical index>`` or ``cpu``."""
     if torch is None:
         return
