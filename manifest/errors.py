@@ -138,3 +138,19 @@ def missing_extra(exc: ImportError, *, what: str | None = None) -> MissingExtraE
     name = (exc.name or "").partition(".")[0]
     extra = EXTRA_OF_MODULE.get(name)
     return None if extra is None else MissingExtraError(name, extra, what=what)
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM or SIGHUP while a verb holds something to put
+    back (a scratch tree, an envelope run's moved outputs), so ``finally`` runs; the CLI
+    then exits as the signal would. A ``BaseException``: no ``except Exception`` eats it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """The signal handler that turns SIGTERM/SIGHUP into :class:`Terminated`."""
+    del frame
+    raise Terminated(signum)

@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "Re-run with MANIFEST_DEBUG=1 for the traceback and report it.\n"))
         return EXIT_NO_VERDICT
     except BaseException as exc:  # after Exception: only what is not an Exception
-        from manifest.rerun.scratch import Terminated
+        from manifest.errors import Terminated
 
         if isinstance(exc, Terminated):  # SIGTERM/SIGHUP: scratch removed, exit like the signal
             sys.stderr.write("manifest: terminated.\n")

@@ -51,5 +51,6 @@ pyproject's directory; every key optional)::
 
 Exit status: 0 every check passed or was skipped (a check the mode does not
 run), 1 a check failed, 2 bad configuration or input, 3 no verdict (the training
-failed, an output went missing, moved weights on another environment). This module never prints; ``manifest.cli.render_gate`` renders.
+failed, an output went missing, moved weights on another environment). This module
+never prints; ``manifest.cli.render_gate`` renders.
 """

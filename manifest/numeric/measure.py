@@ -15,8 +15,9 @@ count (2 → 1, or 1 → 2), each compared with the base step by step
   run differs only in its thread variables. Every run starts from the tree the real run
   started from (``start``, ``files_kept.reset``): with the real run's outputs in place, a
   script that adds noise only when its output is already there makes every envelope run
-  noisy, widens the envelope and gets ``equivalent`` for planted weights. verify runs its re-run among the envelope runs at a drawn place (``real``), so
-  neither the tree nor the order tells which run is judged. (Code written to find its
+  noisy, widens the envelope and gets ``equivalent`` for planted weights. verify runs its
+  re-run among the envelope runs at a drawn place (``real``), so neither the tree nor the
+  order tells which run is judged. (Code written to find its
   own perturbation, by reading the launcher's private directory or by re-drawing its own
   initial weights and comparing, can still tell; ``identical`` on the same hardware type
   is the adversarial-grade verdict.)
@@ -215,7 +216,7 @@ class files_kept:
     file the listing did not hold. A file that existed at the start and that the
     real run rewrote cannot be brought back to its earlier bytes (none were kept): each
     run finds the real run's version of it. SIGTERM and SIGHUP raise
-    ``manifest.rerun.scratch.Terminated`` while the runs go on (main thread), so the
+    ``manifest.errors.Terminated`` while the runs go on (main thread), so the
     files are put back on those too; SIGINT already raises."""
 
     def __init__(self, cwd: Path, outputs: Sequence[str], keep: Iterable[Path] = (),
@@ -235,7 +236,7 @@ class files_kept:
         self.handlers: dict[signal.Signals, Any] = {}
 
     def __enter__(self) -> files_kept:
-        from manifest.rerun.scratch import _raise
+        from manifest.errors import raise_terminated as _raise
 
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGHUP):

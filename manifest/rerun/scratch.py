@@ -33,25 +33,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
+
+from manifest.errors import raise_terminated as _raise
 
 PREFIX = "manifest-verify-"
 LOCK = ".lock"
 KEPT = ".kept"
 GRACE_S = 60.0
-
-
-class Terminated(BaseException):
-    """Raised in verify's main thread when it receives SIGTERM or SIGHUP."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise(signum: int, frame: FrameType | None) -> None:
-    del frame
-    raise Terminated(signum)
 
 
 def sweep(tmpdir: Path | None = None, *, grace_s: float = GRACE_S) -> list[Path]:
