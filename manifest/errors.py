@@ -18,6 +18,9 @@ stderr and exits with ``exit_code``; nothing else is ever shown.
     ├── UntrustedManifestError    verify refuses to run code without --trust (exit 2)
     │   └── UntrustedSignerError      a valid signature by a signer the policy does not list
     └── NoVerdictError            a verdict could not be reached (exit 3)
+
+    Terminated (a BaseException)  SIGTERM/SIGHUP while a verb holds something to put back;
+                                  the CLI exits as the signal would
 """
 
 from __future__ import annotations
