@@ -221,7 +221,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if options.envelope and options.cluster is not None:
         raise UsageError("--envelope measures the noise envelope on this machine; it cannot "
                          "be combined with --on.")
-    dry = options.cluster is not None and options.cluster.dry_run
+    dry = options.cluster is not None and options.cluster.prints_only
     report = verify_run(data, file=args.file, cwd=Path.cwd(), options=options,
                         announce=render_dry_run if dry else render_command, show_plan=show_plan,
                         note=None if args.quiet else progress)
