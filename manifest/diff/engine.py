@@ -164,7 +164,7 @@ def weigh_outputs(a: Manifest, b: Manifest, found: list[Difference],
     another run's trail in it); the trails lie inside the envelope (``numeric.envelope
     .judge``); and every declared output of both runs is on disk at its recorded path
     (``roots``) with its recorded tensors, and the two lie within the bound's last step
-    (``verify.equivalence.output_distance`` and ``bind_outputs``, verify's own rule).
+    (``numeric.outputs.output_distance`` and ``bind_outputs``, verify's own rule).
     Where any of that cannot be checked, the numeric verdict is ``not-compared`` with the
     reason, and the outputs ``differ`` (exit 1, ``manifest.verdicts.DIFF_OUTCOMES``)."""
     if not (_has_evidence(a) and _has_evidence(b)):
@@ -216,7 +216,7 @@ def _hold_outputs(a: Manifest, b: Manifest, roots: tuple[Path | None, Path | Non
     verify compares a re-run's (``bind_outputs``), each side's file checked against its
     own recorded tensors first (``output_distance``). Anything not compared: ``differ``."""
     from manifest.numeric.calibration import verdict_calibration
-    from manifest.verify.equivalence import OutputDistance, bind_outputs
+    from manifest.numeric.outputs import OutputDistance, bind_outputs
 
     assert a.outputs is not None and b.outputs is not None
     trail = next((p.numeric for p in sorted(a.outputs.processes, key=lambda p: p.rank)
@@ -250,7 +250,7 @@ def _output_pair(art: Any, other: Any, a: Manifest, b: Manifest,
                  roots: tuple[Path | None, Path | None]) -> Any:
     """One declared output of A against B's at the same recorded path: both files on disk
     with their own recorded tensors, the distance the larger of the two directions."""
-    from manifest.verify.equivalence import OutputDistance, output_distance
+    from manifest.numeric.outputs import OutputDistance, output_distance
 
     files = []
     for side, m, root in (("A", a, roots[0]), ("B", b, roots[1])):
