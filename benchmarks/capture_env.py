@@ -39,7 +39,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE / "benchmarks"))
 
 BEFORE_RECORDS = "199c525"
 """The last commit whose capture recorded names and versions only."""
@@ -124,7 +123,7 @@ def tree_at(tmp: Path, rev: str) -> Path:
 
 
 def capture_rounds(rounds: int, rev: str | None) -> dict[str, list[float]]:
-    from capture_latency import make_repo, tree_argv
+    from benchmarks.capture_latency import make_repo, tree_argv
 
     tmp = Path(tempfile.mkdtemp(prefix="manifest-bench-"))
     old = tree_at(tmp, rev) if rev else tree_without_records(tmp)
