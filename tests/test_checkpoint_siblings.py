@@ -18,10 +18,12 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from manifest.capture.checkpoints import record_checkpoints
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Checkpoint
 from manifest.verify.placing import SIBLING_ALLOWANCE, place
 from tests.runs import make_repo, manifest_cli
@@ -40,8 +42,8 @@ def _run_dir(tmp_path: Path) -> tuple[Path, Checkpoint]:
     torch.save({"w": torch.arange(6.0)}, ckpt / "model.pt")
     (ckpt / "trainer_state.json").write_text('{"global_step": 4}')
     (ckpt / "optimizer.pt").write_bytes(os.urandom(4096))
-    records = [{"checkpoints": [{"step": 4, "path": str(ckpt / "model.pt"), "kind": "torch",
-                                 "sig": None}]}]
+    records = cast("list[ProcessRecord]", [{"checkpoints": [  # no signature: matched by path
+        {"step": 4, "path": str(ckpt / "model.pt"), "kind": "torch", "sig": None}]}])
     [checkpoint] = record_checkpoints(records, tree, tree)
     assert checkpoint.artifact is not None, checkpoint.lost
     return tree, checkpoint
@@ -62,8 +64,8 @@ def test_capture_records_the_files_beside_an_hf_checkpoint(tmp_path: Path) -> No
     # A checkpoint outside a checkpoint-N/ directory records none (the control).
     plain = tree / "out" / "final.pt"
     plain.write_bytes((tree / "out" / "checkpoint-4" / "model.pt").read_bytes())
-    [other] = record_checkpoints([{"checkpoints": [{"step": 5, "path": str(plain),
-                                                    "kind": "torch", "sig": None}]}], tree, tree)
+    [other] = record_checkpoints(cast("list[ProcessRecord]", [{"checkpoints": [
+        {"step": 5, "path": str(plain), "kind": "torch", "sig": None}]}]), tree, tree)
     assert other.artifact is not None and other.siblings is None
 
 

@@ -20,7 +20,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import blake3
 import pytest
@@ -39,7 +39,7 @@ from manifest.capture.environ import (
 )
 from manifest.diff.engine import diff_manifests
 from manifest.diff.rules import REFINED, Impact
-from manifest.launch.runner import LaunchSettings
+from manifest.launch.runner import LaunchSettings, ProcessRecord
 from manifest.models import Manifest
 from manifest.redact import is_secret_name
 from tests.golden.diff import make_pairs
@@ -353,7 +353,7 @@ for i in range(300):
     assert len(reads) == 256 and "LRSCALE" in reads and "MANY_254" in reads  # the control
     assert "MANY_255" not in reads
     assert record["environ_dropped"] == 300 - 255
-    kept = environ_recorded(record)
+    kept = environ_recorded(cast(ProcessRecord, record))
     assert kept is not None and (kept.names, kept.dropped) == (256, 45)
     full = _with_reads(None, dropped=45)
     assert reads_not_compared(_with_reads(None), _with_reads(None)) == []  # the control

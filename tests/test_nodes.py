@@ -13,13 +13,14 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from manifest.canonical import dumps, seal
 from manifest.diff.engine import diff_manifests
 from manifest.errors import UsageError
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Manifest, RankPlace, Topology
 from manifest.nodes.layout import Layout, local_launches, parse_layout, relation
 from manifest.nodes.merge import MergeRefused, merge_nodes
@@ -102,11 +103,12 @@ def test_local_launches_meet_on_loopback_one_per_node() -> None:
 # ---------------------------------------------------------------- topology
 
 
-def _record(rank: int, node: int, restart: int = 0, **extra: Any) -> dict[str, Any]:
+def _record(rank: int, node: int, restart: int = 0, **extra: Any) -> ProcessRecord:
     env = {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
            "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "j",
            "TORCHELASTIC_RESTART_COUNT": str(restart), "NCCL_ALGO": "Ring"}
-    return {"rank": rank, "launch_env": env, "backend": "gloo", "device": "cpu", **extra}
+    return cast(ProcessRecord, {"rank": rank, "launch_env": env, "backend": "gloo",
+                                "device": "cpu", **extra})
 
 
 def test_topology_from_worker_records_node_record_and_whole_run() -> None:
@@ -126,8 +128,8 @@ def test_topology_from_worker_records_node_record_and_whole_run() -> None:
 
 def test_restart_segments_in_order_and_a_resize_is_named() -> None:
     earlier = [_record(0, 0, 0, exception="RuntimeError: boom")]
-    last = [dict(_record(0, 0, 1), launch_env={**_record(0, 0, 1)["launch_env"],
-                                                "WORLD_SIZE": "4"})]
+    last: list[ProcessRecord] = [{**_record(0, 0, 1), "launch_env": {
+        **_record(0, 0, 1)["launch_env"], "WORLD_SIZE": "4"}}]
     segments = segments_from(earlier, last, None)
     assert segments is not None
     assert [(s.restart, s.world_size, s.error, s.resized) for s in segments] == [

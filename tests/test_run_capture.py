@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from manifest.launch.runner import LaunchSettings, select_ranks
+from manifest.launch.runner import LaunchSettings, ProcessRecord, select_ranks
 from manifest.redact import redact_argv
 from tests.runs import capture, free_port, make_repo, manifest_cli
 
@@ -215,14 +215,14 @@ def test_redact_argv_keeps_ordinary_arguments() -> None:
 
 
 def test_select_ranks_prefers_ranked_processes() -> None:
-    records: list[dict[str, Any]] = [
+    records: list[ProcessRecord] = [
         {"pid": 1, "start_ns": 1, "rank": None},  # torchrun's own process
         {"pid": 3, "start_ns": 3, "rank": 1},
         {"pid": 2, "start_ns": 2, "rank": 0},
         {"pid": 4, "start_ns": 4, "rank": None, "mp_child": True},
     ]
     assert [r["pid"] for r in select_ranks(records)] == [2, 3]
-    plain: list[dict[str, Any]] = [{"pid": 9, "start_ns": 5, "rank": None},
+    plain: list[ProcessRecord] = [{"pid": 9, "start_ns": 5, "rank": None},
                                    {"pid": 8, "start_ns": 4, "rank": None}]
     assert [(r["pid"], r["rank"]) for r in select_ranks(plain)] == [(8, 0), (9, 1)]
 

@@ -44,11 +44,11 @@ from manifest.launch.boot._manifest_wire import (
     OPS_VAR,
     RECORDS_VAR,
     WORKER_PREFIX,
-    ProcessRecord,
 )
 from manifest.launch.boot._manifest_wire import CUBLAS_DETERMINISTIC as CUBLAS_DETERMINISTIC
 from manifest.launch.boot._manifest_wire import PRIVATE_FILE as PRIVATE_FILE
 from manifest.launch.boot._manifest_wire import SEALED_RUN_VAR as SEALED_RUN_VAR
+from manifest.launch.boot._manifest_wire import ProcessRecord as ProcessRecord
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch" / "boot"
 RECIPE_NCCL = {"NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
