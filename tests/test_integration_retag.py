@@ -460,7 +460,10 @@ def test_an_interrupt_while_tagging_keeps_the_written_manifest(tmp_path: Path) -
         port = server.getsockname()[1]
         locators = json.dumps([{"kind": "mlflow", "tracking_uri": f"http://127.0.0.1:{port}/",
                                 "run_id": "abc"}])
-        env = {**os.environ, "LOCATORS": locators}
+        # The user named that server for this capture: tagging asks it for the run (the
+        # capture's own runs only), and waits there
+        env = {**os.environ, "LOCATORS": locators,
+               "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}/"}
         env.pop("PYTHONHASHSEED", None)
         # Ctrl-C's own handler, whatever this process inherited: a test run started in the
         # background of a non-interactive shell ignores SIGINT, and so would the child
