@@ -33,7 +33,6 @@ that have none of them.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -95,18 +94,11 @@ def load_for_diff(data: bytes, *, name: str) -> Manifest:
 
 def outputs_root(manifest_file: str) -> Path | None:
     """Where a manifest's recorded output paths are looked for by diff: the repository
-    (the nearest directory above the file holding ``.git``) that holds the manifest file;
-    None for stdin or a file outside any repository (its outputs are then not compared)."""
-    if manifest_file == "-":
-        return None
-    try:
-        here = Path(manifest_file).resolve().parent
-    except (OSError, RuntimeError):
-        return None
-    for folder in (here, *here.parents):
-        if os.path.lexists(folder / ".git"):
-            return folder
-    return None
+    that holds the manifest file (``manifest.nodes.patches.repository_of``); None for stdin
+    or a file outside any repository (its outputs are then not compared)."""
+    from manifest.nodes.patches import repository_of
+
+    return repository_of(manifest_file)
 
 
 def diff_manifests(a: Manifest, b: Manifest,

@@ -31,9 +31,9 @@ from pathlib import Path
 from manifest.canonical import blake3_name, canonical_bytes
 from manifest.models import Container, Env
 from manifest.probes.distributions import (
-    _DIST_SUFFIXES,
     NO_RECORD,
     environment_digest,
+    locate_distributions,
     probe_distributions,
     probe_sources,
 )
@@ -75,19 +75,8 @@ def installed_distributions(paths: list[str] | None = None) -> dict[str, str]:
     parsed by :func:`dist_name_version`. The tests check this equals
     importlib.metadata's answer on the test environment.
     """
-    found: dict[str, str] = {}
-    for entry in paths if paths is not None else distribution_paths():
-        try:
-            with os.scandir(entry or ".") as it:
-                names = sorted(e.name for e in it if e.name.endswith(_DIST_SUFFIXES))
-        except OSError:
-            continue
-        site = Path(entry or ".")
-        for dirname in names:
-            parsed = dist_name_version(site, dirname)
-            if parsed is not None and parsed[0] not in found and parsed[0] != SELF:
-                found[parsed[0]] = parsed[1]
-    return found
+    located = locate_distributions(paths if paths is not None else distribution_paths())
+    return {name: version for name, (version, _, _) in located.items()}
 
 
 def torch_build_info() -> dict[str, str | None] | None:
