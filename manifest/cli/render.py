@@ -414,16 +414,9 @@ def run_notes(manifest: Manifest) -> list[str]:
                        sw.switch else "kernels may no longer be deterministic")
                 notes.append(f"{sw.site} set {sw.switch} = {sw.value} after the launcher "
                              f"applied the recipe: {why}.")
-    for rnd in manifest.randomness.processes:
-        for call in rnd.reseeds or []:
-            if call.generators and not call.drawn:
-                notes.append(f"{call.site} reseeds {', '.join(call.generators)} "
-                             f"({call.call}({call.seed or ''})) before any draw: the "
-                             "launcher's seed does not reach them.")
-            elif call.drawn:
-                notes.append(f"{call.site} reseeds {', '.join(call.generators)} after "
-                             f"{', '.join(call.drawn)} had been drawn from under the "
-                             "launcher's seed.")
+    from manifest.diff.overrides import reseed_notes
+
+    notes += [f"{note}." for note in reseed_notes(manifest)]
     blind = [str(r.rank) for r in manifest.randomness.processes
              if r.at_start is not None and r.at_start.python is None]
     if blind:

@@ -135,3 +135,21 @@ def counts_for_bits(name: str, a: Manifest, b: Manifest) -> bool:
     if not imported:
         return True  # neither run says what it imported: fail safe
     return any(name in names for names in imported)
+
+
+def reseed_notes(m: Manifest) -> list[str]:
+    """The script's own seeding calls in words (capture's note, ``show``, lab's checklist):
+    a call that reseeds before any draw decides the seed in force, so a report that said
+    only "seed 0" would name a seed that reached nothing."""
+    notes = []
+    for rnd in m.randomness.processes if m.randomness is not None else []:
+        for call in rnd.reseeds or []:
+            if call.generators and not call.drawn:
+                notes.append(f"{call.site} reseeds {', '.join(call.generators)} "
+                             f"({call.call}({call.seed or ''})) before any draw: the "
+                             "launcher's seed does not reach them")
+            elif call.drawn:
+                notes.append(f"{call.site} reseeds {', '.join(call.generators)} after "
+                             f"{', '.join(call.drawn)} had been drawn from under the "
+                             "launcher's seed")
+    return list(dict.fromkeys(notes))  # every rank of a run reseeds at the same line

@@ -9,6 +9,7 @@ recorded), with one line on how to fix it.
 
 from __future__ import annotations
 
+from manifest.diff.overrides import reseed_notes
 from manifest.lab.report import Check, ModeResult
 from manifest.models import Flags, Manifest
 
@@ -131,24 +132,6 @@ def _random(m: Manifest, recipe: ModeResult) -> list[Check]:
                             "be unseeded",
                             fix="DataLoader(..., **manifest.dataloader_kwargs(seed))"))
     return checks
-
-
-def reseed_notes(m: Manifest) -> list[str]:
-    """The script's own seeding calls, as capture's note says them: a call that reseeds
-    before any draw decides the seed in force, so a checklist that said only "seed 0"
-    would name a seed that reached nothing."""
-    notes = []
-    for rnd in m.randomness.processes if m.randomness is not None else []:
-        for call in rnd.reseeds or []:
-            if call.generators and not call.drawn:
-                notes.append(f"{call.site} reseeds {', '.join(call.generators)} "
-                             f"({call.call}({call.seed or ''})) before any draw: the "
-                             "launcher's seed does not reach them")
-            elif call.drawn:
-                notes.append(f"{call.site} reseeds {', '.join(call.generators)} after "
-                             f"{', '.join(call.drawn)} had been drawn from under the "
-                             "launcher's seed")
-    return list(dict.fromkeys(notes))  # every rank of a run reseeds at the same line
 
 
 def _hardware(m: Manifest, threads: int) -> list[Check]:
