@@ -173,3 +173,30 @@ def test_the_accelerator_path_fingerprints_a_sparse_tensor_with_its_layout() -> 
     assert five.startswith("sparse_coo[4, 4]:s") and six.startswith("sparse_coo[4, 4]:s")
     assert five != six  # positive control: one stored value differs
     assert dense.startswith("s") and ":" not in dense  # a dense tensor's text is unchanged
+
+
+def test_explains_drift_is_folded_as_verifys_and_verbose_lists_every_line() -> None:
+    """A cu130 run explained on a cpu build: torch's CUDA libraries fold under its line and
+    packages the run never imported into one (``--env run`` listed ~200 such lines)."""
+    import io
+
+    from manifest.cli.render_explain import render_explain
+    from manifest.explain.pipeline import ExplainReport
+    from manifest.verify.report import Drift
+
+    report = ExplainReport(file="run.json", run_id="blake3:" + "0" * 64, command=["python"])
+    report.drift = [
+        Drift("env.torch", "bits", "torch 2.14.1+cu130 → 2.13.0+cpu"),
+        *(Drift(f"env.packages[nvidia-{n}]", "bits", f"package nvidia-{n} 13 → not installed")
+          for n in ("cublas", "cudnn-cu13", "nccl-cu13")),
+        *(Drift(f"env.packages[p{i}]", "benign", f"package p{i} 1 → 2") for i in range(40)),
+        Drift("determinism.threads", "bits", "threads 2 → 1")]
+    folded, every = io.StringIO(), io.StringIO()
+    render_explain(report, folded)
+    render_explain(report, every, verbose=True)
+    lines = [line for line in folded.getvalue().splitlines() if line.startswith("drift")]
+    assert len(lines) == 3, lines
+    assert "the CUDA libraries with it differ too (3 package(s)" in lines[0]
+    assert "40 packages at another version" in lines[1] and "threads 2 → 1" in lines[2]
+    # control: verbose keeps every line
+    assert sum(line.startswith("drift") for line in every.getvalue().splitlines()) == 45

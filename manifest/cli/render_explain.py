@@ -65,7 +65,8 @@ def _what(f: Finding) -> str:
     return f"one run ran ops the other did not ({f.other or 'extra ops'})"
 
 
-def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
+def render_explain(report: ExplainReport, file: TextIO | None = None, *,
+                   verbose: bool = False) -> None:
     out = file or sys.stdout
     head = {"parted": "the runs part", "agree": "the runs do not part"}.get(
         report.verdict, "no verdict")
@@ -92,8 +93,14 @@ def render_explain(report: ExplainReport, file: TextIO | None = None) -> None:
         out.write(f"against the noise envelope: {kind}: {report.numeric['sentence']}\n")
     if report.environment is not None and report.runs:
         out.write(f"environment: {report.environment['line']}\n")
-    for drift in report.drift:
-        out.write(f"drift ({drift.impact}): {drift.reason}\n")
+    from manifest.cli.render import folded_environment
+    from manifest.cli.text import folded_drift
+
+    # verify's folding: a torch build's CUDA libraries under torch's line, each fact once,
+    # packages the run never imported in one line (--env run lists ~200 of them otherwise)
+    for impact, reason in folded_drift(folded_environment(report.drift, verbose=verbose),
+                                       verbose=verbose):
+        out.write(f"drift ({impact}): {reason}\n")
     if report.confinement is not None:  # None: explain stopped before planning a re-run
         out.write(f"re-runs: {plain_confinement(report.confinement)}\n")
     if report.timings:

@@ -50,6 +50,9 @@ def register_explain(sub: argparse._SubParsersAction[Parser]) -> None:
 
     add_environment_options(p)
     p.add_argument("--keep", action="store_true", help="keep the scratch tree and op streams")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every drift line (by default a torch build's CUDA libraries "
+                   "fold under torch's line and packages the run never imported into one)")
     add_format_option(p)
     p.set_defaults(func=_cmd_explain)
 
@@ -84,7 +87,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         recorded = load_manifest(unpacked(data)) if report.steps_run is not None else None
         sys.stdout.write(explain_markdown(report, trail=explain_trail(report, recorded)))
     else:
-        render_explain(report)
+        render_explain(report, verbose=args.verbose)
     return report.exit_code
 
 
