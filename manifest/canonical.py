@@ -9,7 +9,7 @@ package. On top of it:
   run*: the same inputs give the same run_id on any machine that records the
   same facts; ``outputs`` and ``observed`` are outside it. When ``env``
   records which distributions the run imported (``env.imported``), only
-  those and torch's family (:data:`~manifest.models.ALWAYS_BITS_PREFIXES`)
+  those and torch's family (:func:`~manifest.models.always_counts`)
   enter the run_id, and the digest of the whole installed set stays out: a
   package nobody imported cannot change the bits, so installing one must not
   rename the run. It is still recorded (and covered by ``digest``).
@@ -44,7 +44,7 @@ from manifest.errors import (
     TamperedManifestError,
     UnsupportedSchemaError,
 )
-from manifest.models import ALWAYS_BITS_PREFIXES, SCHEMA_V1, Manifest
+from manifest.models import SCHEMA_V1, Manifest, always_counts
 
 IDENTITY_SECTIONS = (
     "schema",
@@ -62,11 +62,80 @@ SUPPORTED_SCHEMAS = (SCHEMA_V1,)
 
 
 def canonical_bytes(obj: Any) -> bytes:
-    """RFC 8785 bytes of a JSON-compatible value."""
+    """RFC 8785 bytes of a JSON-compatible value.
+
+    Values made only of the JSON types the C encoder writes exactly as RFC 8785
+    does (:func:`_c_encodable`) take the standard library's C encoder: 0.6 ms
+    against 2.3 ms for ``rfc8785`` on a 50 KB manifest, and a capture
+    canonicalises its manifest four times. Everything else (a float Python and
+    ECMAScript format apart, an integer past 2^53-1, a non-string key, a
+    character beyond U+FFFF, which RFC 8785 orders by UTF-16 code units, a lone
+    surrogate, a subclass) goes to ``rfc8785``, which writes or refuses it.
+    tests/test_canonical_fast.py holds the two byte for byte on hostile values.
+    """
+    try:
+        text: str | None = _C_ENCODE(obj)
+    except (ValueError, TypeError, RecursionError):  # NaN, a cycle, another type: below
+        text = None
+    # Encoded first: a value the encoder walked in full is finite and has no cycle.
+    if text is not None and _c_encodable(obj):
+        if text.isascii():  # O(1): CPython keeps the flag
+            return text.encode("ascii")
+        if not _ASTRAL_TEXT.search(text):
+            try:
+                return text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: refused below
+                pass
     try:
         return rfc8785.dumps(obj)
-    except rfc8785.CanonicalizationError as exc:
+    except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:  # a surrogate key
         raise InvalidManifestError(f"value cannot be written as canonical JSON: {exc}.") from exc
+
+
+_C_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True,
+                             separators=(",", ":")).encode
+"""Compact, keys sorted by code point (UTF-16 order for keys within the BMP), non-ASCII
+written as itself, the control characters escaped as RFC 8785 escapes them."""
+
+_ASTRAL_TEXT = re.compile("[\U00010000-\U0010ffff]")
+
+_FLOAT_SAME_LOW, _FLOAT_SAME_HIGH = 1e-4, 1e16
+"""A non-integral float in [1e-4, 1e16) is written in plain decimal by ``repr`` and by
+ECMAScript's Number::toString alike, from the same shortest round-trip digits; outside
+it ``repr`` uses an exponent where ECMAScript does not (``1e-05``, ``1e+16``), and an
+integral float is ``1.0`` against ``1``."""
+
+
+def _c_encodable(obj: Any) -> bool:
+    """Whether ``obj`` holds only exact dicts with str keys, lists, tuples, str, bool,
+    None, ints within +-(2^53-1) and floats the C encoder writes as RFC 8785 does.
+
+    About 0.14 ms on a 50 KB manifest (about 3,000 values), a quarter of the fast path.
+    """
+    stack: list[Any] = [obj]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is dict:
+            for key in item:
+                if type(key) is not str:
+                    return False
+            extend(item.values())
+        elif kind is list or kind is tuple:
+            extend(item)
+        elif kind is int:
+            if not -SAFE_INT <= item <= SAFE_INT:
+                return False
+        elif kind is float:
+            size = abs(item)  # NaN and the infinities fail the range test
+            if not _FLOAT_SAME_LOW <= size < _FLOAT_SAME_HIGH or size == int(size):
+                return False
+        else:
+            return False
+    return True
 
 
 def blake3_name(data: bytes) -> str:
@@ -87,13 +156,13 @@ def identity_of(doc: dict[str, Any]) -> dict[str, Any]:
             identity["env"] = {
                 **{k: v for k, v in env.items() if k != "packages_digest"},
                 "packages": {name: version for name, version in packages.items()
-                             if name in used or name.startswith(ALWAYS_BITS_PREFIXES)},
+                             if name in used or always_counts(name)},
             }
         distributions = env.get("distributions")
         if isinstance(distributions, dict):
             identity["env"]["distributions"] = {
                 name: record for name, record in distributions.items()
-                if name in used or name.startswith(ALWAYS_BITS_PREFIXES)}
+                if name in used or always_counts(name)}
     return identity
 
 
@@ -142,6 +211,13 @@ def seal(doc: dict[str, Any]) -> Manifest:
     The names are computed over the *validated* document (defaults filled
     in), i.e. exactly the bytes :func:`dumps` will write, so a document that
     leaves out a defaulted field still loads as untampered.
+
+    Each top-level member is canonicalised once: RFC 8785 writes an object as
+    its sorted members joined, so the run_id's identity sections, the digest's
+    body and the bytes :func:`dumps` writes share those members' bytes (only
+    ``env``, which the run_id sees projected, is written twice). The written
+    bytes are kept for :func:`dumps` of the manifest returned (models are
+    frozen): 1 canonicalisation of the document per capture instead of 3.
     """
     body = {k: v for k, v in doc.items() if k not in ("run_id", "digest")}
     try:
@@ -149,9 +225,38 @@ def seal(doc: dict[str, Any]) -> Manifest:
     except ValidationError as exc:
         raise InvalidManifestError(_first_error(exc)) from exc
     full = to_document(draft)
-    full["run_id"] = compute_run_id(full)
-    full["digest"] = compute_digest(full)
-    return draft.model_copy(update={"run_id": full["run_id"], "digest": full["digest"]})
+    if not all(key.isascii() for key in full):  # not a manifest's fields: no member reuse
+        full["run_id"] = compute_run_id(full)
+        full["digest"] = compute_digest(full)
+        return draft.model_copy(update={"run_id": full["run_id"], "digest": full["digest"]})
+    members = {key: _member(key, value) for key, value in full.items()
+               if key not in ("run_id", "digest")}
+    identity = identity_of(full)
+    run_id = blake3_name(_joined({
+        key: members[key] if value is full[key] else _member(key, value)
+        for key, value in identity.items()}))
+    members["run_id"] = _member("run_id", run_id)
+    digest = blake3_name(_joined(members))
+    members["digest"] = _member("digest", digest)
+    sealed = draft.model_copy(update={"run_id": run_id, "digest": digest})
+    global _LAST_SEALED
+    _LAST_SEALED = (sealed, _joined(members))
+    return sealed
+
+
+_LAST_SEALED: tuple[Manifest, bytes] | None = None
+"""The manifest :func:`seal` returned last and its canonical bytes."""
+
+
+def _member(key: str, value: Any) -> bytes:
+    """``"key":value`` as RFC 8785 writes an object's member."""
+    return canonical_bytes(key) + b":" + canonical_bytes(value)
+
+
+def _joined(members: dict[str, bytes]) -> bytes:
+    """The canonical object of these members; keys ASCII, so code point order is RFC
+    8785's UTF-16 order."""
+    return b"{" + b",".join(members[key] for key in sorted(members)) + b"}"
 
 
 def to_document(manifest: Manifest) -> dict[str, Any]:
@@ -161,6 +266,8 @@ def to_document(manifest: Manifest) -> dict[str, Any]:
 
 def dumps(manifest: Manifest) -> bytes:
     """The canonical bytes of a manifest, as written to disk and stdout."""
+    if _LAST_SEALED is not None and _LAST_SEALED[0] is manifest:
+        return _LAST_SEALED[1]
     return canonical_bytes(to_document(manifest))
 
 

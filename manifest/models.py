@@ -28,6 +28,7 @@ the JSON Schema is the same either way. So a field may name only a class
 defined above it.
 """
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -159,9 +160,27 @@ class Container(Model):
     source: str | None
 
 
-ALWAYS_BITS_PREFIXES = ("torch", "nvidia-", "triton", "pytorch-triton")
+ALWAYS_BITS_NAMES = frozenset({"torch", "triton", "pytorch-triton", "pytorch-triton-rocm",
+                               "pytorch-triton-xpu", "cuda-toolkit"})
 """Distributions that count for the bits whether or not a module of theirs was imported:
-torch, and the CUDA libraries torch loads as shared objects (never imported)."""
+torch, the Triton build its compiler runs, and CUDA 13's toolkit metapackage. By exact
+name: torchvision, torchmetrics or tritonclient share a prefix and count, like any
+package, only when the run imported them."""
+
+_CUDA_LIBRARY = re.compile(
+    r"nvidia-[a-z0-9-]+-cu[0-9]+"  # CUDA 12's libraries: nvidia-cublas-cu12 ...
+    r"|nvidia-(?:cublas|cuda-cccl|cuda-crt|cuda-cupti|cuda-nvcc|cuda-nvrtc|cuda-runtime"
+    r"|cudnn|cufft|cufile|curand|cusolver|cusparse|cusparselt|nccl|nvjitlink|nvshmem|nvtx"
+    r"|nvvm)")  # CUDA 13's, renamed without the suffix (cuda-toolkit's components)
+"""The CUDA libraries torch loads as shared objects (never imported): not nvidia-ml-py
+(imported as pynvml when used), nvidia-dali-cuda120 or nvidia-modelopt."""
+
+
+def always_counts(name: str) -> bool:
+    """Whether distribution ``name`` counts for the bits even when the run imported no
+    module of it: :data:`ALWAYS_BITS_NAMES` and the CUDA libraries (:data:`_CUDA_LIBRARY`)."""
+    normal = re.sub(r"[-_.]+", "-", name).lower()
+    return normal in ALWAYS_BITS_NAMES or _CUDA_LIBRARY.fullmatch(normal) is not None
 
 
 class DirectUrl(Model):

@@ -41,13 +41,13 @@ def wheelhouse() -> Path:
 
 def fill(folder: Path) -> list[str]:
     """Download each pinned wheel into ``folder``; the requirements that failed."""
-    from manifest.models import ALWAYS_BITS_PREFIXES
+    from manifest.models import always_counts
     from manifest.pyenv.sources import SELF_DISTRIBUTIONS, normalise
 
     folder.mkdir(parents=True, exist_ok=True)
     # a rebuild also installs what counts for the bits unimported (torch*, nvidia-* …)
     always = {normalise(d.metadata["Name"]) for d in metadata.distributions()}
-    names = [*EXAMPLE_IMPORTS, *sorted(n for n in always if n.startswith(ALWAYS_BITS_PREFIXES)
+    names = [*EXAMPLE_IMPORTS, *sorted(n for n in always if always_counts(n)
                                       and n not in SELF_DISTRIBUTIONS
                                       and n not in EXAMPLE_IMPORTS)]
     wanted = [f"{name}=={metadata.version(name)}" for name in names]

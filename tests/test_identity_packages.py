@@ -44,6 +44,19 @@ def test_unrelated_package_keeps_the_run_id_and_an_imported_one_changes_it() -> 
     assert compute_run_id(_with(doc, torch="9.9.9")) != base
 
 
+def test_a_prefix_lookalike_installed_but_not_imported_keeps_the_run_id() -> None:
+    """torchvision, torchmetrics and tritonclient share torch's and triton's prefix: they
+    count like any package (only imported); triton itself counts unimported (the control)."""
+    doc = _golden()
+    doc["env"]["imported"] = ["numpy", "torch"]
+    base = compute_run_id(doc)
+    for lookalike in ("torchvision", "torchmetrics", "tritonclient", "nvidia-ml-py"):
+        assert compute_run_id(_with(doc, **{lookalike: "1.0"})) == base, lookalike
+    assert compute_run_id(_with(doc, triton="3.5.0")) != base
+    doc["env"]["imported"].append("torchvision")
+    assert compute_run_id(_with(doc, torchvision="0.20.0")) != compute_run_id(doc)
+
+
 def test_sealed_manifest_with_imported_loads_and_keeps_everything_recorded() -> None:
     doc = _golden()
     doc["env"]["imported"] = ["numpy", "torch"]

@@ -119,11 +119,23 @@ def test_user_sources_are_checked_and_recorded_ones_need_trust(tmp_path: Path) -
 def test_the_rebuild_set_leaves_out_what_the_run_never_imported() -> None:
     dists = {n: HONEST for n in ("torch", "nvidia-cublas-cu12", "numpy", "pydantic", "rich",
                                  "torch-manifest")}
-    assert rebuild_set(dists, ["numpy"]) == ["numpy", "nvidia-cublas-cu12", "torch",
-                                             "torch-manifest"]
-    pins = pins_of(dists, tree=None, only=rebuild_set(dists, ["numpy"]))
+    assert rebuild_set(dists, ["numpy"]) == ["numpy", "nvidia-cublas-cu12", "torch"]
+    pins = pins_of(dists, tree=None, only=None)
     assert {p.name: p.kind for p in pins}["torch-manifest"] == "self"
     assert rebuild_set(dists, None) is None
+
+
+def test_a_shared_prefix_is_not_torch_family() -> None:
+    """torchvision, torchmetrics, tritonclient, nvidia-ml-py share a prefix with what counts
+    unimported (torch, triton, the CUDA libraries): they count only when imported."""
+    lookalikes = ("torchvision", "torchmetrics", "torchaudio", "tritonclient", "nvidia-ml-py",
+                  "nvidia-dali-cuda120", "torch-manifest")
+    family = ("torch", "triton", "pytorch-triton-rocm", "nvidia-cudnn-cu12", "nvidia-cublas",
+              "nvidia-nccl-cu13", "cuda-toolkit")
+    dists = {n: HONEST for n in (*lookalikes, *family, "numpy")}
+    assert rebuild_set(dists, ["numpy"]) == sorted(("numpy", *family))
+    # the control: imported, a lookalike counts like any package
+    assert "torchvision" in (rebuild_set(dists, ["numpy", "torchvision"]) or [])
 
 
 def test_uv_reads_an_option_line_in_a_requirements_file(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ labels in :data:`manifest.diff.rules.REFINED` (pure functions over two manifests
 
 from __future__ import annotations
 
-from manifest.models import ALWAYS_BITS_PREFIXES, Manifest, ProcessRandomness, SeedCall
+from manifest.models import Manifest, ProcessRandomness, SeedCall, always_counts
 
 GENERATORS = ("python", "numpy", "torch_cpu", "cuda")
 
@@ -127,9 +127,7 @@ def seed_overridden(a: Manifest, b: Manifest) -> list[str] | None:
 
 def counts_for_bits(name: str, a: Manifest, b: Manifest) -> bool:
     """Whether a difference in package ``name`` can change the bits of these runs."""
-    # torch's family counts unasked; torchvision, torchmetrics … are other distributions
-    # that share the prefix: like any package, only when a process of the run imported them.
-    if name.startswith(ALWAYS_BITS_PREFIXES) and (name == "torch" or not name.startswith("torch")):
+    if always_counts(name):  # torch's family, unasked; torchvision … only when imported
         return True
     imported = [m.env.imported for m in (a, b) if m.env.imported is not None]
     if not imported:

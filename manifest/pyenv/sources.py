@@ -158,13 +158,13 @@ def rebuild_set(distributions: Mapping[str, Any], imported: Iterable[str] | None
     launcher needs none of them. None (everything recorded) when the run's imports are not
     known (a snapshot without a command).
     """
-    from manifest.models import ALWAYS_BITS_PREFIXES
+    from manifest.models import always_counts
 
     if imported is None:
         return None
     wanted = {normalise(n) for n in imported}
     return sorted(n for n in (normalise(k) for k in distributions)
-                  if n in wanted or n.startswith(ALWAYS_BITS_PREFIXES))
+                  if n in wanted or always_counts(n))
 
 
 @dataclass(frozen=True)
