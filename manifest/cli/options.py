@@ -238,7 +238,20 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterOptions | None:
         raise UsageError(problem)
     table = load_config(Path.cwd())[0].get("executors", {})
     flags = {name: getattr(args, name, None) for name in cluster_flag_names()}
-    return cluster_options(on, flags, table)
+    from dataclasses import replace
+
+    # the executor's progress (submitted, queued, data shipped), on stderr as it happens
+    return replace(cluster_options(on, flags, table), note=cluster_note)
+
+
+def cluster_note(sentence: str) -> None:
+    """One progress sentence of a cluster executor, on stderr."""
+    import sys
+
+    from manifest.cli.text import printable
+
+    sys.stderr.write(f"manifest: {printable(sentence)}\n")
+    sys.stderr.flush()
 
 
 def cluster_flag_names() -> list[str]:

@@ -210,14 +210,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                             signer=signer, cluster=cluster_from_args(args), layout=args.layout,
                             envelope=args.envelope, emulate=args.emulate,
                             outputs=_outputs_dir(args.outputs, args.no_rerun),
-                            rebuild=rebuild_options(args))
+                            rebuild=rebuild_options(args, on_cluster=True))
     if options.emulate and (options.envelope or options.cluster is not None):
         raise UsageError("--emulate is judged against the run's envelope at that precision "
                          "(capture --envelope N --precision P) on this machine; it cannot "
                          "be combined with --envelope or --on.")
-    if options.rebuild is not None and options.cluster is not None:
-        raise UsageError("--env run rebuilds the run's environment on this machine; it cannot "
-                         "be combined with --on (the cluster runs its own image or venv).")
+    if options.rebuild is not None and options.cluster is not None and args.explain:
+        raise UsageError("--explain with --on and --env run: explain does not rebuild the "
+                         "run's environment on the cluster's nodes yet; drop --explain.")
     if options.envelope and options.cluster is not None:
         raise UsageError("--envelope measures the noise envelope on this machine; it cannot "
                          "be combined with --on.")
@@ -280,10 +280,16 @@ def add_environment_options(p: argparse.ArgumentParser) -> None:
                    "(repeatable); this machine's pip and uv configuration is never used")
 
 
-def rebuild_options(args: argparse.Namespace) -> RebuildOptions | None:
-    """``--env run``'s options, or None (this machine's environment)."""
+def rebuild_options(args: argparse.Namespace, *, on_cluster: bool = False
+                    ) -> RebuildOptions | None:
+    """``--env run``'s options, or None (this machine's environment). ``on_cluster``: the
+    verb rebuilds it on each node (verify); another verb refuses ``--on`` with it."""
     from manifest.rerun.environment import RebuildOptions
 
+    if args.env == "run" and not on_cluster and getattr(args, "on", "local") != "local":
+        raise UsageError(f"--env run with --on: {args.verb} does not rebuild the run's "
+                         "environment on the cluster's nodes yet (verify does); run it "
+                         "without --env run, or here.")
     if args.env != "run":
         if args.find_links or args.index_url:
             raise UsageError("--find-links and --index-url say where --env run rebuilds the "

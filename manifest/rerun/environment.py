@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from manifest.errors import NoVerdictError
 from manifest.models import Manifest
 
 if TYPE_CHECKING:
+    from manifest.rerun.cluster.options import ClusterOptions
     from manifest.rerun.workspace import Workspace
     from manifest.trust import TrustDecision
 
@@ -100,12 +102,30 @@ class RunEnvironment:
     proof: dict[str, Any] | None = None
     """``manifest.pyenv.prove.Proof.to_json`` of a rebuild."""
     cached: bool = False
+    request: NodeRebuild | None = None
+    """``--on`` with ``--env run``: what each node rebuilds and proves (:func:`on_node`);
+    ``python`` is then None here, and the job's result says what each node used."""
 
     @property
     def venv(self) -> Path | None:
         return self.python.parent.parent if self.python is not None else None
 
+    @property
+    def stops(self) -> bool:
+        """``--env run`` and nothing was built (a vanished distribution): no re-run."""
+        return self.python is None and self.request is None and self.proof is not None
+
+    def on_cluster(self, options: ClusterOptions | None) -> ClusterOptions | None:
+        """``options`` carrying this environment's node request (unchanged without one)."""
+        if options is None or self.request is None:
+            return options
+        from dataclasses import replace
+
+        return replace(options, environment=self.request.to_json())
+
     def to_json(self) -> dict[str, Any]:
+        if self.request is not None:
+            return {"used": "run", "line": self.line}
         return {"used": "run" if self.python is not None else "here", "line": self.line,
                 **({"proof": self.proof, "cached": self.cached, "venv": str(self.venv)}
                    if self.proof is not None else {})}
@@ -154,14 +174,17 @@ class RunEnvironment:
 
 
 def rebuilt_environment(recorded: Manifest, options: RebuildOptions, *, trust: TrustDecision,
-                        tree: Path, note: Callable[[str], None] | None = None
-                        ) -> RunEnvironment:
+                        tree: Path, note: Callable[[str], None] | None = None,
+                        cache_dir: Path | None = None) -> RunEnvironment:
     """The run's environment rebuilt and proven (``manifest.pyenv.rebuild``); ``python`` is
-    None when nothing could be built (a distribution vanished), and ``line`` says why."""
+    None when nothing could be built (a distribution vanished), and ``line`` says why.
+    ``cache_dir``: where rebuilt venvs are kept (default the user's cache; a cluster job
+    names the shared or node-local folder, :func:`on_node`)."""
     from manifest.pyenv.rebuild import build_environment
 
     built = build_environment(recorded, trust=trust, find_links=options.find_links,
-                              index_urls=options.index_urls, tree=tree, note=note)
+                              index_urls=options.index_urls, tree=tree, note=note,
+                              cache_dir=cache_dir)
     proof = built.proof
     if built.python is None:
         line = f"the run's environment could not be rebuilt ({proof.line()}: " + ", ".join(
@@ -177,15 +200,21 @@ def rebuilt_environment(recorded: Manifest, options: RebuildOptions, *, trust: T
 def environment_for(recorded: Manifest, machine: tuple[dict[str, Any], Any, Any],
                     rebuild: RebuildOptions | None, *, tree: Path,
                     trust: Callable[[], TrustDecision],
-                    note: Callable[[str], None] | None = None
+                    note: Callable[[str], None] | None = None,
+                    cluster: ClusterOptions | None = None
                     ) -> tuple[RunEnvironment, tuple[dict[str, Any], Any, Any]]:
     """The environment a verb's re-runs use, and the machine probe its drift is taken from:
     this machine's (``rebuild`` None), or the run's own rebuilt (``--env run``), whose
     proof ``note`` receives before anything trains and whose interpreter is probed. With
     nothing built (a distribution vanished) the machine probe is returned unchanged and the
-    caller stops: ``python`` is None and ``line`` says why. verify and explain call this."""
+    caller stops: ``python`` is None and ``line`` says why. verify and explain call this.
+    With a ``cluster`` (``--on``) the records are checked here and each node rebuilds
+    (:func:`for_cluster`; :meth:`RunEnvironment.on_cluster` gives the executor's options),
+    and the drift stays this machine's."""
     if rebuild is None:
         return this_machine(recorded, machine[0]), machine
+    if cluster is not None:
+        return for_cluster(recorded, rebuild, trust=trust(), tree=tree)[0], machine
     used = rebuilt_environment(recorded, rebuild, trust=trust(), tree=tree, note=note)
     if note is not None:
         note(used.line)
@@ -315,3 +344,111 @@ def with_this_tool(doc: dict[str, Any], machine_env: Mapping[str, Any]) -> dict[
                 packages_digest=blake3_name(canonical_bytes(listing)),
                 environment_digest=environment_digest(
                     {n: Distribution.model_validate(d) for n, d in dists.items()}))
+
+
+# ------------------------------------------------------------ the run's environment on a node
+
+
+@dataclass(frozen=True)
+class NodeRebuild:
+    """``--on ray|slurm|k8s --env run``: what a node needs to rebuild the run's environment
+    itself, shipped in the bundle's index (whose name the node checks, so it is the
+    submitter's): the recorded ``env`` section, the sources the user gave, and the trust
+    decision made here (recorded sources count only when the manifest is trusted, exactly
+    as for a rebuild here: ``manifest.pyenv.sources``). ``cache`` is where the node keeps
+    rebuilt venvs: the shared folder (SLURM), else the node's own cache (None)."""
+
+    env: dict[str, Any]
+    find_links: tuple[str, ...]
+    index_urls: tuple[str, ...]
+    trust: dict[str, Any]
+    cache: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"env": self.env, "find_links": list(self.find_links),
+                "index_urls": list(self.index_urls), "trust": self.trust,
+                "cache": self.cache}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> NodeRebuild:
+        return cls(dict(doc["env"]), tuple(str(f) for f in doc.get("find_links") or ()),
+                   tuple(str(u) for u in doc.get("index_urls") or ()), dict(doc["trust"]),
+                   str(doc["cache"]) if doc.get("cache") else None)
+
+
+ON_NODE = "the run's environment, rebuilt and proven where the job runs"
+"""The report's line until a job's result says what each node used."""
+
+
+def for_cluster(recorded: Manifest, options: RebuildOptions, *, trust: TrustDecision,
+                tree: Path) -> tuple[RunEnvironment, NodeRebuild]:
+    """``--env run`` with ``--on``: every recorded name, version, URL and source is checked
+    here, before anything is submitted (a hostile record is one sentence, exit 2, as for a
+    rebuild here); the rebuild itself and its proof happen on the node (:func:`on_node`)."""
+    from manifest.pyenv.rebuild import recorded_pins
+    from manifest.pyenv.sources import plan_sources
+
+    pins = recorded_pins(recorded, tree)
+    plan_sources(recorded.env.sources, find_links=options.find_links,
+                 index_urls=options.index_urls, trust=trust, tree=tree, pins=pins)
+    request = NodeRebuild(
+        recorded.env.model_dump(mode="json"),
+        tuple(str(Path(f).resolve()) for f in options.find_links), options.index_urls,
+        {"allowed": trust.allowed, "reason": trust.reason, "basis": trust.basis})
+    return RunEnvironment(ON_NODE, request=request), request
+
+
+class NodeEnvironmentError(NoVerdictError):
+    """The run's environment could not be rebuilt on a node (exit 3): the message says why,
+    in the words a rebuild here gives; the job runs nothing and says so in its result."""
+
+
+def on_node(request: NodeRebuild, *, tree: Path, cache_dir: Path | None = None
+            ) -> RunEnvironment:
+    """On the node, in the job: rebuild the run's environment and prove it there
+    (:func:`rebuilt_environment`, the same code and sentences as ``verify --env run`` here),
+    cached by the environment's key under ``cache_dir`` (the caller's), else
+    ``request.cache``, else this node's user cache. A venv is built in a temporary folder
+    beside the cache and renamed into place (``manifest.pyenv.cache``), so jobs that
+    rebuild the same environment at once never see a half-built one. Raises
+    :class:`NodeEnvironmentError` when nothing could be built (a vanished distribution,
+    uv or the recorded Python missing on the node, a source the node cannot read)."""
+    from manifest.errors import ManifestError
+    from manifest.models import Env
+    from manifest.trust import TrustDecision
+
+    # A rebuild reads only the manifest's env section, the one part the bundle carries.
+    only_env: dict[str, Any] = {"env": Env.model_validate(request.env)}
+    recorded = Manifest.model_construct(**only_env)
+    trust = TrustDecision(bool(request.trust.get("allowed")), str(request.trust.get("reason")),
+                          str(request.trust.get("basis")))
+    cache = cache_dir or (Path(request.cache) if request.cache else None)
+    try:
+        used = rebuilt_environment(recorded, RebuildOptions(request.find_links,
+                                                            request.index_urls),
+                                   trust=trust, tree=tree, cache_dir=cache)
+    except ManifestError as exc:
+        raise NodeEnvironmentError(f"the run's environment could not be rebuilt on "
+                                   f"{os.uname().nodename}: {exc.message.rstrip('.')}"
+                                   ) from exc
+    if used.python is None:
+        raise NodeEnvironmentError(f"{used.line} on {os.uname().nodename}")
+    return used
+
+
+def nodes_environment(docs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The report's ``environment`` from each node's (``RunEnvironment.to_json`` with its
+    ``node``): the first node's, with ``nodes`` listing each node's line, and one line that
+    names a node whose environment differs from node 0's; None when no node rebuilt one."""
+    envs = [dict(d) for d in docs if d]
+    if not envs:
+        return None
+    first = envs[0]
+    lines = [str(e.get("line")) for e in envs]
+    line = lines[0] if len(set(lines)) == 1 else "; ".join(
+        f"node {i} ({e.get('node')}): {e.get('line')}" for i, e in enumerate(envs))
+    return {**first, "line": line,
+            "used": "run" if all(e.get("used") == "run" for e in envs) else "here",
+            "nodes": [{"node": e.get("node"), "line": e.get("line"),
+                       "cached": e.get("cached"),
+                       "proven": bool((e.get("proof") or {}).get("proven"))} for e in envs]}

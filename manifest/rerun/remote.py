@@ -114,8 +114,12 @@ def _files_under(directory: Path) -> dict[str, str]:
     return out
 
 
-def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
-    """Check, run and describe one bundle (the result document)."""
+def run_bundle(bundle: Path, outdir: Path, expect: str, *, env_cache: Path | None = None,
+               env_only: bool = False) -> dict[str, Any]:
+    """Check, run and describe one bundle (the result document). A bundle that asks for the
+    run's environment (``--env run``) has it rebuilt and proven here first
+    (``manifest.rerun.environment.on_node``, cached under ``env_cache`` or the folder the
+    bundle names); ``env_only`` stops there (a Kubernetes init container)."""
     from manifest.capture.run import digest_outputs
     from manifest.errors import NoVerdictError
     from manifest.launch.runner import LaunchSettings
@@ -163,6 +167,16 @@ def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
                    if os.path.isabs(p) and os.path.exists(p))
     workspace = Workspace(root=tree, scratch=outdir, tree=tree, cwd=cwd, mount_at=tree,
                           ro_binds=(*shared, *landed))
+    used = None
+    if index.get("environment"):  # --env run: the run's own, rebuilt and proven on this node
+        from manifest.rerun.environment import NodeRebuild, in_environment, on_node
+
+        used = on_node(NodeRebuild.from_json(index["environment"]), tree=tree,
+                       cache_dir=env_cache)
+        env, workspace = in_environment(used, env, workspace)
+    node_env = {"environment": {**used.to_json(), "node": os.uname().nodename}} if used else {}
+    if env_only:
+        return {"format": RESULT_FORMAT, "bundle": expect, **node_env}
     executor = LocalExecutor(confined=confined, network=bool(confinement["network"]))
     # The plan's own fields are not read by the local executor beyond argv.
     plan = _StubPlan(tuple(_fill(a, tree, writable, inputs) if inputs else a
@@ -198,6 +212,7 @@ def run_bundle(bundle: Path, outdir: Path, expect: str) -> dict[str, Any]:
         "outputs": fetched,
         "confinement": where,
         "host_tree": tree_text,
+        **node_env,
     }
 
 
@@ -237,6 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect", required=True, help="the bundle's name (blake3:…)")
     parser.add_argument("--emit", action="store_true",
                         help="also print the result on stdout between marker lines")
+    parser.add_argument("--env-cache", type=Path, default=None,
+                        help="where rebuilt environments are kept (--env run; default the "
+                        "folder the bundle names, else this user's cache)")
+    parser.add_argument("--env-only", action="store_true",
+                        help="rebuild and prove the run's environment, then stop (an init "
+                        "container)")
     args = parser.parse_args(argv)
     if args.outdir is None:
         import tempfile
@@ -272,7 +293,8 @@ def _main(args: argparse.Namespace) -> int:
     from manifest.errors import EXIT_NO_VERDICT, ManifestError
 
     try:
-        doc = run_bundle(args.bundle.resolve(), args.outdir.resolve(), args.expect)
+        doc = run_bundle(args.bundle.resolve(), args.outdir.resolve(), args.expect,
+                         env_cache=args.env_cache, env_only=args.env_only)
     except ManifestError as exc:
         sys.stderr.write(f"manifest: remote: refused: {exc.message}\n")
         refusal = {"format": RESULT_FORMAT, "bundle": args.expect, "refused": exc.message}
@@ -288,7 +310,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.emit:
         sys.stdout.write("\n".join(encode_result(doc)) + "\n")
         sys.stdout.flush()
-    code: int = doc["exit_code"]
+    code: int = doc.get("exit_code", 0)  # --env-only: built and proven
     return code
 
 

@@ -227,17 +227,18 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     # --env run: the re-run and the drift are the rebuilt environment's
     used, machine = environment_for(
         recorded, machine, options.rebuild, tree=root, note=note,
-        trust=lambda: check_trust(recorded, user_trusted=options.trust, signer=options.signer))
+        trust=lambda: check_trust(recorded, user_trusted=options.trust, signer=options.signer),
+        cluster=options.cluster)  # with --on, each node rebuilds it (the job says which)
     report.environment = used.to_json()
-    if options.rebuild is not None and used.python is None:
+    if options.rebuild is not None and used.python is None and used.request is None:
         report.reason = used.line
         return report
     report.drift = environment_drift(recorded, machine)
     rerun_options = RerunOptions(
         trust=options.trust, signer=options.signer, sandbox=options.sandbox,
         require_sandbox=options.require_sandbox, network=options.network,
-        in_place=options.in_place, threads=options.threads, cluster=options.cluster,
-        layout=options.layout)
+        in_place=options.in_place, threads=options.threads,
+        cluster=used.on_cluster(options.cluster), layout=options.layout)
     # Before hashing: a crafted "/" would read the whole disk, and a dataset
     # outside the repository is read only with the trust its command would need.
     inputs = plan_inputs(root, [(ds.path, ds.from_repo) for ds in recorded.data])

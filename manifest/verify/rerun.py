@@ -112,6 +112,8 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         from manifest.rerun.cluster.remote_run import confinement_line
 
         report.confinement = confinement_line(plan, result.job)
+        if result.job.get("environment"):  # --env run: what each node's re-run used
+            report.environment = result.job["environment"]
     new = build_run_manifest(snap, cwd=workspace.cwd, argv=list(plan.argv),
                              settings=settings, result=result, datasets=[],
                              output_globs=[g if options.in_place else _any_version(g)

@@ -132,14 +132,17 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
                  fetch_outputs: bool = False, sandbox: bool = True, network: bool = False,
                  require_sandbox: bool = False, only: Sequence[str] | None = None,
                  inputs: Sequence[tuple[Path, str, str | None]] = (),
-                 shared: Sequence[str] = ()) -> Bundle:
+                 shared: Sequence[str] = (),
+                 environment: Mapping[str, Any] | None = None) -> Bundle:
     """Write the bundle for one run into ``dest`` (which must not exist). ``only``: the
     files of ``tree`` to ship (the user's own tree: see :func:`tree_files`), else all.
     ``inputs``: data outside the repository shipped with it, each (source, the path the
     command names it by, where a relative reference from the tree lands or None), copied
     under ``tree/.manifest-data/<i>`` and indexed like every file (:data:`DATA_DIR`).
     ``shared``: data the job reads at its own path (``--shared-path``), bound read-only
-    there when the job is confined."""
+    there when the job is confined. ``environment``: ``--env run``'s request
+    (``manifest.rerun.environment.NodeRebuild.to_json``), which the node rebuilds and proves
+    before it runs anything; part of the index, so of the bundle's name."""
     if patch is not None and "blake3:" + blake3.blake3(patch).hexdigest() != diff_digest:
         raise NoVerdictError("the scratch tree does not reproduce the recorded patch; "
                              "refusing to ship it.")
@@ -196,6 +199,7 @@ def build_bundle(dest: Path, *, tree: Path, cwd: Path, mount_at: Path, argv: Seq
                         "require_sandbox": require_sandbox},
         **({"inputs": shipped} if shipped else {}),
         **({"shared": sorted(shared)} if shared else {}),
+        **({"environment": dict(environment)} if environment else {}),
     }
     data = _canonical(index)
     (dest / INDEX).write_bytes(data)

@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 
 MASTER_PORT = 29500
 BUNDLE_MOUNT = "/bundle"
+ENV_MOUNT = "/manifest-env"
+"""Where the pod's volume of rebuilt environments is mounted (``--env run``)."""
 LABEL = "manifest/job"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
@@ -102,11 +104,15 @@ def job_name(bundle_name: str) -> str:
 
 def render(*, name: str, bundle_name: str, image: str, namespace: str, nodes: int,
            threads: int, gpus: int, claim: str | None, python: str = "python",
-           bundle_url: str | None = None, node_selector: dict[str, str] | None = None
-           ) -> tuple[Any, Any]:
+           bundle_url: str | None = None, node_selector: dict[str, str] | None = None,
+           rebuild: bool = False) -> tuple[Any, Any]:
     """(V1Service, V1Job) for one re-run, built from the client's models. The bundle comes
     from ``claim`` (a PersistentVolumeClaim holding it as ``<hash>``) or, with
-    ``bundle_url``, from an init container that fetches ``<bundle_url>/<hash>.tar``."""
+    ``bundle_url``, from an init container that fetches ``<bundle_url>/<hash>.tar``.
+    ``rebuild`` (``--env run`` where the image is not the run's recorded one): an init
+    container rebuilds and proves the run's environment into an ``emptyDir`` volume at
+    :data:`ENV_MOUNT` (``python -m manifest.rerun.remote --env-only``), and the re-run finds
+    it there, its proof checked again against the files (``manifest.pyenv.cache``)."""
     from kubernetes import client
 
     labels = {"app.kubernetes.io/name": "torch-manifest", LABEL: name}
@@ -137,11 +143,24 @@ def render(*, name: str, bundle_name: str, image: str, namespace: str, nodes: in
                 claim_name=claim, read_only=True)))
         mounts.append(client.V1VolumeMount(name="bundle", mount_path=BUNDLE_MOUNT,
                                            read_only=True))
+    env_args: list[str] = []
+    if rebuild:
+        volumes.append(client.V1Volume(name="environment",
+                                       empty_dir=client.V1EmptyDirVolumeSource()))
+        env_mount = client.V1VolumeMount(name="environment", mount_path=ENV_MOUNT)
+        env_args = ["--env-cache", ENV_MOUNT]
+        init = [*(init or []), client.V1Container(
+            name="rebuild-environment", image=image,
+            command=[python, "-I", "-m", "manifest.rerun.remote", f"{BUNDLE_MOUNT}/{digest}",
+                     "--expect", bundle_name, "--env-only", *env_args],
+            volume_mounts=[*mounts, env_mount])]
+        mounts.append(env_mount)
     container = client.V1Container(
         name="rerun", image=image,
         command=[python, "-I", "-m", "manifest.rerun.cluster.k8s",
                  f"{BUNDLE_MOUNT}/{digest}",
-                 "--expect", bundle_name, "--service", name, "--nodes", str(nodes)],
+                 "--expect", bundle_name, "--service", name, "--nodes", str(nodes),
+                 *env_args],
         resources=client.V1ResourceRequirements(requests=resources, limits=resources),
         volume_mounts=mounts or None)
     job = client.V1Job(
@@ -405,6 +424,32 @@ class KubernetesExecutor(ClusterExecutor):
         return missing_model(plan.gpu, declared, wanted=f"{key}={value}", nodes=need.nodes,
                              per_node=per_node)
 
+    def recorded_image(self) -> str | None:
+        """``--env run`` with the image the run recorded (``env.container.image_digest``,
+        the default ``--image``): that image is the run's environment, so nothing is
+        rebuilt; None otherwise."""
+        request = self.options.environment
+        if request is None:
+            return None
+        recorded = (request.get("env", {}).get("container") or {}).get("image_digest")
+        image = self.options.image
+        return image if recorded and image == recorded else None
+
+    def env_cache(self) -> str | None:
+        return ENV_MOUNT
+
+    def environment_request(self) -> dict[str, Any] | None:
+        """The rebuild request, unless the pods run the run's own recorded image."""
+        return None if self.recorded_image() else super().environment_request()
+
+    def _result(self, doc: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        result = super()._result(doc, *args, **kwargs)
+        image = self.recorded_image()
+        if image is not None and result.job is not None:
+            result.job["environment"] = {
+                "used": "run", "line": f"the run's environment (its recorded image {image})"}
+        return result
+
     def stage(self) -> Path:
         import tempfile
 
@@ -427,7 +472,8 @@ class KubernetesExecutor(ClusterExecutor):
             image=image, namespace=self.options.namespace,
             nodes=need.nodes, threads=need.cpus, gpus=need.gpus, claim=self.options.claim,
             python=self.options.python, bundle_url=self.options.bundle_url,
-            node_selector=self.node_selector(plan))
+            node_selector=self.node_selector(plan),
+            rebuild=self.environment_request() is not None)
         if not (self.options.bundle_url or self.options.claim):  # --dry-run too: the Job
             # it would print could not get its bundle
             raise UsageError("--on k8s needs a way to bring the bundle to the pods: --claim "
@@ -525,12 +571,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--service", required=True)
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--out")
+    parser.add_argument("--env-cache")
     args = parser.parse_args(argv)
     index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
     for key, value in rank_env(index, args.nodes, args.service).items():
         os.environ.setdefault(key, value)  # a test may point MASTER_ADDR at localhost
     rest = [args.bundle, *([f"{args.out}/{index}"] if args.out else []),
-            "--expect", args.expect, "--emit"]
+            "--expect", args.expect, "--emit",
+            *(["--env-cache", args.env_cache] if args.env_cache else [])]
     return remote_main(rest)
 
 

@@ -19,7 +19,7 @@ is one module and one row here; ``tests/test_cluster_options.py`` ties the rows 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -43,6 +43,13 @@ class ClusterOptions:
     """Run even where the cluster has no node with the recorded GPU model (``--other-gpu``):
     the verdict then follows the device rule, and the report says so."""
     extra: Mapping[str, str] = field(default_factory=dict)
+    environment: Mapping[str, Any] | None = field(default=None, repr=False)
+    """``--env run``: what the node needs to rebuild and prove the run's environment
+    (``manifest.rerun.environment.NodeRebuild.to_json``), set by the verb once the
+    manifest's trust is decided; never a user's key."""
+    note: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    """Where the executor's progress sentences go as they happen (the CLI renders them on
+    stderr); None: they are kept and returned with the job (``job["notes"]``)."""
 
     FLAGS: ClassVar[dict[str, str]] = {
         "shared_paths": "--shared-path", "timeout_s": "--timeout",
@@ -50,9 +57,12 @@ class ClusterOptions:
     """Each option's flag (an option without one is a ``pyproject.toml`` key only)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: (dict(getattr(self, f.name)) if isinstance(getattr(self, f.name),
-                                                                 Mapping)
-                         else getattr(self, f.name)) for f in fields(self)}
+        out = {f.name: (dict(getattr(self, f.name)) if isinstance(getattr(self, f.name),
+                                                                Mapping)
+                        else getattr(self, f.name)) for f in fields(self)
+               if f.name not in ("environment", "note")}
+        out["env"] = "run" if self.environment is not None else "here"
+        return out
 
     def describe(self) -> str:
         return f"--on {self.on}"
@@ -172,9 +182,13 @@ table back."""
 EXECUTORS = tuple(REGISTRY)
 
 
+NOT_OPTIONS = frozenset({"on", "extra", "environment", "note"})
+"""Fields the verb sets, never a flag or a ``[tool.manifest.executors.NAME]`` key."""
+
+
 def _own(options: type[ClusterOptions]) -> set[str]:
     """The option names of one executor's record that a user may set."""
-    return {f.name for f in fields(options)} - {"on", "extra"}
+    return {f.name for f in fields(options)} - NOT_OPTIONS
 
 
 def owner_of(name: str) -> list[str]:

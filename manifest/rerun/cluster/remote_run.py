@@ -30,7 +30,15 @@ here, once:
   the verb's writable directories written there, each output's tensor table
   (``tables``), the output files themselves only with ``--fetch-outputs``;
 * a job that ends without a result gives no verdict with its log's last lines,
-  redacted (``manifest.redact``); a bundle refused on arrival says why.
+  redacted (``manifest.redact``); a bundle refused on arrival says why;
+* ``--env run``: the bundle carries the node's rebuild request
+  (``manifest.rerun.environment.NodeRebuild``; :meth:`ClusterExecutor.env_cache` says
+  where the node keeps rebuilt venvs), the node rebuilds and proves the run's environment
+  before anything runs, and each node's environment line and proof come back in the job
+  (``job["environment"]``, the report's environment line);
+* progress sentences (submitted, queued, data shipped) go to the options' ``note``
+  as they happen (the CLI renders them); without one they are kept and returned with the
+  job (``job["notes"]``): the library never prints.
 """
 
 from __future__ import annotations
@@ -39,7 +47,6 @@ import base64
 import contextlib
 import json
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -139,7 +146,9 @@ class ClusterExecutor:
                  note: Callable[[str], None] | None = None) -> None:
         self.options = options
         self.last: RunFigures | None = None
-        self.note = note or _to_stderr
+        self.notes: list[str] = []
+        """Progress sentences kept when nobody receives them as they happen."""
+        self.note = note or options.note or self.notes.append
 
     @property
     def name(self) -> str:
@@ -152,6 +161,18 @@ class ClusterExecutor:
 
     def submit(self, plan: RerunPlan, bundle: Bundle) -> Submission:
         raise NotImplementedError
+
+    def env_cache(self) -> str | None:
+        """Where the node keeps rebuilt environments (``--env run``), a path every node
+        sees; None: the node's own user cache (``manifest.pyenv.cache.cache_root``)."""
+        return None
+
+    def environment_request(self) -> dict[str, Any] | None:
+        """``--env run``'s request as the bundle carries it, with :meth:`env_cache`."""
+        request = self.options.environment
+        if request is None:
+            return None
+        return dict(request, cache=self.env_cache())
 
     def placement_problem(self, plan: RerunPlan) -> str | None:
         """Why the cluster cannot place the plan's layout, asked of the engine before
@@ -213,7 +234,8 @@ class ClusterExecutor:
                 topology=topology_of(plan), fetch_outputs=self.options.fetch_outputs,
                 sandbox=plan.sandbox_requested, network=plan.network or nodes > 1,
                 require_sandbox=plan.require_sandbox, only=only, inputs=inputs,
-                shared=[d["path"] for d in data if d["how"].startswith("shared")])
+                shared=[d["path"] for d in data if d["how"].startswith("shared")],
+                environment=self.environment_request())
             figures.bundle_s = time.perf_counter() - started
             figures.shipped_bytes, figures.files = bundle.bytes, bundle.files
             submitted = time.perf_counter()
@@ -398,6 +420,15 @@ class ClusterExecutor:
             **({"placed_on": list(doc["placed_on"])} if doc.get("placed_on") else {}),
             **({"data": figures.extra["data"]} if figures.extra.get("data") else {}),
         }
+        from manifest.rerun.environment import nodes_environment
+
+        used = nodes_environment(list(doc.get("environments") or ([doc["environment"]]
+                                                               if doc.get("environment")
+                                                               else [])))
+        if used is not None:
+            job_info["environment"] = used
+        if self.notes:
+            job_info["notes"] = list(self.notes)
         if exit_code != 0:
             job_info["log_tail"] = redacted_tail(job.log_tail())
         return LaunchResult(
@@ -430,11 +461,6 @@ def _network_policy(doc: dict[str, Any]) -> str:
     if "network allowed" in where:
         return "network allowed (--network)"
     return "not restricted by manifest on the host: the cluster's own policy applies"
-
-
-def _to_stderr(text: str) -> None:
-    sys.stderr.write(f"manifest: {text}\n")
-    sys.stderr.flush()
 
 
 @contextlib.contextmanager

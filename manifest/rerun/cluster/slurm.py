@@ -13,6 +13,12 @@ folder (``--folder`` / ``[tool.manifest.executors.slurm] folder``; default
 nodes share with the submitter. The job's stdout/stderr stay there; their
 path is the report's log location.
 
+With ``--env run`` the job first rebuilds the run's environment with uv under the
+shared folder (``FOLDER/envs/<key>``, keyed by the environment's digest: the next job on
+any node reuses it; built in a temporary folder and renamed, so concurrent jobs never see
+half of one), proves it there, and runs the re-run with that venv's ``python``
+(``manifest.rerun.environment.on_node``).
+
 Placement follows the recorded topology: one task per node (the command
 starts its own ranks, as ``torchrun`` does), ``cpus_per_task`` the recorded
 thread count, and the recorded GPUs by model: a typed GRES
@@ -222,6 +228,11 @@ class SlurmExecutor(ClusterExecutor):
         base = self.folder() / "bundles"
         base.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix="bundle-", dir=base))
+
+    def env_cache(self) -> str | None:
+        """``--env run``: the job rebuilds the run's environment under the shared folder
+        (``FOLDER/envs/<key>``), so a second job on any node reuses it."""
+        return str(self.folder() / "envs")
 
     def local(self) -> bool:
         return bool(self.options.local or shutil.which("sbatch") is None)

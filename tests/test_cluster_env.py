@@ -1,0 +1,201 @@
+"""``--on ray|slurm|k8s --env run``: the run's environment rebuilt and proven on the node.
+
+The cheap cases (no training, no cluster: small real wheels from ``tests/pyenv_wheels.py``,
+uv offline) run the node's own code as a job does:
+
+* two jobs rebuilding the same environment into one shared folder at once both get the
+  whole, proven venv (built in a temporary folder and renamed), and a third reuses it;
+* a planted other-build (a file of an installed distribution edited in the shared venv) is
+  named by distribution in the node's line;
+* a distribution no source serves is named and nothing runs;
+* a bundle that asks for the run's environment runs its command with the rebuilt venv's
+  ``python`` and brings the node's proof back in its result;
+* the Kubernetes Job gets an init container that rebuilds into a volume, unless the pods
+  run the image the run recorded.
+
+The end-to-end re-runs on a real Ray cluster and a real SLURM are in
+``tests/test_cluster_ray.py`` and ``tests/test_cluster_slurm.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from manifest.errors import NoVerdictError
+from manifest.models import Manifest
+from manifest.rerun.environment import (
+    ON_NODE,
+    NodeEnvironmentError,
+    NodeRebuild,
+    RebuildOptions,
+    for_cluster,
+    nodes_environment,
+    on_node,
+)
+from manifest.trust import TrustDecision
+from tests.pyenv_wheels import install, manifest_recording, standard_wheels
+
+pytest.importorskip("uv", reason="the rebuild extra (uv) is not installed")
+
+UNTRUSTED = TrustDecision(False, "not sealed here", "refused")
+IDENTICAL = "the run's environment (rebuilt, files identical)"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Manifest, Path]:
+    """A manifest recording two small distributions, and the folder of their wheels."""
+    base = tmp_path_factory.mktemp("node-env")
+    wheels = standard_wheels(base / "wheels")
+    site = install(base / "venv", list(wheels.values()))
+    return manifest_recording(site), base / "wheels"
+
+
+def _request(recorded: tuple[Manifest, Path], tree: Path, cache: Path | None = None,
+             wheels: Path | None = None) -> NodeRebuild:
+    manifest, folder = recorded
+    used, request = for_cluster(manifest, RebuildOptions(find_links=(str(wheels or folder),)),
+                                trust=UNTRUSTED, tree=tree)
+    assert used.line == ON_NODE and used.python is None and used.request == request
+    return NodeRebuild.from_json(dict(request.to_json(), cache=str(cache) if cache else None))
+
+
+_JOB = """\
+import json, sys
+from pathlib import Path
+from manifest.rerun.environment import NodeRebuild, on_node
+used = on_node(NodeRebuild.from_json(json.loads(sys.argv[1])), tree=Path(sys.argv[2]))
+sys.stdout.write(json.dumps(used.to_json()))
+"""
+
+
+def test_jobs_at_once_share_one_whole_venv_then_a_planted_other_build_is_named(
+        recorded: tuple[Manifest, Path], tmp_path: Path) -> None:
+    shared = tmp_path / "shared" / "envs"
+    request = _request(recorded, tmp_path, shared)
+    doc = json.dumps(request.to_json())
+    jobs = [subprocess.Popen([sys.executable, "-c", _JOB, doc, str(tmp_path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = []
+    for job in jobs:
+        out, err = job.communicate(timeout=600)
+        assert job.returncode == 0, err
+        results.append(json.loads(out))
+    assert [r["line"] for r in results] == [IDENTICAL, IDENTICAL]
+    assert all(r["proof"]["proven"] for r in results)
+    assert results[0]["venv"] == results[1]["venv"]  # one environment, wherever it was built
+    assert Path(results[0]["venv"]).parent == shared
+    assert [p.name for p in shared.iterdir()] == [Path(results[0]["venv"]).name]  # no debris
+    again = on_node(request, tree=tmp_path)  # the next job reuses it
+    assert again.cached and again.line == IDENTICAL
+
+    # someone edits an installed file of alpha in the shared venv: same version, other files
+    planted = next(Path(results[0]["venv"]).glob("lib/python*/site-packages/alpha/__init__.py"))
+    planted.write_text("X = 2\n")
+    edited = on_node(request, tree=tmp_path)
+    assert edited.cached and edited.python is not None
+    assert edited.line == ("the run's environment, rebuilt but not proven (not proven: 1 of 2 "
+                           "identical, 1 other-build: alpha 1.0 other-build)"), edited.line
+    assert edited.proof is not None and not edited.proof["proven"]
+
+
+def test_a_distribution_no_source_serves_is_named_and_nothing_is_built(
+        recorded: tuple[Manifest, Path], tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    request = _request(recorded, tmp_path, tmp_path / "envs", wheels=empty)
+    with pytest.raises(NodeEnvironmentError) as caught:
+        on_node(request, tree=tmp_path)
+    assert isinstance(caught.value, NoVerdictError)  # exit 3: no verdict
+    assert "could not be rebuilt" in caught.value.message
+    assert "alpha 1.0" in caught.value.message and "beta-lib 2.0+cpu" in caught.value.message
+    assert not (tmp_path / "envs").exists() or not any((tmp_path / "envs").iterdir())
+    # a folder the node cannot see is one sentence too, not a traceback
+    gone = NodeRebuild.from_json(dict(request.to_json(), find_links=[str(tmp_path / "nope")]))
+    with pytest.raises(NodeEnvironmentError, match=r"could not be rebuilt on .*not a folder"):
+        on_node(gone, tree=tmp_path)
+
+
+def test_a_bundle_runs_its_command_with_the_rebuilt_python_and_returns_the_proof(
+        recorded: tuple[Manifest, Path], tmp_path: Path) -> None:
+    from manifest.rerun.cluster.bundle import build_bundle
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "where.py").write_text(
+        "import os, sys\nimport alpha\n"
+        "open(os.environ['WHERE_OUT'] + '/prefix.txt', 'w').write(sys.prefix)\n")
+    out = tmp_path / "writable"
+    out.mkdir()
+    request = _request(recorded, tmp_path, tmp_path / "envs")
+    settings = {"seed": 0, "derivation": "same", "threads": 1, "deterministic": True,
+                "trail": "off", "ops": None, "root": str(tree), "hashseed": None}
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["WHERE_OUT"] = str(out)
+    bundle = build_bundle(tmp_path / "bundle", tree=tree, cwd=tree, mount_at=tree,
+                          argv=["python", "where.py"], outputs=[], patch=None, commit=None,
+                          diff_digest=None, settings=settings, env=env, writable=[out],
+                          sandbox=False, environment=request.to_json())
+    index = json.loads((bundle.path / "bundle.json").read_text())
+    assert index["environment"]["find_links"] == list(request.find_links)  # in its name
+    done = subprocess.run([sys.executable, "-I", "-m", "manifest.rerun.remote",
+                           str(bundle.path), str(tmp_path / "job"), "--expect", bundle.name],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    doc: dict[str, Any] = json.loads((tmp_path / "job" / "result.json").read_text())
+    used = doc["environment"]
+    assert used["line"] == IDENTICAL and used["proof"]["proven"] and used["node"]
+    prefix = base64.b64decode(doc["writable"][0]["prefix.txt"]).decode()
+    assert Path(prefix) == Path(used["venv"])  # the rebuilt venv's python ran the command
+    assert Path(prefix) != Path(sys.prefix)  # positive control: not this interpreter's
+    # the report's line, from one node or from two that disagree
+    assert (nodes_environment([used]) or {})["line"] == IDENTICAL
+    other = dict(used, line="the run's environment, rebuilt but not proven (…)", node="n2",
+                 proof=dict(used["proof"], proven=False))
+    both = nodes_environment([used, other])
+    assert both is not None and both["line"].startswith(f"node 0 ({used['node']}): ")
+    assert "node 1 (n2): the run's environment, rebuilt but not proven" in both["line"]
+    assert [n["proven"] for n in both["nodes"]] == [True, False]
+
+
+def test_the_k8s_job_rebuilds_in_an_init_container_unless_it_runs_the_recorded_image(
+        recorded: tuple[Manifest, Path], tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes", reason="the k8s extra is not installed")
+    from manifest.rerun.cluster.k8s import ENV_MOUNT, KubernetesExecutor, as_documents, render
+    from manifest.rerun.cluster.options import K8sOptions
+
+    request = _request(recorded, tmp_path).to_json()
+    image = "registry.example/train@sha256:" + "a" * 64
+    executor = KubernetesExecutor(K8sOptions(on="k8s", image=image, environment=request))
+    assert executor.recorded_image() is None  # the run recorded no image
+    assert executor.environment_request() == dict(request, cache=ENV_MOUNT)
+    _, job = as_documents(render(name="m", bundle_name="blake3:" + "b" * 64, image=image,
+                                 namespace="default", nodes=1, threads=1, gpus=0,
+                                 claim="pvc", rebuild=True))
+    spec = job["spec"]["template"]["spec"]
+    [init] = spec["initContainers"]
+    assert init["name"] == "rebuild-environment"
+    assert init["command"][2:5] == ["-m", "manifest.rerun.remote", "/bundle/" + "b" * 64]
+    assert init["command"][-3:] == ["--env-only", "--env-cache", ENV_MOUNT]
+    assert {"name": "environment", "emptyDir": {}} in spec["volumes"]
+    [rerun] = spec["containers"]
+    assert rerun["command"][-2:] == ["--env-cache", ENV_MOUNT]
+    assert {"name": "environment", "mountPath": ENV_MOUNT} in rerun["volumeMounts"]
+    _, plain = as_documents(render(name="m", bundle_name="blake3:" + "b" * 64, image=image,
+                                   namespace="default", nodes=1, threads=1, gpus=0,
+                                   claim="pvc"))
+    assert "initContainers" not in plain["spec"]["template"]["spec"]  # control
+
+    # the run recorded this image: the image is its environment, nothing is rebuilt
+    env = dict(request["env"], container=dict(request["env"]["container"], image_digest=image))
+    same = KubernetesExecutor(K8sOptions(on="k8s", image=image,
+                                         environment=dict(request, env=env)))
+    assert same.recorded_image() == image and same.environment_request() is None
