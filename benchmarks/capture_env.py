@@ -12,15 +12,18 @@ both sides alike:
    the last one) and cold (``use_cache=False``: every RECORD read, as after a
    fresh install of everything).
 2. ``manifest capture -q`` of a small git repository as subprocesses
-   (``--captures``; 0 skips it): a copy of this tree whose ``probe_env``
-   records no distributions (:data:`RECORDS_OFF`; or the tree at ``--against
-   REV``) against this tree, with the cache
-   warm and cold (an empty ``XDG_CACHE_HOME`` each round), in CPU seconds of
-   the child (on a machine shared with other work, wall time mostly measures
-   the others).
+   (``--captures``; 0 skips it), in CPU seconds of the child (on a machine
+   shared with other work, wall time mostly measures the others), four trees
+   taking turns in each round: the tree at ``--against REV`` (default
+   :data:`BEFORE_RECORDS`: today's capture before distribution records), a
+   copy of this tree whose ``probe_env`` records no distributions
+   (:data:`RECORDS_OFF`: the records' own cost, without what other work added
+   since), and this tree with the record cache warm and cold (an empty
+   ``XDG_CACHE_HOME`` each round).
 
 Printed: medians, and the median of the paired ratios after / before and of
-the paired differences.
+the paired differences, against each peer. The target: warm capture within 1.03x of
+the records-off copy.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ def _cpu_timed(f: Callable[[], object]) -> float:
 def probe_rounds(rounds: int, timer: Callable[[Callable[[], object]], float],
                  ) -> dict[str, list[float]]:
     from manifest.probes.distributions import (
+        distribution_paths,
         environment_digest,
+        locate_distributions,
         probe_distributions,
         probe_sources,
     )
@@ -73,10 +78,13 @@ def probe_rounds(rounds: int, timer: Callable[[Callable[[], object]], float],
     cache = Path(tempfile.mkdtemp(prefix="manifest-bench-cache-")) / "distributions.json"
 
     def after(use_cache: bool) -> None:
-        packages = installed_distributions()
-        found = probe_distributions(cache_file=cache, use_cache=use_cache)
+        """What ``probe_env`` does now: one scan, then the records, sources and digest."""
+        where = distribution_paths()
+        located = locate_distributions(where)
+        found = probe_distributions(where, cache_file=cache, use_cache=use_cache,
+                                    located=located)
         probe_sources()
-        environment_digest({n: d for n, d in found.items() if n in packages})
+        environment_digest(found)
 
     after(True)  # fill the cache and the page cache
     rows: dict[str, list[float]] = {"before": [], "after, cache warm": [],
@@ -89,8 +97,7 @@ def probe_rounds(rounds: int, timer: Callable[[Callable[[], object]], float],
 
 
 RECORDS_OFF = {
-    "distributions = {n: d for n, d in probe_distributions().items() if n in packages}":
-        "distributions = None",
+    "distributions = probe_distributions(where, located=located)": "distributions = None",
     "for name, record in distributions.items():": "for name, record in {}.items():",
     "sources=probe_sources(),": "sources=None,",
     "environment_digest=environment_digest(distributions),": "environment_digest=None,",
@@ -122,11 +129,12 @@ def tree_at(tmp: Path, rev: str) -> Path:
     return out
 
 
-def capture_rounds(rounds: int, rev: str | None) -> dict[str, list[float]]:
+def capture_rounds(rounds: int, rev: str) -> dict[str, list[float]]:
+    """CPU seconds of ``manifest capture -q`` from each tree, the trees taking turns
+    within a round (the order rotates, so a burst of load is not always on one)."""
     from benchmarks.capture_latency import make_repo, tree_argv
 
     tmp = Path(tempfile.mkdtemp(prefix="manifest-bench-"))
-    old = tree_at(tmp, rev) if rev else tree_without_records(tmp)
     repo = make_repo(tmp)
     base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     warm_cache = tmp / "cache-warm"
@@ -142,39 +150,50 @@ def capture_rounds(rounds: int, rev: str | None) -> dict[str, list[float]]:
             raise SystemExit(f"capture failed: {proc.stderr.decode(errors='replace').strip()}")
         return _child_cpu() - cpu0
 
-    before, after = tree_argv(old), tree_argv(HERE)
-    run(before, warm_cache)
-    run(after, warm_cache)
-    first = f"capture at {rev}" if rev else "capture, records off"
-    rows: dict[str, list[float]] = {first: [], "capture, cache warm": [],
-                                    "capture, cache cold": []}
+    sides: dict[str, tuple[list[str], Callable[[int], Path]]] = {
+        f"capture at {rev}": (tree_argv(tree_at(tmp, rev)), lambda n: warm_cache),
+        "capture, records off": (tree_argv(tree_without_records(tmp)), lambda n: warm_cache),
+        "capture, cache warm": (tree_argv(HERE), lambda n: warm_cache),
+        "capture, cache cold": (tree_argv(HERE), lambda n: tmp / f"cache-cold-{n}"),
+    }
+    for argv, cache_of in sides.values():  # bytecode compiled, caches filled
+        run(argv, cache_of(-1))
+    rows: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
     for n in range(rounds):
-        rows[first].append(run(before, warm_cache))
-        rows["capture, cache warm"].append(run(after, warm_cache))
-        rows["capture, cache cold"].append(run(after, tmp / f"cache-cold-{n}"))
+        for name in names[n % len(names):] + names[:n % len(names)]:
+            argv, cache_of = sides[name]
+            rows[name].append(run(argv, cache_of(n)))
     return rows
 
 
-def report(rows: dict[str, list[float]], unit: float, unit_name: str) -> None:
+def report(rows: dict[str, list[float]], unit: float, unit_name: str,
+           peers: int = 1) -> None:
+    """Medians, then each later row against each of the first ``peers`` rows: the median
+    of the paired ratios and of the paired differences."""
     names = list(rows)
-    before = rows[names[0]]
-    print(f"{'':28} {'median ' + unit_name:>12} {'min ' + unit_name:>10} {'× before':>10}")
+    print(f"{'':28} {'median ' + unit_name:>12} {'min ' + unit_name:>10}")
     for name in names:
-        ratio = statistics.median(a / b for a, b in zip(rows[name], before, strict=True))
         print(f"{name:28} {statistics.median(rows[name]) * unit:12.2f} "
-              f"{min(rows[name]) * unit:10.2f} {ratio:10.2f}")
-    for name in names[1:]:
-        extra = statistics.median(a - b for a, b in zip(rows[name], before, strict=True))
-        print(f"{name}: +{extra * unit:.2f} {unit_name} median of the paired rounds")
+              f"{min(rows[name]) * unit:10.2f}")
+    for peer in names[:peers]:
+        before = rows[peer]
+        for name in names[peers:]:
+            pairs = list(zip(rows[name], before, strict=True))
+            ratio = statistics.median(a / b for a, b in pairs)
+            extra = statistics.median(a - b for a, b in pairs)
+            print(f"{name} / {peer}: {ratio:.3f}x, {extra * unit:+.2f} {unit_name} "
+                  "(medians of the paired rounds)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--captures", type=int, default=7)
-    parser.add_argument("--against", metavar="REV", help="compare with the capture of this "
-                        f"commit (e.g. {BEFORE_RECORDS}, the last one before distribution "
-                        "records) instead of this tree with the records switched off")
+    parser.add_argument("--against", metavar="REV", default=BEFORE_RECORDS,
+                        help="the commit whose capture is the other peer (default "
+                        f"{BEFORE_RECORDS}, the last one before distribution records); the "
+                        "first peer is this tree with the records switched off")
     args = parser.parse_args()
     from manifest.probes.env import installed_distributions
 
@@ -186,7 +205,7 @@ def main() -> int:
     if args.captures:
         print(f"\nmanifest capture -q of a small repository, CPU (user+sys) "
               f"({args.captures} paired rounds)")
-        report(capture_rounds(args.captures, args.against), 1e3, "ms")
+        report(capture_rounds(args.captures, args.against), 1e3, "ms", peers=2)
     return 0
 
 

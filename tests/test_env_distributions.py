@@ -455,3 +455,19 @@ def test_locate_gives_what_prove_needs(pip_site: Path) -> None:
     version, dist_info, site = locate_distributions([str(pip_site)])["tinydist"]
     assert version == "1.0" and site == pip_site
     assert prove_distribution(dist_info, site) == record_digest(dist_info, site)
+
+
+def test_a_pip_conf_naming_no_source_is_not_parsed(tmp_path: Path) -> None:
+    """A pip.conf with a certificate only changes nothing (and costs no configparser); a
+    broken one that names an index is said unreadable (the control: it was parsed)."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "pip.conf").write_text("[global]\ncert = /etc/ssl/certs/ca.crt\n")
+    quiet = probe_sources({"HOME": str(tmp_path)}, cwd=tmp_path, etc=etc)
+    assert "pip config" not in quiet.origin and quiet.indexes == ["https://pypi.org/simple"]
+    (etc / "pip.conf").write_text("[global\nindex-url = https://corp.example/simple\n")
+    broken = probe_sources({"HOME": str(tmp_path)}, cwd=tmp_path, etc=etc)
+    assert "(unreadable)" in broken.origin
+    (etc / "pip.conf").write_text("[global]\nINDEX-URL = https://corp.example/simple\n")
+    named = probe_sources({"HOME": str(tmp_path)}, cwd=tmp_path, etc=etc)
+    assert named.indexes == ["https://corp.example/simple"]

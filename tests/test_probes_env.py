@@ -127,16 +127,16 @@ def test_torch_build_facts_match_torch_itself() -> None:
 
 def test_no_torch_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     real_find_spec = importlib.util.find_spec
-    real_scan = env_probe.installed_distributions
+    from manifest.probes.distributions import locate_distributions as real_scan
 
     def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
         return None if name == "torch" else real_find_spec(name, *args, **kwargs)
 
-    def without_torch(paths: list[str] | None = None) -> dict[str, str]:
+    def without_torch(paths: Any) -> dict[str, Any]:
         return {k: v for k, v in real_scan(paths).items() if k != "torch"}
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.setattr(env_probe, "installed_distributions", without_torch)
+    monkeypatch.setattr(env_probe, "locate_distributions", without_torch)
     env = probe_env()
     assert env.torch is None
     assert env.torch_cuda is None

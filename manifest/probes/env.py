@@ -153,7 +153,9 @@ def _first(packages: dict[str, str], *names: str) -> str | None:
 
 def probe_env(cuda_driver: str | None = None, cuda_driver_reason: str | None = None) -> Env:
     """Record the software environment of this interpreter."""
-    packages = installed_distributions()
+    where = distribution_paths()
+    located = locate_distributions(where)  # one scan for the names and the records
+    packages = {name: version for name, (version, _, _) in located.items()}
     unavailable: dict[str, str] = {}
     build = torch_build_info()
     torch_version = packages.get("torch")
@@ -180,7 +182,7 @@ def probe_env(cuda_driver: str | None = None, cuda_driver_reason: str | None = N
     if "numpy" not in packages:
         unavailable["numpy"] = "numpy is not installed"
     listing = sorted(f"{n}=={v}" for n, v in packages.items())
-    distributions = {n: d for n, d in probe_distributions().items() if n in packages}
+    distributions = probe_distributions(where, located=located)
     for name, record in distributions.items():
         if record.files is None:
             unavailable[f"distributions[{name}].files"] = NO_RECORD
