@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 
 from manifest.launch.boot._manifest_wire import ProcessRecord
+from manifest.launch.process import read_processes
 from manifest.models import Checkpoint, SiblingFile
 
 MAX_SIBLINGS = 256
@@ -102,16 +103,8 @@ def _index_for(shard: Path) -> Path | None:
 
 def _notes(records: list[ProcessRecord]) -> list[tuple[int, str, str, list[int] | None]]:
     """(step, absolute path, kind, signature) of every recorded save, in save order."""
-    out: list[tuple[int, str, str, list[int] | None]] = []
-    for record in records:
-        for note in record.get("checkpoints") or []:
-            try:
-                step, path, kind = int(note["step"]), str(note["path"]), str(note["kind"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            sig = note.get("sig")
-            out.append((step, path, kind, sig if isinstance(sig, list) else None))
-    return out
+    return [(c.step, c.path, c.kind, c.sig)
+            for p in read_processes(records) for c in p.checkpoints]
 
 
 def record_checkpoints(records: list[ProcessRecord], cwd: Path,

@@ -74,6 +74,7 @@ from typing import Any, Literal
 
 from manifest.launch.boot import _manifest_wire as wire
 from manifest.launch.boot._manifest_wire import ProcessRecord
+from manifest.launch.process import Process, read_process
 from manifest.models import EnvRead, EnvReadsRecorded, KeyedRead, Manifest
 
 _ADDRESSES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
@@ -155,17 +156,16 @@ def keyed_digest(key: bytes, plain: str) -> str:
 
 
 
-def environ_recorded(record: ProcessRecord) -> EnvReadsRecorded | None:
+def environ_recorded(record: ProcessRecord | Process) -> EnvReadsRecorded | None:
     """That a process record has its reads (the launcher recorded them), with the count of
     names it dropped past its limit; None for a record without them."""
     from pydantic import ValidationError
 
-    raw, dropped = record.get("environ"), record.get("environ_dropped")
-    if not isinstance(raw, dict):
+    process = record if isinstance(record, Process) else read_process(record)
+    if process.environ is None:
         return None
     try:
-        return EnvReadsRecorded(names=len(raw), dropped=dropped if isinstance(
-            dropped, int) and not isinstance(dropped, bool) else 0)
+        return EnvReadsRecorded(names=len(process.environ), dropped=process.environ_dropped)
     except ValidationError:
         return None
 

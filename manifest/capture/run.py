@@ -29,7 +29,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -38,17 +38,26 @@ from manifest.capture.environ import environ_reads, environ_recorded, keyed_read
 from manifest.capture.snapshot import Snapshot, observed_for, seal_snapshot, take_snapshot
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, UsageError
-from manifest.launch.boot._manifest_wire import ProcessRecord
+from manifest.launch.boot._manifest_wire import CUBLAS_VAR, ProcessRecord
+from manifest.launch.process import Process, read_processes
 from manifest.models import (
     Artifact,
+    Command,
+    Compute,
+    Determinism,
     Flags,
     LoaderSeed,
+    LockfileDisagreement,
     Manifest,
     NumericPoint,
+    Observed,
     OpStreamRef,
+    Outputs,
+    OutsideProcess,
     ProcessDeterminism,
     ProcessOutcome,
     ProcessRandomness,
+    Randomness,
     RecordingCost,
     RngFingerprints,
     SeedCall,
@@ -83,66 +92,58 @@ def _items(model: type[M], raw: Any) -> list[M] | None:
     return out or None
 
 
-def _generators(raw: Any) -> list[str] | None:
-    if not isinstance(raw, list) or not raw:
-        return None
-    return sorted({str(g) for g in raw})
-
-
 def _strings(raw: Any) -> dict[str, str] | None:
     if not isinstance(raw, dict) or not raw:
         return None
     return {str(k): str(v) for k, v in raw.items()}
 
 
-def merge_records(records: list[ProcessRecord]) -> tuple[list[Any], list[Any], list[Any]]:
+def merge_records(records: list[ProcessRecord]
+                  ) -> tuple[list[ProcessRandomness], list[ProcessDeterminism],
+                             list[ProcessOutcome]]:
     """Per-rank randomness, determinism and outcome entries from process records."""
     rnd, det, out = [], [], []
-    for r in records:
-        rank = int(r.get("rank") or 0)  # select_ranks gave every record an int
-        seed = r.get("seed")
-        if isinstance(seed, int) and not 0 <= seed <= 2**53 - 1:
+    for p in read_processes(records):
+        rank = p.rank or 0  # select_ranks gave every record an int
+        if p.seed is not None and not 0 <= p.seed <= 2**53 - 1:
             raise UsageError(
-                f"rank {rank}'s seed {seed} (base + rank, --per-rank-seed) is above 2**53-1, "
+                f"rank {rank}'s seed {p.seed} (base + rank, --per-rank-seed) is above 2**53-1, "
                 "the largest seed a manifest records.", hint="Choose a smaller --seed.")
-        rnd.append(ProcessRandomness(rank=rank, seed=r.get("seed"),
-                                     at_start=_fingerprints(r.get("at_start")),
-                                     reseeds=_items(SeedCall, r.get("reseeds")),
-                                     loaders=_items(LoaderSeed, r.get("loaders")),
-                                     unaccounted=_generators(r.get("unaccounted"))))
-        flags = r.get("flags")
+        rnd.append(ProcessRandomness(rank=rank, seed=p.seed,
+                                     at_start=_fingerprints(p.at_start),
+                                     reseeds=_items(SeedCall, p.reseeds),
+                                     loaders=_items(LoaderSeed, p.loaders),
+                                     unaccounted=sorted(set(p.unaccounted)) or None))
         det.append(ProcessDeterminism(
-            rank=rank, local_rank=r.get("local_rank"), world_size=r.get("world_size"),
-            torch_imported=bool(r.get("torch_imported")),
-            flags=Flags(**flags) if isinstance(flags, dict) else None,
-            pythonhashseed=r.get("pythonhashseed"),
-            cuda_runtime=r.get("cuda_runtime"), cudnn=r.get("cudnn"), nccl=r.get("nccl"),
-            devices=list(r.get("devices") or []),
-            switches=_items(SwitchCall, r.get("switches")),
-            fp32_precision=_strings(r.get("fp32_precision")),
-            environ=environ_reads(r.get("environ")),
+            rank=rank, local_rank=p.local_rank, world_size=p.world_size,
+            torch_imported=p.torch_imported,
+            flags=Flags(**p.flags) if p.flags is not None else None,
+            pythonhashseed=p.pythonhashseed,
+            cuda_runtime=p.cuda_runtime, cudnn=p.cudnn, nccl=p.nccl,
+            devices=list(p.devices),
+            switches=_items(SwitchCall, p.switches),
+            fp32_precision=_strings(p.fp32_precision),
+            environ=environ_reads(p.environ),
         ))
+        # The script's own manifest.trail() wins; otherwise the launcher's
+        # automatic per-optimizer-step trail.
+        trail = p.trail or p.auto_trail
         out.append(ProcessOutcome(
-            rank=rank, at_exit=_fingerprints(r.get("at_exit")),
-            # The script's own manifest.trail() wins; otherwise the launcher's
-            # automatic per-optimizer-step trail.
-            trail=[TrailPoint(step=int(p["step"]), digest=p["digest"])
-                   for p in r.get("trail") or r.get("auto_trail") or []],
-            trail_scheme=(r.get("auto_trail_scheme")
-                          if not r.get("trail") and r.get("auto_trail") else None),
-            numeric=_items(NumericPoint, r.get("numeric")),
-            recording=_recording(r),
-            secret_reads=keyed_reads(r.get("environ")),
-            environ_recorded=environ_recorded(r),
+            rank=rank, at_exit=_fingerprints(p.at_exit),
+            trail=[TrailPoint(step=t.step, digest=t.digest) for t in trail],
+            trail_scheme=p.auto_trail_scheme if not p.trail and p.auto_trail else None,
+            numeric=_items(NumericPoint, p.numeric),
+            recording=_recording(p),
+            secret_reads=keyed_reads(p.environ),
+            environ_recorded=environ_recorded(p),
         ))
     return rnd, det, out
 
 
-def _recording(r: ProcessRecord) -> RecordingCost | None:
+def _recording(p: Process) -> RecordingCost | None:
     """The process's time in the trails (``recording_ns``) and its share of its wall time."""
-    spent, start, end = r.get("recording_ns"), r.get("start_ns"), r.get("end_ns")
-    if not isinstance(spent, int) or spent <= 0 or not isinstance(start, int) \
-            or not isinstance(end, int) or end <= start:
+    spent, start, end = p.recording_ns, p.start_ns, p.end_ns
+    if spent is None or spent <= 0 or start is None or end is None or end <= start:
         return None
     return RecordingCost(seconds=spent / 1e9, share=min(1.0, spent / (end - start)))
 
@@ -168,10 +169,7 @@ def digest_outputs(globs: list[str], cwd: Path, *,
 
 
 def _process_error(records: list[ProcessRecord]) -> str | None:
-    for r in records:
-        if r.get("exception"):
-            return str(r["exception"])
-    return None
+    return next((p.exception for p in read_processes(records) if p.exception), None)
 
 
 def store_op_streams(result: LaunchResult, store: Any) -> dict[int, OpStreamRef]:
@@ -217,7 +215,7 @@ def build_run_manifest(
                     for o in outcomes]
     artifacts, missing = (result.tables if result.tables is not None
                           else digest_outputs(output_globs, cwd, malformed_ok=malformed_ok))
-    status = "ok"
+    status: Literal["ok", "failed"] = "ok"
     error = None
     if stale:
         from manifest.capture.observed import stale_alone
@@ -252,61 +250,57 @@ def build_run_manifest(
     if result.outside:
         none_ran = (f"no Python process ran under the launcher; {len(result.outside)} ran outside "
                     "the recipe (determinism.outside_recipe)")
-    doc["randomness"] = {
-        "seed": settings.seed,
-        "derivation": settings.derivation,
-        "processes": [p.model_dump(mode="json") for p in rnd],
-        "unavailable": {} if rnd else {"processes": none_ran},
-    }
-    doc["determinism"] = {
-        "requested": settings.deterministic,
-        "num_threads": settings.threads,
-        "cublas_workspace_config": result.env.get("CUBLAS_WORKSPACE_CONFIG"),
-        "pythonhashseed": result.env.get("PYTHONHASHSEED"),
-        "processes": [p.model_dump(mode="json") for p in det],
-        "unavailable": {},
-    }
-    if result.outside:  # left out when none, so a run without any keeps its run_id
-        doc["determinism"]["outside_recipe"] = [dict(p) for p in result.outside]
-    doc["command"] = {
-        "argv": redact_argv(argv),
-        "cwd": rel_cwd,
-        "outputs": list(output_globs),
-        "datasets": [d["name"] for d in datasets if d.get("source") is None],
-        "code_env": code_env,
-    }
-    doc["outputs"] = {
-        "status": status,
-        "exit_code": result.exit_code,
-        "error": error,
-        "artifacts": [a.model_dump(mode="json") for a in artifacts],
-        "processes": [p.model_dump(mode="json") for p in outcomes],
-    }
-    if result.workers:
-        doc["outputs"]["workers"] = result.workers
+    doc["randomness"] = Randomness(
+        seed=settings.seed, derivation=settings.derivation,  # type: ignore[arg-type]
+        processes=rnd, unavailable={} if rnd else {"processes": none_ran})
+    doc["determinism"] = Determinism(
+        requested=settings.deterministic, num_threads=settings.threads,
+        cublas_workspace_config=result.env.get(CUBLAS_VAR),
+        pythonhashseed=result.env.get("PYTHONHASHSEED"), processes=det, unavailable={},
+        # None when none (left out), so a run without any keeps its run_id
+        outside_recipe=[OutsideProcess.model_validate(p) for p in result.outside] or None)
+    from manifest.nodes.topology import segments_from, topology_from_records, writer_nodes
+
+    topology = topology_from_records(result.records)
+    doc["command"] = Command(
+        argv=redact_argv(argv), cwd=rel_cwd, outputs=list(output_globs),
+        datasets=[d["name"] for d in datasets if d.get("source") is None],
+        code_env=code_env, topology=topology)
+    if topology is not None and topology.nodes > 1:
+        # On a multi-node run each node writes to its own disk: say which node wrote what.
+        writers = writer_nodes(result.records, topology, cwd)
+        artifacts = [a.model_copy(update={"node": writers.get(a.path, topology.node)})
+                     for a in artifacts]
     from manifest.capture.checkpoints import record_checkpoints
 
-    checkpoints = record_checkpoints(result.records, cwd, Path(root))
-    if checkpoints:  # left out when none, so a run that saved none keeps its bytes
-        doc["outputs"]["checkpoints"] = [c.model_dump(mode="json") for c in checkpoints]
-    _add_topology(doc, result, cwd, error)
-    pids = [int(r["pid"]) for r in result.records if r.get("pid")]
-    doc["observed"] = observed_for(snap, pids=pids)
+    doc["outputs"] = Outputs(
+        status=status, exit_code=result.exit_code, error=error, artifacts=artifacts,
+        processes=outcomes, workers=result.workers or None,
+        # Each left out when none (an elastic run that never restarted, a run that saved no
+        # checkpoint), so such a run keeps its bytes.
+        segments=(segments_from(result.attempts, result.records, error)
+                  if topology is not None else None),
+        checkpoints=record_checkpoints(result.records, cwd, Path(root)) or None)
+    pids = [p.pid for p in result.processes if p.pid]
+    observed = Observed.model_validate(observed_for(snap, pids=pids))
+    extra: dict[str, Any] = {}
     if compute is not None:
-        doc["observed"]["compute"] = compute
+        extra["compute"] = Compute.model_validate(compute)
     if not_digested:
-        doc["observed"]["inputs_not_digested"] = dict(sorted(not_digested.items()))
+        extra["inputs_not_digested"] = dict(sorted(not_digested.items()))
     if snap.code.root is not None and doc["code"]["lockfiles"]:
         from manifest.probes.code import lockfile_disagreements
 
         disagree = lockfile_disagreements(snap.code.root, list(doc["code"]["lockfiles"]),
                                           doc["env"]["packages"])
         if disagree:  # left out when none, so a run whose lockfiles agree keeps its bytes
-            doc["observed"]["lockfile_disagrees"] = disagree
-    if doc["command"].get("topology") is not None:
+            extra["lockfile_disagrees"] = [LockfileDisagreement.model_validate(d)
+                                           for d in disagree]
+    if topology is not None:
         from manifest.nodes.topology import rendezvous_of
 
-        doc["observed"]["rendezvous"] = rendezvous_of(result.records)
+        extra["rendezvous"] = rendezvous_of(result.records)
+    doc["observed"] = observed.model_copy(update=extra)
     return seal(doc)
 
 
@@ -315,28 +309,6 @@ def _one_node_of_several(result: LaunchResult) -> bool:
 
     topology = topology_from_records(result.records)
     return topology is not None and topology.node is not None
-
-
-def _add_topology(doc: dict[str, Any], result: LaunchResult, cwd: Path,
-                  error: str | None) -> None:
-    """A distributed run's layout (``manifest.nodes.topology``), its elastic restarts, and on
-    a multi-node run the node that wrote each output; left out of a run no launcher placed,
-    so its bytes and run_id stay as they were."""
-    from manifest.nodes.topology import segments_from, topology_from_records, writer_nodes
-
-    topology = topology_from_records(result.records)
-    if topology is None:
-        return
-    doc["command"]["topology"] = topology.model_dump(mode="json")
-    segments = segments_from(result.attempts, result.records, error)
-    if segments is not None:
-        doc["outputs"]["segments"] = [s.model_dump(mode="json") for s in segments]
-    if topology.nodes > 1:
-        writers = writer_nodes(result.records, topology, cwd)
-        for artifact in doc["outputs"]["artifacts"]:
-            node = writers.get(artifact["path"], topology.node)
-            if node is not None:
-                artifact["node"] = node
 
 
 def _config_int(table: dict[str, Any], key: str, origin: Path | None) -> int | None:

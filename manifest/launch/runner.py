@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
@@ -49,6 +50,7 @@ from manifest.launch.boot._manifest_wire import CUBLAS_DETERMINISTIC as CUBLAS_D
 from manifest.launch.boot._manifest_wire import PRIVATE_FILE as PRIVATE_FILE
 from manifest.launch.boot._manifest_wire import SEALED_RUN_VAR as SEALED_RUN_VAR
 from manifest.launch.boot._manifest_wire import ProcessRecord as ProcessRecord
+from manifest.launch.process import Process, read_process, read_processes
 
 LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch" / "boot"
 RECIPE_NCCL = {"NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
@@ -200,6 +202,11 @@ class LaunchResult:
     """Where a cluster executor ran it: executor, job id, dashboard or log location (no
     credentials), bytes shipped and returned, the remote log tail of a failure (redacted)."""
 
+    @cached_property
+    def processes(self) -> list[Process]:
+        """``records`` read once into typed views (``manifest.launch.process``)."""
+        return read_processes(self.records)
+
 
 def run_under_launcher(
     argv: list[str], cwd: Path, settings: LaunchSettings, *, base_env: dict[str, str] | None = None,
@@ -244,14 +251,10 @@ def run_under_launcher(
                              "JSON object; left out.\n")
     opened: dict[str, str] = {}
     modules: set[str] = set()
-    for r in records:  # every process, DataLoader workers too; a forged field is skipped
-        seen = r.get("opened")
-        for path, kind in (seen.items() if isinstance(seen, dict) else ()):
-            if isinstance(path, str) and kind in ("r", "w", "rw"):
-                opened[path] = kind if opened.get(path, kind) == kind else "rw"
-        names = r.get("modules")
-        modules.update(m for m in (names if isinstance(names, list) else ())
-                       if isinstance(m, str))
+    for p in read_processes(records):  # every process, DataLoader workers too
+        for path, kind in p.opened.items():
+            opened[path] = kind if opened.get(path, kind) == kind else "rw"
+        modules.update(p.modules)
     ranks = select_ranks(records)
     return LaunchResult(code, latest_attempt(ranks), env, streams, opened, frozenset(modules),
                         started_ns, outside_found(argv, env, watch.found, records), workers,
@@ -268,7 +271,8 @@ def outside_found(argv: list[str], env: dict[str, str], watched: list[dict[str, 
     top = describe_start(argv, env)
     if top is not None:
         top["site"] = COMMAND_LINE
-    return merge_found([top] if top else [], watched, *(r.get("outside") for r in records))
+    return merge_found([top] if top else [], watched,
+                       *(p.outside for p in read_processes(records)))
 
 
 def _run_to_end(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
@@ -292,27 +296,27 @@ def _run_to_end(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
 
 def select_ranks(records: list[ProcessRecord]) -> list[ProcessRecord]:
     """The records that stand for ranks, each with its ``rank`` set."""
-    records = [r for r in records if not r.get("mp_child")]
+    processes = [p for p in read_processes(records) if not p.mp_child]
     # Without RANK, the rank srun or mpirun gave the process (manifest.nodes.topology).
-    for i, r in enumerate(records):
-        env = r.get("launch_env") or {}
-        if not isinstance(r.get("rank"), int) and isinstance(env, dict):
-            given = next((str(env[k]) for k in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                                                "PMI_RANK") if str(env.get(k, "")).isdigit()),
-                         None)
-            if given is not None:
-                records[i] = {**r, "rank": int(given)}
-    ranked = [r for r in records if isinstance(r.get("rank"), int)]
+    ranks: list[tuple[int | None, Process]] = []
+    for p in processes:
+        given = p.rank
+        if given is None:
+            given = next((int(p.launch_env[k]) for k in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                                         "PMI_RANK")
+                          if p.launch_env.get(k, "").isdigit()), None)
+        ranks.append((given, p))
+    ranked = [(rank, p) for rank, p in ranks if rank is not None]
     if ranked:
-        return sorted(ranked, key=lambda r: int(r.get("rank") or 0))
-    ordered = sorted(records, key=lambda r: (int(r.get("start_ns") or 0), int(r.get("pid") or 0)))
-    return [{**r, "rank": i} for i, r in enumerate(ordered)]
+        return [{**p.raw, "rank": rank} for rank, p in sorted(ranked, key=lambda rp: rp[0])]
+    ordered = sorted(processes, key=lambda p: (p.start_ns or 0, p.pid or 0))
+    return [{**p.raw, "rank": i} for i, p in enumerate(ordered)]
 
 
 def restart_of(record: ProcessRecord) -> int:
     """The elastic restart a record's process belongs to (0 without torchelastic)."""
-    value = (record.get("launch_env") or {}).get("TORCHELASTIC_RESTART_COUNT", "0")
-    return int(value) if str(value).isdigit() else 0
+    value = read_process(record).launch_env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(value) if value.isdigit() else 0
 
 
 def latest_attempt(ranks: list[ProcessRecord]) -> list[ProcessRecord]:
@@ -333,8 +337,7 @@ def earlier_attempts(ranks: list[ProcessRecord]) -> list[ProcessRecord]:
 
 def stream_ranks(result: LaunchResult) -> dict[str, int]:
     """Stream file name → rank of the process that wrote it (by pid, as ranks were assigned)."""
-    by_pid = {int(r.get("pid") or 0): int(r.get("rank") or 0) for r in result.records
-              if r.get("pid")}
+    by_pid = {p.pid: p.rank or 0 for p in result.processes if p.pid}
     out: dict[str, int] = {}
     for name in result.op_streams:
         pid = name.removesuffix(".json").rsplit("-", 1)[-1]

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from manifest.launch.boot._manifest_wire import ProcessRecord
+from manifest.launch.process import Process, read_process, read_processes
 from manifest.models import Manifest, RankPlace, Segment, Topology
 
 GLOBAL_RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -50,8 +51,8 @@ def _first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
 
 
 def launch_env(record: ProcessRecord) -> dict[str, str]:
-    raw = record.get("launch_env")
-    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    """The launcher variables a process saw, as strings (empty when it recorded none)."""
+    return read_process(record).launch_env
 
 
 def launcher_of(env: dict[str, str]) -> str | None:
@@ -73,16 +74,16 @@ def global_rank(record: ProcessRecord) -> int | None:
     return _first_int(launch_env(record), GLOBAL_RANK)
 
 
-def _rank_of(record: ProcessRecord) -> int:
-    rank = global_rank(record)
-    return int(record.get("rank") or 0) if rank is None else rank
+def _rank_of(process: Process) -> int:
+    rank = _first_int(process.launch_env, GLOBAL_RANK)
+    return (process.rank or 0) if rank is None else rank
 
 
 def rendezvous_of(records: list[ProcessRecord]) -> str | None:
     """What names one distributed run across its node records: torchelastic's run id, or
     SLURM's job and step."""
-    for record in records:
-        env = launch_env(record)
+    for process in read_processes(records):
+        env = process.launch_env
         if env.get("TORCHELASTIC_RUN_ID"):
             return f"torchelastic:{env['TORCHELASTIC_RUN_ID']}"
         if env.get("SLURM_JOB_ID"):
@@ -95,7 +96,8 @@ def topology_from_records(records: list[ProcessRecord]) -> Topology | None:
     that no launcher placed."""
     from manifest.launch.boot._manifest_topology import NCCL_VARS
 
-    envs = [launch_env(r) for r in records]
+    processes = read_processes(records)
+    envs = [p.launch_env for p in processes]
     kinds = [k for k in (launcher_of(e) for e in envs) if k is not None]
     if not kinds:
         return None
@@ -104,15 +106,13 @@ def topology_from_records(records: list[ProcessRecord]) -> Topology | None:
         # cluster re-run places it): its agent carries the outer launcher's variables, but
         # the ranks are torchrun's workers.
         kept = [i for i, e in enumerate(envs) if launcher_of(e) == "torchrun"]
-        records, envs, kinds = [records[i] for i in kept], [envs[i] for i in kept], ["torchrun"]
+        processes, envs, kinds = ([processes[i] for i in kept], [envs[i] for i in kept],
+                                  ["torchrun"])
     places: list[RankPlace] = []
-    for record, env in zip(records, envs, strict=True):
-        rank = _first_int(env, GLOBAL_RANK)
+    for process, env in zip(processes, envs, strict=True):
         places.append(RankPlace(
-            rank=int(record.get("rank") or 0) if rank is None else rank,
-            node=_first_int(env, NODE_RANK) or 0,
-            local_rank=_first_int(env, LOCAL_RANK),
-            device=record.get("device") if isinstance(record.get("device"), str) else None))
+            rank=_rank_of(process), node=_first_int(env, NODE_RANK) or 0,
+            local_rank=_first_int(env, LOCAL_RANK), device=process.device))
     places.sort(key=lambda p: p.rank)
     first = envs[0]
     world = _first_int(first, WORLD) or len(places)
@@ -121,8 +121,8 @@ def topology_from_records(records: list[ProcessRecord]) -> Topology | None:
     if nodes is None:
         nodes = world // local_world if local_world and world % local_world == 0 else (
             max(p.node for p in places) + 1)
-    backends = sorted({str(r["backend"]) for r in records if isinstance(r.get("backend"), str)})
-    lowest = min(range(len(records)), key=lambda i: _first_int(envs[i], GLOBAL_RANK) or 0)
+    backends = sorted({p.backend for p in processes if p.backend is not None})
+    lowest = min(range(len(processes)), key=lambda i: _first_int(envs[i], GLOBAL_RANK) or 0)
     nccl = {k: v for k, v in envs[lowest].items() if k in NCCL_VARS}
     covered = {p.rank for p in places}
     node = None
@@ -141,16 +141,16 @@ def segments_from(earlier: list[ProcessRecord], last: list[ProcessRecord],
 
     if not earlier:
         return None
-    by_restart: dict[int, list[ProcessRecord]] = {}
+    by_restart: dict[int, list[Process]] = {}
     for record in [*earlier, *last]:
-        by_restart.setdefault(restart_of(record), []).append(record)
+        by_restart.setdefault(restart_of(record), []).append(read_process(record))
     out: list[Segment] = []
     final = max(by_restart)
     previous_world: int | None = None
     for restart in sorted(by_restart):
         group = by_restart[restart]
-        world = _first_int(launch_env(group[0]), WORLD)
-        failure = next((str(r["exception"]) for r in group if r.get("exception")), None)
+        world = _first_int(group[0].launch_env, WORLD)
+        failure = next((p.exception for p in group if p.exception), None)
         if failure is None and restart != final:
             failure = "a process of this attempt failed or was stopped, and the run restarted"
         resized = (f"{previous_world} → {world}" if previous_world is not None
@@ -172,13 +172,12 @@ def writer_nodes(records: list[ProcessRecord], topology: Topology,
     node_of = {p.rank: p.node for p in topology.ranks}
     out: dict[str, int] = {}
     base = os.path.realpath(str(cwd))
-    for record in records:
-        rank = _rank_of(record)
-        opened = record.get("opened")
-        if rank not in node_of or not isinstance(opened, dict):
+    for process in read_processes(records):
+        rank = _rank_of(process)
+        if rank not in node_of:
             continue
-        for path, kind in opened.items():
-            if "w" not in str(kind):
+        for path, kind in process.opened.items():
+            if "w" not in kind:
                 continue
             rel = os.path.relpath(os.path.realpath(str(path)), base)
             if not rel.startswith(".."):

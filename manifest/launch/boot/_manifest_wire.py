@@ -15,9 +15,10 @@ every run before user code, under whichever interpreter the command runs, so it 
 ``total=False`` subclass instead).
 
 A record comes from a file the user's process wrote, so the host never trusts its shape:
-it reads every key with ``.get`` and checks the value's type where it matters ("a forged
-field is skipped"). The TypedDict says which keys exist and what the boot side puts there;
-``tests/test_process_record.py`` checks a real record against it key for key.
+``manifest.launch.process.read_process`` reads each key it uses once, by these names, into
+a typed view, keeping a value only when it has the type the boot side writes (a forged
+field becomes empty). The TypedDict says which keys exist and what the boot side puts
+there; ``tests/test_process_record.py`` checks a real record against it key for key.
 """
 
 from __future__ import annotations
