@@ -107,3 +107,30 @@ def recorded_on(manifest: Path, out: Path, name: str, count: int, *, mig: bool |
     out.write_bytes(dumps(sealed))
     assert record_sealed(sealed.digest)
     return out
+
+
+RUN_ENV_LINE = "the run's environment (rebuilt, files identical)"
+"""The report's line for a re-run in the run's environment, rebuilt and proven."""
+
+
+def run_env_wheels(manifest: Path) -> Path:
+    """The wheelhouse ``.ci/run`` fills (``tests/run_env_wheels.py``) when it holds a wheel of
+    every distribution the run's rebuild installs; else the test skips, naming the missing."""
+    import pytest
+
+    from manifest.pyenv.sources import SELF_DISTRIBUTIONS, rebuild_set
+    from tests.run_env_wheels import wheelhouse
+
+    pytest.importorskip("uv", reason="the rebuild extra (uv) is not installed")
+    env = json.loads(manifest.read_bytes())["env"]
+    wanted = {f"{n}=={env['distributions'][n]['version']}"
+              for n in rebuild_set(env["distributions"], env["imported"]) or []
+              if n not in SELF_DISTRIBUTIONS}
+    folder = wheelhouse()
+    have = {p.name.split("-")[0].lower().replace("_", "-") + "==" + p.name.split("-")[1]
+            for p in folder.glob("*.whl")} if folder.is_dir() else set()
+    missing = sorted(w for w in wanted if w not in have)
+    if missing:
+        pytest.skip(f"the wheelhouse {folder} lacks {', '.join(missing)} "
+                    "(python tests/run_env_wheels.py fills it; .ci/run does)")
+    return folder

@@ -21,9 +21,11 @@ import pytest
 
 from tests.cluster_runs import (
     EXPLAIN_KEYS,
+    RUN_ENV_LINE,
     SEGMENT_KEYS,
     explain_both,
     recorded_on,
+    run_env_wheels,
     segments_run,
     segments_verify,
     threads_manifest,
@@ -74,6 +76,24 @@ def test_verify_on_ray_is_identical(ray_address: str, recorded: tuple[Path, Path
     assert report["plan"]["executor"] == "ray"
     everything = json.dumps(report) + stderr
     assert "s3cret" not in everything and "alice" not in everything
+
+
+def test_verify_on_ray_in_the_runs_rebuilt_environment(ray_address: str,
+                                                       recorded: tuple[Path, Path]) -> None:
+    """``--env run``: Ray's own ``pip``/``uv`` runtime_env layers a venv over the raylet's
+    python (docs/cluster.md), so the job rebuilds the run's environment itself, into the
+    node's cache, proves it there and re-runs with its python; the report says so."""
+    repo, manifest = recorded
+    wheels = run_env_wheels(manifest)
+    code, report, stderr = _verify(repo, manifest, "--address", ray_address, "--env", "run",
+                                   "--find-links", str(wheels))
+    assert (code, report["verdict"]) == (0, "identical"), (report.get("reason"), stderr[-3000:])
+    assert report["environment"]["line"] == RUN_ENV_LINE
+    assert report["environment"]["proof"]["proven"] is True
+    assert report["environment"]["used"] == "run"
+    [node] = report["environment"]["nodes"]
+    assert node["proven"] and node["node"]
+    assert "submitted" in stderr  # the executor's progress, rendered by the CLI
 
 
 def test_threads_changed_differs_located(ray_address: str, recorded: tuple[Path, Path]) -> None:

@@ -16,8 +16,10 @@ import pytest
 
 from tests.cluster_runs import (
     EXPLAIN_KEYS,
+    RUN_ENV_LINE,
     explain_both,
     recorded_on,
+    run_env_wheels,
     segments_run,
     segments_verify,
     threads_manifest,
@@ -81,6 +83,37 @@ def test_verify_on_real_slurm(tmp_path: Path) -> None:
     assert ('the run recorded 1 × "NVIDIA A100-SXM4-80GB" (GRES gpu:a100) per node and the '
             'cluster has no node with them (it declares "h100")') in proc.stderr.decode()
     assert _jobs_seen() == before  # nothing submitted
+
+
+def test_verify_on_real_slurm_in_the_runs_rebuilt_environment(tmp_path: Path) -> None:
+    """``--env run``: the job rebuilds the run's environment on the shared folder (the
+    executor's folder), proves it on the node and re-runs with its python; the report says
+    so. A file planted into that venv (same version, other files) is named by the next job."""
+    require_slurm()
+    repo, manifest = _repo(tmp_path, local=False)
+    wheels = run_env_wheels(manifest)
+    args = ("verify", str(manifest), "--json", "--on", "slurm", "--env", "run",
+            "--find-links", str(wheels))
+    proc = manifest_cli(*args, cwd=repo, timeout=1200)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "identical", report["reason"]
+    assert report["environment"]["line"] == RUN_ENV_LINE
+    assert report["environment"]["proof"]["proven"] is True
+    [node] = report["environment"]["nodes"]
+    assert node["node"] and node["proven"]
+    venv = Path(report["environment"]["venv"])
+    assert venv.parent == tmp_path / "slurm" / "envs"  # on the shared folder, by digest
+    assert [p.name for p in venv.parent.iterdir()] == [venv.name]  # no half-built copy left
+
+    planted = next(venv.glob("lib/python*/site-packages/colorama/__init__.py"))
+    planted.write_text(planted.read_text() + "\n# planted\n")
+    proc = manifest_cli(*args, cwd=repo, timeout=1200)
+    report = json.loads(proc.stdout)
+    line = report["environment"]["line"]
+    assert line.startswith("the run's environment, rebuilt but not proven"), line
+    assert "colorama 0.4.6 other-build" in line, line
+    assert report["environment"]["cached"] is True  # the same venv, its files hashed again
 
 
 def _jobs_seen() -> int:
