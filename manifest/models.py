@@ -582,8 +582,19 @@ class OpStreamRef(Model):
 
 
 class RecordingCost(Model):
-    """What recording the step and numeric trails cost one process (issue 40)."""
+    """What recording the step and numeric trails cost one process."""
 
+    seconds: Annotated[float, Field(ge=0)]
+    """Wall time spent fingerprinting and sketching the parameters after its steps."""
+    share: Annotated[float, Field(ge=0)]
+    """``seconds`` over the process's wall time, start-up to exit."""
+
+
+class RankRecording(Model):
+    """What recording the trails cost one rank (``observed.recording``): a timing, so it
+    sits with the other observations, and two captures of one run have equal ``outputs``."""
+
+    rank: Count
     seconds: Annotated[float, Field(ge=0)]
     """Wall time spent fingerprinting and sketching the parameters after its steps."""
     share: Annotated[float, Field(ge=0)]
@@ -628,8 +639,9 @@ class ProcessOutcome(Model):
         "the numeric trail: per step, the loss and each parameter group's norm and random "
         "projections, to compare runs by distance where bits cannot be expected")
     recording: RecordingCost | None = later(
-        "what recording the step and numeric trails cost this process: seconds and share "
-        "of its wall time (outside identity, like every outcome)")
+        "what recording the step and numeric trails cost this process, in manifests that "
+        "keep it here; a capture writes it to observed.recording, so that two captures of "
+        "one run have equal outputs sections")
     secret_reads: dict[str, KeyedRead] | None = later(
         "secret-looking variables the run's own code read, by a digest keyed on this machine "
         "(outside identity: another machine has another key)")
@@ -774,6 +786,9 @@ class Observed(Model):
     inputs_not_digested: dict[str, Count] | None = later(
         "files the run read that git does not track and that were too large to digest "
         "unasked (path -> bytes): declare them with --data")
+    recording: list[RankRecording] | None = later(
+        "what recording the step and numeric trails cost each rank: seconds and share of its "
+        "wall time")
     lockfile_disagrees: list[LockfileDisagreement] | None = later(
         "installed packages at another version than a lockfile at the repository root pins "
         "(requirements*.txt == lines, uv.lock, poetry.lock): the lockfile does not describe "

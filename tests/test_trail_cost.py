@@ -214,8 +214,8 @@ def test_each_process_records_its_recording_share_and_show_prints_it(tmp_path: A
 
     repo = make_repo(tmp_path / "r", {})
     path, doc = capture(repo, "--seed", "0", "--threads", "1")
-    [proc] = doc["outputs"]["processes"]
-    cost = proc["recording"]
+    [cost] = doc["observed"]["recording"]
+    assert cost["rank"] == 0
     wall_s = (doc["observed"]["compute"]["wall_s"] if doc["observed"].get("compute")
               else None)
     assert cost["seconds"] > 0 and 0 < cost["share"] < 1
@@ -226,6 +226,6 @@ def test_each_process_records_its_recording_share_and_show_prints_it(tmp_path: A
     assert "recording, rank 0" in shown.stdout.decode()
     # positive control: without the trails nothing is recorded, and show says nothing
     path, doc = capture(repo, "--seed", "0", "--threads", "1", "--no-trail", name="bare.json")
-    assert "recording" not in doc["outputs"]["processes"][0]
+    assert "recording" not in doc["observed"]
     shown = manifest_cli("show", str(path), cwd=repo)
     assert "recording, rank" not in shown.stdout.decode()

@@ -58,7 +58,7 @@ from manifest.models import (
     ProcessOutcome,
     ProcessRandomness,
     Randomness,
-    RecordingCost,
+    RankRecording,
     RngFingerprints,
     SeedCall,
     SwitchCall,
@@ -133,19 +133,23 @@ def merge_records(records: list[ProcessRecord]
             trail=[TrailPoint(step=t.step, digest=t.digest) for t in trail],
             trail_scheme=p.auto_trail_scheme if not p.trail and p.auto_trail else None,
             numeric=_items(NumericPoint, p.numeric),
-            recording=_recording(p),
             secret_reads=keyed_reads(p.environ),
             environ_recorded=environ_recorded(p),
         ))
     return rnd, det, out
 
 
-def _recording(p: Process) -> RecordingCost | None:
-    """The process's time in the trails (``recording_ns``) and its share of its wall time."""
-    spent, start, end = p.recording_ns, p.start_ns, p.end_ns
-    if spent is None or spent <= 0 or start is None or end is None or end <= start:
-        return None
-    return RecordingCost(seconds=spent / 1e9, share=min(1.0, spent / (end - start)))
+def recording_costs(processes: list[Process]) -> list[RankRecording] | None:
+    """Each rank's time in the trails (``recording_ns``) and its share of its wall time
+    (``observed.recording``); None when no process recorded any."""
+    out = []
+    for p in processes:
+        spent, start, end = p.recording_ns, p.start_ns, p.end_ns
+        if spent is None or spent <= 0 or start is None or end is None or end <= start:
+            continue
+        out.append(RankRecording(rank=p.rank or 0, seconds=spent / 1e9,
+                                 share=min(1.0, spent / (end - start))))
+    return out or None
 
 
 def digest_outputs(globs: list[str], cwd: Path, *,
@@ -283,7 +287,7 @@ def build_run_manifest(
         checkpoints=record_checkpoints(result.records, cwd, Path(root)) or None)
     pids = [p.pid for p in result.processes if p.pid]
     observed = Observed.model_validate(observed_for(snap, pids=pids))
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"recording": recording_costs(result.processes)}
     if compute is not None:
         extra["compute"] = Compute.model_validate(compute)
     if not_digested:

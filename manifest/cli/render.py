@@ -14,7 +14,7 @@ from manifest.cli.text import (
     plain_trust,
     shell_join,
 )
-from manifest.models import Manifest, Outputs
+from manifest.models import Manifest, Outputs, RankRecording
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -102,11 +102,12 @@ def show_rows(manifest: Manifest) -> list[tuple[str, str, str]]:
         if numeric:
             add("", "numeric trail", f"{len(numeric)} steps (to {numeric[-1].step}), "
                 f"{len(numeric[0].groups)} parameter group(s)")
-        for outcome in out.processes:
-            if outcome.recording is not None:
-                add("", f"recording, rank {outcome.rank}",
-                    f"{outcome.recording.share:.1%} of the process's time "
-                    f"({outcome.recording.seconds:.2f} s in the step and numeric trails)")
+        costs = manifest.observed.recording or [  # older manifests keep it per outcome
+            RankRecording(rank=o.rank, seconds=o.recording.seconds, share=o.recording.share)
+            for o in out.processes if o.recording is not None]
+        for cost in costs:
+            add("", f"recording, rank {cost.rank}", f"{cost.share:.1%} of the process's time "
+                f"({cost.seconds:.2f} s in the step and numeric trails)")
         if out.envelope is not None:
             from manifest.numeric.envelope import milestones
 

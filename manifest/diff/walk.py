@@ -42,6 +42,7 @@ KEYED_LISTS: Mapping[str, str] = {
     "outputs.processes": "rank",
     "outputs.processes[*].trail": "step",
     "observed.compute.ranks": "rank",
+    "observed.recording": "rank",
     "observed.compute.gpus": "index",
     "randomness.processes[*].reseeds": "site",
     "randomness.processes[*].loaders": "site",

@@ -282,6 +282,9 @@ def merge_nodes(records: Sequence[tuple[str, Manifest]],
     # Which captures this merge holds: a node's capture --nodes takes a run.json as its
     # launch's merge only when its own record's digest is here (manifest.nodes.gather).
     observed["node_records"] = [m.digest for _, m, _ in sorted(parts, key=lambda p: p[2].node or 0)]
+    recording = sorted((c for _, m, _ in parts for c in m.observed.recording or []),
+                       key=lambda c: c.rank)
+    observed["recording"] = [c.model_dump(mode="json") for c in recording] or None
     observed.pop("compute", None)
     compute = _compute(parts)
     if compute is not None:
