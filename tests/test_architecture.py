@@ -27,8 +27,9 @@ LAYERS: list[set[str]] = [
     {"verify/"},
     {"rerun/"},
     {"capture/", "diff/", "travel/", "pyenv/"},
-    {"numeric/", "nodes/", "data/", "probes/", "ops/", "export/", "launch/", "trust", "__init__"},
-    {"canonical", "store", "config", "weights/", "gitrun", "bounded", "schema", "verdicts"},
+    {"numeric/", "judge/", "nodes/", "data/", "probes/", "ops/", "export/", "launch/", "trust",
+     "__init__"},
+    {"canonical", "store", "config", "weights/", "gitrun", "bounded", "schema"},
     {"models", "redact", "errors"},
 ]
 """Rooms from the top (index 0) down: a room imports only rooms of its own layer or below,

@@ -234,7 +234,7 @@ def _verify_help(capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_verify_help_lists_every_exit_status_from_the_verdict_table(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from manifest import verdicts
+    from manifest.judge import tables as verdicts
 
     text = _verify_help(capsys)
     assert "Exit 0 identical or checked, 1 differs or changed-topology, 2 bad input, " \

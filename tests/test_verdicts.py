@@ -1,4 +1,4 @@
-"""The table of verdicts (``manifest.verdicts``) against the reports that give them.
+"""The table of verdicts (``manifest.judge``) against the reports that give them.
 
 The concepts page's table is generated from it at every docs build; these tests
 make it fail when a verb gives a verdict the table does not list, or lists one
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from manifest.verdicts import DIFF_OUTCOMES, EXPLAIN_VERDICTS, verb_verdicts
+from manifest.judge import DIFF_OUTCOMES, EXPLAIN_VERDICTS, verb_verdicts
 from tests.runs import REPO
 
 
 def test_every_verify_verdict_is_listed_with_the_reports_exit_status() -> None:
-    from manifest.verdicts import VERDICTS, Verdict
+    from manifest.judge import VERDICTS, Verdict
     from manifest.verify.report import VerifyReport
 
     assert set(VERDICTS) == set(Verdict)  # a new verdict gets a row, or this fails
@@ -30,8 +30,8 @@ def test_gate_lab_and_explain_rows_match_their_reports() -> None:
     from manifest.explain.pipeline import ExplainReport
     from manifest.gate.policy import GatePolicy
     from manifest.gate.report import CheckResult, GateReport, Status
+    from manifest.judge import GATE_VERDICTS, LAB_OUTCOMES
     from manifest.lab.report import ModeResult
-    from manifest.verdicts import GATE_VERDICTS, LAB_OUTCOMES
 
     assert set(GATE_VERDICTS) == set(Status)
     for status, (code, _) in GATE_VERDICTS.items():

@@ -84,7 +84,7 @@ class Parser(argparse.ArgumentParser):
 
     ``describe``: a callable that builds the description when something reads it (help,
     the docs' reference), for a text generated from a table that costs an import to read:
-    verify's exit statuses come from ``manifest.verdicts.VERDICTS`` (~13 ms to import
+    verify's exit statuses come from ``manifest.judge.VERDICTS`` (~13 ms to import
     here, a fifth of ``manifest --help``), which a command line that prints no help
     should not pay for.
     """

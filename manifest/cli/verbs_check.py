@@ -178,7 +178,7 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
 def _verify_description() -> str:
     """Verify's help text, its exit statuses read from ``VERDICTS`` (never typed here)."""
     from manifest.errors import EXIT_BAD_INPUT
-    from manifest.verdicts import verb_verdicts
+    from manifest.judge import verb_verdicts
 
     by_code: dict[int, list[str]] = {EXIT_BAD_INPUT: ["bad input"]}
     for name, code, _ in verb_verdicts()["verify"]:

@@ -158,7 +158,7 @@ def weigh_outputs(a: Manifest, b: Manifest, found: list[Difference],
     (``roots``) with its recorded tensors, and the two lie within the bound's last step
     (``numeric.outputs.output_distance`` and ``bind_outputs``, verify's own rule).
     Where any of that cannot be checked, the numeric verdict is ``not-compared`` with the
-    reason, and the outputs ``differ`` (exit 1, ``manifest.verdicts.DIFF_OUTCOMES``)."""
+    reason, and the outputs ``differ`` (exit 1, ``manifest.judge.DIFF_OUTCOMES``)."""
     if not (_has_evidence(a) and _has_evidence(b)):
         return None, None
     produced = [d for d in found if d.impact is Impact.BITS and d.rule.startswith(
@@ -276,18 +276,15 @@ CUDA libraries it loaded)."""
 
 
 def _vouched_envelope(m: Manifest) -> Envelope | None:
-    """A manifest's noise envelope, when diff may judge with it: an envelope is its author's
-    numbers, so only one that this tool sealed on this machine (the user's own capture) and
-    that passes the plausibility checks decides (``manifest.numeric.calibration``). A
-    received manifest's envelope never turns a difference into ``equivalent`` here; verify
+    """A manifest's noise envelope, when diff may judge with it: the rule verify applies
+    (``manifest.judge.envelope.may_decide``), with the vouching diff can check without a
+    trust policy: sealed by this tool on this machine (the user's own capture). A received
+    manifest's envelope never turns a difference into ``equivalent`` here; verify
     --envelope N measures one on the verifier's side."""
-    from manifest.numeric.calibration import check_envelope
-    from manifest.trust import was_sealed_here
+    from manifest.judge.envelope import may_decide, vouched_by_seal
 
     envelope = m.outputs.envelope if m.outputs is not None else None
-    if envelope is None or check_envelope(envelope) or not was_sealed_here(m.digest):
-        return None
-    return envelope
+    return may_decide(envelope, basis=vouched_by_seal(m)).envelope
 
 
 def _outputs_identical(d: Difference) -> Difference:

@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.canonical import load_manifest
+from manifest.judge import EXPLAIN_VERDICTS, ReasonCode, record, rules
 from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Manifest
 from manifest.ops.findings import Finding, compare_streams
 from manifest.ops.stream import OpStream, parse_stream, streams_in
 from manifest.rerun.plan import RerunOptions
 from manifest.rerun.workspace import repo_root_of, store_for
-from manifest.verdicts import EXPLAIN_VERDICTS
 from manifest.verify.pipeline import environment_drift, threads_drift
 from manifest.verify.report import Drift
 
@@ -89,6 +89,8 @@ class ExplainReport:
     threads: list[int] | None = None
     """Run A's and run B's thread counts."""
     reason: str | None = None
+    reason_code: str | None = None
+    """The reason's stable code (``manifest.judge.reasons.ReasonCode``)."""
     first_step: int | None = None
     recorded_step: int | None = None
     """First step where the fresh runs part from the recorded trail."""
@@ -110,7 +112,7 @@ class ExplainReport:
 
     @property
     def exit_code(self) -> int:
-        """From the one table of every verb's verdicts (``manifest.verdicts``)."""
+        """From the one table of every verb's verdicts (``manifest.judge``)."""
         return EXPLAIN_VERDICTS.get(self.verdict, EXPLAIN_VERDICTS["no-verdict"])[0]
 
     def to_json(self) -> dict[str, Any]:
@@ -118,6 +120,7 @@ class ExplainReport:
             "format": "manifest-explain/v1",
             "file": self.file, "run_id": self.run_id, "command": self.command,
             "verdict": self.verdict, "cause": self.cause, "reason": self.reason,
+            "reason_code": self.reason_code,
             "threads": self.threads,
             "first_step": self.first_step, "recorded_step": self.recorded_step,
             "steps_run": self.steps_run, "runs": self.runs,
@@ -207,11 +210,12 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
                                   signer=options.rerun.signer))
     report.environment = used.to_json()
     if options.rebuild is not None and used.python is None:
-        report.reason = used.line
+        record(report, rules.explain_failed(used.line, ReasonCode.ENVIRONMENT_NOT_BUILT))
         return report
     report.drift = environment_drift(recorded, machine)
     if recorded.command is None or recorded.outputs is None:
-        report.reason = "the manifest records no command to re-run"
+        record(report, rules.explain_failed("the manifest records no command to re-run",
+                                            ReasonCode.NO_COMMAND))
         return report
     report.drift.extend(threads_drift(recorded, options.threads))
     if options.rerun.in_place and not options.code_checked:
@@ -220,7 +224,8 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
         # Other code would part from the record and be blamed on the environment.
         problem = in_place_code_problem(recorded, root, local)
         if problem is not None and not problem.startswith("cannot check"):
-            report.reason = f"--in-place: {problem}"
+            record(report, rules.explain_failed(f"--in-place: {problem}",
+                                                ReasonCode.IN_PLACE_CODE))
             return report
     threads_a = recorded.determinism.num_threads or 1
     runs = (f"A: the recorded settings ({threads_a} thread(s))",
@@ -279,27 +284,29 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
         a = launch("locate A", base, None)
         b = launch("locate B", other, None)
         if a.exit_code != 0 or b.exit_code != 0:
-            report.reason = f"the re-run failed: {_failure(plan, a if a.exit_code else b)}"
+            record(report, rules.explain_failed(
+                f"the re-run failed: {_failure(plan, a if a.exit_code else b)}",
+                ReasonCode.RERUN_FAILED))
             return
         trail_a, trail_b = _trails(a.records, auto=True), _trails(b.records, auto=True)
         report.steps_run = max((len(t) for t in trail_a.values()), default=0)
         if not report.steps_run:
             ran = max((int(r.get("steps") or 0) for r in a.records), default=0)
-            report.reason = (
+            record(report, rules.explain_failed(
                 f"the command ran {ran} optimizer step(s) but fingerprinted none: its Python "
                 "could not import blake3 (it is probably not the Python manifest is installed "
                 "in; install torch-manifest into it)" if ran else
                 "the command ran no optimizer step (torch.optim) and no backward(), so there is "
-                "no step to explain")
+                "no step to explain"))
             return
         parted = _first_parting(trail_a, trail_b)
         _judge_parting(recorded, report, a.records, b.records, parted)
         report.recorded_step = _first_parting(_trails(a.records, auto=False), recorded_trails)
         step = parted if parted is not None else report.recorded_step
         if step is None:
-            report.verdict = "agree"
-            report.reason = (f"the runs do not part: two fresh runs and the recorded trail agree "
-                             f"at every one of {report.steps_run} steps")
+            record(report, rules.explain_agree(
+                f"the runs do not part: two fresh runs and the recorded trail agree "
+                f"at every one of {report.steps_run} steps"))
             return
         if parted is None and not recorded_op_streams(recorded, store):
             # A and B agree, and no recorded op stream to hold them against:
@@ -319,26 +326,30 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
         failed_run = a2 if a2.exit_code else b2
         if options.step is None:
             # The same command ran to its end twice moments ago without the recorder.
-            report.reason = (f"the re-run up to step {step} failed only while manifest recorded "
-                             f"its ops ({_child_error(plan, failed_run)}): a fault in manifest's "
-                             "op recorder, not in the command or its confinement; please "
-                             "report it")
+            record(report, rules.explain_failed(
+                f"the re-run up to step {step} failed only while manifest recorded "
+                f"its ops ({_child_error(plan, failed_run)}): a fault in manifest's "
+                "op recorder, not in the command or its confinement; please report it"))
         else:
-            report.reason = f"the re-run up to step {step} failed: {_failure(plan, failed_run)}"
+            record(report, rules.explain_failed(
+                f"the re-run up to step {step} failed: {_failure(plan, failed_run)}",
+                ReasonCode.RERUN_FAILED))
         return
     streams_a, streams_b = streams_in(dir_a), streams_in(dir_b)
     if not streams_a:
-        report.reason = "no op stream was recorded (is this torch without TorchDispatchMode?)"
+        record(report, rules.explain_failed(
+            "no op stream was recorded (is this torch without TorchDispatchMode?)"))
         return
     broken = [(label, s.error) for label, streams in (("A", streams_a), ("B", streams_b))
               for s in streams.values() if s.error]
     if broken:
         label, error = broken[0]
-        report.reason = (f"manifest's op recorder failed in run {label} ({error}): a fault in "
-                         f"manifest, not in the command or its confinement; please report it")
+        record(report, rules.explain_failed(
+            f"manifest's op recorder failed in run {label} ({error}): a fault in "
+            f"manifest, not in the command or its confinement; please report it"))
         return
     report.findings = compare_streams(streams_a, streams_b, step, "run A vs run B", since=since)
-    report.verdict = "parted"
+    record(report, rules.explain_parted(report.reason))
     if report.findings:
         kinds = {f.kind for f in report.findings}
         if "input-from-outside" in kinds:
@@ -377,11 +388,11 @@ def _failure(plan: RerunPlan, result: Any) -> str:
 
 def _environment(report: ExplainReport, step: int) -> None:
     """A and B agree: the record differs because of what is different here."""
-    report.verdict = "parted"
+    record(report, rules.explain_parted(
+        "two fresh runs agree with each other but not with the recorded run: "
+        "the cause is the environment or the inputs, not nondeterminism"))
     report.cause = "environment"
     report.recorded_step = report.recorded_step or step
-    report.reason = ("two fresh runs agree with each other but not with the recorded run: "
-                     "the cause is the environment or the inputs, not nondeterminism")
 
 
 def recorded_op_streams(recorded: Manifest, store: Any) -> dict[int, OpStream]:

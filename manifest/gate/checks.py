@@ -15,8 +15,8 @@ from manifest.errors import (
 from manifest.gate.baseline import check_baseline, update_baseline
 from manifest.gate.policy import CHECK_NAMES, Project, load_project
 from manifest.gate.report import UPDATE_HINT, CheckResult, GateOptions, GateReport, Status
+from manifest.judge import gate_status
 from manifest.models import Manifest
-from manifest.verdicts import gate_status
 
 # Flag values the deterministic recipe sets (manifest.launch.boot.apply_flags).
 _RECIPE_FLAGS: dict[str, object] = {

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from manifest.gate.policy import GatePolicy
-from manifest.verdicts import GATE_VERDICTS, GateStatus
+from manifest.judge import GATE_VERDICTS, GateStatus
 
 Status = GateStatus
-"""The gate's statuses (:class:`manifest.verdicts.GateStatus`), by the name its checks use."""
+"""The gate's statuses (:class:`manifest.judge.GateStatus`), by the name its checks use."""
 
 JSON_FORMAT = "manifest-gate/v1"
 UPDATE_HINT = "run `manifest gate --update-baseline` and commit it to accept this change"
@@ -102,5 +102,3 @@ class GateOptions:
     warn_hygiene: bool = False
     """Report hygiene problems as warnings that do not fail (the pre-commit hook)."""
     quiet: bool = True
-
-

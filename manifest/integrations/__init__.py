@@ -47,7 +47,7 @@ def read_manifest(path: str | Path) -> Manifest:
 def manifest_tags(manifest: Manifest, verdict: str | None = None) -> dict[str, str]:
     """The tags every integration attaches: run_id, digest and, when given, the verdict."""
     from manifest.errors import UsageError
-    from manifest.verdicts import Verdict  # the one list of verify's verdicts
+    from manifest.judge import Verdict  # the one list of verify's verdicts
 
     tags = {TAG_RUN_ID: manifest.run_id, TAG_DIGEST: manifest.digest}
     if verdict is not None:

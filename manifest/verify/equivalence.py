@@ -94,8 +94,11 @@ class Decision:
 def choose_envelope(carried: Envelope | None, own: Envelope | None, own_runs: int,
                     trust_basis: str | None, trust_reason: str | None,
                     loss_eps: float = 0.0) -> Decision:
-    """Whose envelope decides (see the module docstring)."""
-    from manifest.numeric.calibration import calibrate, check_envelope, narrow
+    """Whose envelope decides (see the module docstring): the verifier's own, else the
+    run's where ``manifest.judge.envelope.may_decide`` (the rule diff applies too) says it
+    may."""
+    from manifest.judge.envelope import may_decide
+    from manifest.numeric.calibration import calibrate, narrow
 
     if own is not None:
         bound = narrow(own, carried, loss_eps)
@@ -103,22 +106,15 @@ def choose_envelope(carried: Envelope | None, own: Envelope | None, own_runs: in
         if bound.source.endswith("narrowed by the manifest's"):
             mine += ", narrowed by the run's"
         return Decision(own, bound, mine, notes=list(bound.notes))
-    notes: list[str] = []
-    usable = carried
-    if carried is not None:
-        problems = check_envelope(carried)
-        if problems:
-            notes.append("the run's own noise envelope was ignored: " + "; ".join(problems))
-            usable = None
-    if usable is not None and trust_basis in ("sealed", "signed"):
-        whose = ("the run's (sealed on this machine)" if trust_basis == "sealed" else
-                 f"the run's, {trust_reason or 'signed'}")
-        return Decision(usable, calibrate(usable, loss_eps), whose, notes=notes)
-    why = ("the run carries no usable noise envelope" if usable is None else
-           "the run's own noise envelope is its author's numbers, and the manifest was "
-           "neither sealed on this machine nor signed by an identity you trust")
-    return Decision(None, refusal=f"{why}: whether the difference is rounding was not judged "
-                    "(`manifest verify --envelope N` measures the envelope here)", notes=notes)
+    vouched = may_decide(carried, basis=trust_basis, reason=trust_reason)
+    notes = (["the run's own noise envelope was ignored: " + "; ".join(vouched.problems)]
+             if vouched.problems else [])
+    if vouched.envelope is not None:
+        return Decision(vouched.envelope, calibrate(vouched.envelope, loss_eps), vouched.whose,
+                        notes=notes)
+    return Decision(None, refusal=f"{vouched.refusal}: whether the difference is rounding "
+                    "was not judged (`manifest verify --envelope N` measures the envelope "
+                    "here)", notes=notes)
 
 
 # ----------------------------------------------------------------- outputs

@@ -41,6 +41,7 @@ from typing import Any
 
 from manifest.canonical import load_manifest, seal, to_document
 from manifest.errors import UntrustedManifestError
+from manifest.judge import ReasonCode, current, record, rules
 from manifest.models import Manifest
 from manifest.rerun.environment import argv_to_run
 from manifest.rerun.plan import RerunOptions, plan_from_manifest, plan_inputs
@@ -51,7 +52,6 @@ from manifest.verify.report import (
     DataChange,
     Drift,
     Machine,
-    Verdict,
     VerifyOptions,
     VerifyReport,
 )
@@ -171,21 +171,12 @@ def judge_data(report: VerifyReport) -> VerifyReport:
     dataset, or a changed object never reached the weights), so a match proves
     nothing about the changed files: the verdict is ``differs`` with them named.
     """
-    changed = report.changed_data
     unchecked = [d for d in report.data if not d.checked]
     if unchecked:
         report.notes.append(f"{len(unchecked)} recorded dataset(s) not checked (named under "
                             "data): the verdict says nothing about them")
-    if not changed or report.verdict in (Verdict.DIFFERS, Verdict.CHANGED_TOPOLOGY):
-        return report
-    names = ", ".join(f"{d.name} ({d.path})" for d in changed)
-    reason = f"recorded data changed since capture: {names}"
-    if report.verdict == Verdict.IDENTICAL:
-        reason += ("; the re-run's outputs match anyway (the script did not read what "
-                   "changed, or it did not reach the weights)")
-    elif report.reason:
-        reason += f"; {report.reason}"
-    report.verdict, report.reason = Verdict.DIFFERS, reason
+    record(report, rules.data(current(report),
+                              [f"{d.name} ({d.path})" for d in report.changed_data]))
     return report
 
 
@@ -231,7 +222,7 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         cluster=options.cluster)  # with --on, each node rebuilds it (the job says which)
     report.environment = used.to_json()
     if options.rebuild is not None and used.python is None and used.request is None:
-        report.reason = used.line
+        record(report, rules.refused(ReasonCode.ENVIRONMENT_NOT_BUILT, used.line))
         return report
     report.drift = environment_drift(recorded, machine)
     rerun_options = RerunOptions(
@@ -259,18 +250,20 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     report.drift.extend(threads_drift(recorded, options.threads))
 
     if options.no_rerun:
-        report.verdict = Verdict.CHECKED  # judge_data makes changed data ``differs``
-        if options.strict and report.bits_drift:
-            report.verdict, report.reason = Verdict.NO_VERDICT, "environment drift under --strict"
+        # judge_data makes changed data ``differs``
+        record(report, rules.checked(strict_drift=options.strict and bool(report.bits_drift)))
         return report
     if options.strict and (report.bits_drift or report.changed_data):
-        report.reason = "environment or data drift under --strict; refusing to re-run"
+        record(report, rules.refused(ReasonCode.STRICT_DRIFT, "environment or data drift "
+                                     "under --strict; refusing to re-run"))
         return report
     if recorded.command is None or recorded.outputs is None:
-        report.reason = "the manifest records no command to re-run"
+        record(report, rules.refused(ReasonCode.NO_COMMAND,
+                                     "the manifest records no command to re-run"))
         return report
     if recorded.outputs.status != "ok":
-        report.reason = f"the recorded run itself failed ({recorded.outputs.error})"
+        record(report, rules.refused(ReasonCode.RECORDED_RUN_FAILED, "the recorded run "
+                                     f"itself failed ({recorded.outputs.error})"))
         return report
 
     if options.in_place:
@@ -278,7 +271,7 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
 
         problem = in_place_code_problem(recorded, root, store)
         if problem is not None and not problem.startswith("cannot check"):
-            report.reason = f"--in-place: {problem}"
+            record(report, rules.refused(ReasonCode.IN_PLACE_CODE, f"--in-place: {problem}"))
             return report
         report.code_check = "not checked: " + problem.removeprefix(
             "cannot check the code: ") if problem else "the recorded code"

@@ -9,8 +9,9 @@ type without importing git, the store or the sandbox.
 
 A mismatch is a result, not an exception: the verdict (a :class:`Verdict`)
 becomes the exit status through the one table of every verb's verdicts
-(:mod:`manifest.verdicts`: ``Verdict``, ``VERDICTS``, ``BASES`` and the judgement
-live there, and are named here for this report's readers).
+(:mod:`manifest.judge`: ``Verdict``, ``VERDICTS``, ``BASES`` and the rules live
+there, and are named here for this report's readers). Only the judge writes the
+verdict, with its reason and code (``manifest.judge.rules.record``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from manifest.errors import EXIT_NO_VERDICT
-from manifest.verdicts import BASES, VERDICTS
-from manifest.verdicts import Verdict as Verdict  # the report's readers name it from here
+from manifest.judge import BASES, VERDICTS
+from manifest.judge import Verdict as Verdict  # the report's readers name it from here
 from manifest.weights.compare import ArtifactDelta
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class VerifyReport:
     verdict: str = Verdict.NO_VERDICT
     """A :class:`Verdict` (see :data:`VERDICTS` for what each means)."""
     reason: str | None = None
+    reason_code: str | None = None
+    """The reason's stable code (``manifest.judge.reasons.ReasonCode``)."""
     basis: str = "nothing"
     """What the verdict rests on, in words: ``tensors``, ``trail``, ``tensors and trail``
     or ``nothing`` (see :data:`BASES`)."""
@@ -139,6 +142,7 @@ class VerifyReport:
             "command": self.command,
             "verdict": str(self.verdict),
             "reason": self.reason,
+            "reason_code": self.reason_code,
             "basis": self.basis,
             "drift": [d.__dict__ for d in self.drift],
             "data": [d.__dict__ for d in self.data],

@@ -26,9 +26,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from manifest.judge import (
+    Findings,
+    ReasonCode,
+    current,
+    judge,
+    nothing_compared_reason,
+    record,
+    rules,
+)
 from manifest.models import Envelope, Manifest
 from manifest.store import BlobStore
-from manifest.verdicts import Findings, judge, nothing_compared_reason
 from manifest.verify.report import Drift, Machine, Verdict, VerifyOptions, VerifyReport
 from manifest.weights.compare import compare_artifacts
 
@@ -106,6 +114,9 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         options.envelope) else None  # verify --envelope N: the re-run among its runs
     result = early.real if early is not None and early.real is not None else (
         executor_for(plan).run(plan, workspace, settings, base_env))
+    if result.job is not None and result.job.get("printed"):  # k8s --dry-run: nothing ran
+        report.job = result.job
+        return report
     report.rerun_exit_code = result.exit_code
     report.job = result.job
     if result.job is not None:  # what the host that ran it applied, not the plan's guess
@@ -133,15 +144,16 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         [f"recorded run: {s}" for s in outside_recipe(recorded)]
         + [f"re-run: {s}" for s in outside_recipe(new)]))
     if result.exit_code != 0:
-        report.reason = f"the re-run failed: {new.outputs.error}{confined_hint(plan)}"
+        why = f"the re-run failed: {new.outputs.error}{confined_hint(plan)}"
         if result.job is not None and result.job.get("log_tail"):
-            report.reason += (f"; the {result.job['executor']} job {result.job['job_id']} "
-                              f"log ends with:\n{result.job['log_tail']}")
+            why += (f"; the {result.job['executor']} job {result.job['job_id']} "
+                    f"log ends with:\n{result.job['log_tail']}")
         elif not options.in_place:
             hint = missing_inputs_hint(result.opened, workspace.tree, workspace.mount_at,
                                        workspace.root)
             if hint:
-                report.reason += f"; {hint}"
+                why += f"; {hint}"
+        record(report, rules.failed(why))
         return report
     new_by_path = {a.path: a for a in new.outputs.artifacts}
     matched = match_outputs([a.path for a in recorded.outputs.artifacts], list(new_by_path))
@@ -150,7 +162,8 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
     for artifact in recorded.outputs.artifacts:
         again = new_by_path.get(matched.get(artifact.path, artifact.path))
         if again is None:
-            report.reason = f"the re-run did not produce {artifact.path}"
+            record(report, rules.failed(f"the re-run did not produce {artifact.path}",
+                                        ReasonCode.OUTPUTS_MISSING))
             return report
         if again.path != artifact.path:
             report.notes.append(f"the re-run wrote {again.path} where the recorded run wrote "
@@ -180,9 +193,7 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
                             trail_steps=1 if report.trail_compared else 0,
                             trail_parts_at=report.first_divergent_step),
                    nothing=nothing_compared_reason(list(recorded.command.outputs)))
-    report.basis, report.verdict = judged.basis, judged.verdict
-    if judged.reason is not None:
-        report.reason = judged.reason
+    record(report, judged)
     if judged.verdict == Verdict.NOTHING_COMPARED:
         return report
     _judge_topology(recorded, new, report)
@@ -361,22 +372,26 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
                                or carried is None else dict(carried.twin_outputs or {}))
         stuck = [o for o in outputs if o.problem is not None]
         if problem is None:
-            report.verdict = Verdict.EQUIVALENT
-            report.reason = (f"not the same bits (drift: {causes}), but the same run up to "
-                             f"rounding: {report.numeric['sentence']}")
+            record(report, rules.inside_envelope(current(report), (
+                f"not the same bits (drift: {causes}), but the same run up to "
+                f"rounding: {report.numeric['sentence']}")))
         elif (report.numeric.get("outputs_verdict") == "not-compared" and stuck
               and not any(o.travelled for o in stuck)):
             # Nothing was found to differ: the recorded outputs are simply not here.
             from manifest.verify.equivalence import DID_NOT_TRAVEL
 
-            report.verdict = Verdict.NO_VERDICT
             named = here is not None and here.options.outputs is not None
-            report.reason = "the step trails lie inside the envelope, but " + (
-                problem if named else f"{DID_NOT_TRAVEL} ({', '.join(o.path for o in stuck)})")
+            missing = problem if named else (
+                f"{DID_NOT_TRAVEL} ({', '.join(o.path for o in stuck)})")
+            record(report, rules.did_not_travel(
+                current(report), f"the step trails lie inside the envelope, but {missing}"))
         else:
-            report.reason = f"the step trails lie inside the envelope, but {problem}"
+            record(report, rules.outputs_outside(
+                current(report), f"the step trails lie inside the envelope, but {problem}",
+                compared=report.numeric.get("outputs_verdict") == "outside"))
     elif worst.verdict == "differs":
-        report.reason = f"outside the noise envelope at {sentence}"
+        record(report, rules.trail_outside(current(report),
+                                           f"outside the noise envelope at {sentence}"))
     else:
         report.notes.append(f"whether the difference is rounding could not be judged: "
                             f"{sentence}")
@@ -393,7 +408,7 @@ def _not_compared(report: VerifyReport, reason: str, **extra: Any) -> None:
     """No numeric verdict, with the reason: the bits differ and nothing says by how much."""
     report.numeric = {"verdict": "not-compared", "envelope_from": None, "reason": reason,
                       "sentence": reason, **extra}
-    report.reason = f"not the same bits; {reason}"
+    record(report, rules.envelope_not_compared(current(report), reason))
 
 
 def _interleaved(recorded: Manifest, plan: RerunPlan, workspace: Workspace,
@@ -481,8 +496,8 @@ def _judge_topology(recorded: Manifest, new: Manifest, report: VerifyReport) -> 
         return
     report.notes.append(rel.text)
     if rel.kind == "changed-world-size" and report.verdict == Verdict.DIFFERS:
-        report.verdict = Verdict.CHANGED_TOPOLOGY
-        report.reason = f"{rel.text}; {_size_of_difference(report)}"
+        record(report, rules.topology(current(report), world_size_changed=True,
+                                      reason=f"{rel.text}; {_size_of_difference(report)}"))
 
 
 def _size_of_difference(report: VerifyReport) -> str:

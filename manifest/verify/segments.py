@@ -65,9 +65,9 @@ from pathlib import Path
 from typing import Any
 
 from manifest.errors import UsageError
+from manifest.judge import VERDICTS, Findings, ReasonCode, Verdict, judge, record, rules
 from manifest.launch.boot._manifest_wire import SEGMENT_VAR
 from manifest.models import Manifest
-from manifest.verdicts import VERDICTS, Findings, Verdict, judge
 from manifest.verify.conventions import (
     NO_TEMPLATE,
     PLACEHOLDER,
@@ -104,6 +104,8 @@ class SegmentResult:
     """Checkpoints recorded at ``end``: path → identical tensor by tensor."""
     wall_s: float = 0.0
     reason: str | None = None
+    reason_code: str | None = None
+    """The reason's stable code (``manifest.judge.reasons.ReasonCode``)."""
     job: dict[str, Any] | None = None
     """Where it ran when ``--on`` sent it to a cluster: executor, job id, where to follow it."""
     resume_from: str | None = None
@@ -121,7 +123,8 @@ class SegmentResult:
                 "resume_from": self.resume_from,
                 "verdict": self.verdict, "first_divergent_step": self.first_divergent_step,
                 "steps_compared": self.steps_compared, "end_checkpoints": self.end_checkpoints,
-                "wall_s": round(self.wall_s, 3), "reason": self.reason, "evidence": weight,
+                "wall_s": round(self.wall_s, 3), "reason": self.reason,
+                "reason_code": self.reason_code, "evidence": weight,
                 **({"job": self.job} if self.job is not None else {})}
 
 
@@ -180,12 +183,8 @@ class SegmentsReport:
 
     @property
     def verdict(self) -> str:
-        verdicts = {s.verdict for s in self.segments}
-        if "differs" in verdicts or self.changed_data:
-            return "differs"
-        if not self.segments or "no-verdict" in verdicts:
-            return "no-verdict"
-        return "identical"
+        return rules.segments([s.verdict for s in self.segments],
+                              changed_data=bool(self.changed_data))
 
     @property
     def exit_code(self) -> int:
@@ -385,7 +384,7 @@ def _prepare(ctx: _Context, stretch: Stretch, stack: contextlib.ExitStack[Any]
 
     ends, too_many = end_outputs(recorded, stretch.end)
     if too_many is not None:
-        result.reason = too_many
+        record(result, rules.failed(too_many, ReasonCode.REPLAY_NOT_STARTED))
         return result, None
     seg_plan = replace(ctx.plan, argv=tuple(argv),
                        outputs=tuple(dict.fromkeys([*ctx.plan.outputs, *ends])))
@@ -406,7 +405,7 @@ def _prepare(ctx: _Context, stretch: Stretch, stack: contextlib.ExitStack[Any]
 
         problem = place(ck, ctx.original_cwd, workspace.tree, workspace.cwd)
         if problem is not None:
-            result.reason = problem
+            record(result, rules.failed(problem, ReasonCode.REPLAY_NOT_STARTED))
             return result, None
     if ctx.announce is not None:
         ctx.announce(argv)
@@ -441,7 +440,7 @@ def _replay_on_cluster(ctx: _Context, chosen: list[Stretch]) -> list[SegmentResu
                     started.append((ready, executor.start(ready.plan, ready.workspace,
                                                           ready.settings, ready.env)))
                 except NoVerdictError as exc:
-                    result.reason = str(exc)
+                    record(result, rules.failed(str(exc), ReasonCode.REPLAY_NOT_STARTED))
             while started:
                 # Out of the list before the wait: finish cancels its own job when the wait
                 # is interrupted, and the handler below cancels the ones left.
@@ -449,7 +448,7 @@ def _replay_on_cluster(ctx: _Context, chosen: list[Stretch]) -> list[SegmentResu
                 try:
                     ran = executor.finish(job)
                 except NoVerdictError as exc:
-                    ready.result.reason = str(exc)
+                    record(ready.result, rules.failed(str(exc), ReasonCode.REPLAY_FAILED))
                 else:
                     ready.result.job = ran.job
                     _judge(ctx, ready, ran)
@@ -472,14 +471,16 @@ def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
     if ran.exit_code != 0:
         error = next((str(r["exception"]) for r in ran.records if r.get("exception")),
                      f"exit status {ran.exit_code}")
-        result.reason = f"the replay failed: {error[:500]}{confined_hint(ready.plan)}"
+        why = f"the replay failed: {error[:500]}{confined_hint(ready.plan)}"
         if ran.job is not None and ran.job.get("log_tail"):
-            result.reason += (f"; the {ran.job['executor']} job {ran.job['job_id']} log ends "
-                              f"with:\n{ran.job['log_tail']}")
+            why += (f"; the {ran.job['executor']} job {ran.job['job_id']} log ends "
+                    f"with:\n{ran.job['log_tail']}")
+        record(result, rules.failed(why, ReasonCode.REPLAY_FAILED))
         return
     if ck is not None and ctx.template is None and not any(
             r.get("resumed_from") for r in ran.records):
-        result.reason = f"{NO_TEMPLATE[0]} ({NO_TEMPLATE[1]})"
+        record(result, rules.failed(f"{NO_TEMPLATE[0]} ({NO_TEMPLATE[1]})",
+                                    ReasonCode.NO_TEMPLATE))
         return
     outcomes = merge_records(ran.records)[2]
     result.steps_compared, result.first_divergent_step = compare_trails(
@@ -490,10 +491,6 @@ def _judge(ctx: _Context, ready: _Ready, ran: Any) -> None:
                             trail_steps=result.steps_compared,
                             trail_parts_at=result.first_divergent_step),
                    nothing="nothing compared: no trail point or checkpoint in the stretch")
-    if judged.verdict is Verdict.NOTHING_COMPARED:  # a stretch's no-verdict, with the reason
-        result.reason = judged.reason
-        return
-    result.verdict = judged.verdict.value
-    if (judged.verdict is Verdict.DIFFERS and ck is not None
-            and result.first_divergent_step == stretch.start + 1):
-        result.reason = parts_at_resume(ctx.recorded, stretch.start)
+    at_resume = ck is not None and result.first_divergent_step == stretch.start + 1
+    record(result, rules.stretch(judged, parts_at_resume=parts_at_resume(
+        ctx.recorded, stretch.start) if at_resume else None))

@@ -1,30 +1,18 @@
-"""Every verdict each verb gives, its exit status and meaning, and the one judgement.
+"""Every verdict each verb gives, with its exit status and meaning: the tables.
 
-Two things live here and nowhere else:
-
-* **The tables** (verify's :data:`VERDICTS`, the gate's :data:`GATE_VERDICTS`, the
-  lab's :data:`LAB_OUTCOMES`, explain's and diff's): verdict → (exit status, meaning).
-  Each verb's report takes its exit status from its table, the concepts page's table
-  of verdicts is generated from :func:`verb_verdicts` at every docs build
-  (``docs/gen_ref.py``), and ``tests/test_verdicts.py`` checks every row against the
-  report's own ``exit_code``.
-* **The judgement** (:func:`judge`): what a comparison found (outputs compared tensor
-  by tensor, step-trail points compared, a failure) → ``identical``, ``differs``,
-  ``nothing-compared`` or ``no-verdict``, with what it was based on and why. verify's
-  re-run, each ``--segments`` stretch and the lab's recipe runs call it; the gate maps
-  verify's verdict to its status (:func:`gate_status`) and the lab to its outcome
-  (:func:`lab_outcome`). ``equivalent`` and ``changed-topology`` are refinements of
-  ``differs`` that verify alone makes (``manifest.verify.equivalence``,
-  ``manifest.verify.rerun``): they need a noise envelope or a topology.
-
-It sits below every verb (it imports only the exit statuses), so verify, gate, lab,
-explain and segments all stand on it and none of them is imported back.
+verify's :data:`VERDICTS`, the gate's :data:`GATE_VERDICTS`, the lab's
+:data:`LAB_OUTCOMES`, explain's and diff's: verdict → (exit status, meaning). Each verb's
+report takes its exit status from its table, the concepts page's table of verdicts is
+generated from :func:`verb_verdicts` at every docs build (``docs/gen_ref.py``), and
+``tests/test_verdicts.py`` checks every row against the report's own ``exit_code``.
+The gate maps verify's verdict to its status (:func:`gate_status`) and the lab to its
+outcome (:func:`lab_outcome`); the rules that reach a verdict are
+``manifest.judge.rules``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -140,12 +128,21 @@ LAB_OUTCOMES: dict[str, tuple[int, str]] = {
 
 # ------------------------------------------------------------------- explain and diff
 
+class ExplainVerdict(StrEnum):
+    """Every verdict explain gives."""
+
+    AGREE = "agree"
+    PARTED = "parted"
+    NO_VERDICT = "no-verdict"
+
+
 EXPLAIN_VERDICTS: dict[str, tuple[int, str]] = {
-    "agree": (EXIT_OK, "the fresh runs do not part at any recorded step"),
-    "parted": (EXIT_FAILED, "the runs part: the step, the first op whose inputs matched and "
-               "outputs differ (op, module, file:line), and the cause"),
-    "no-verdict": (EXIT_NO_VERDICT, "no step to explain (no optimizer step, or a run failed); "
-                   "the reason says which"),
+    ExplainVerdict.AGREE: (EXIT_OK, "the fresh runs do not part at any recorded step"),
+    ExplainVerdict.PARTED: (EXIT_FAILED, "the runs part: the step, the first op whose "
+                            "inputs matched and outputs differ (op, module, file:line), "
+                            "and the cause"),
+    ExplainVerdict.NO_VERDICT: (EXIT_NO_VERDICT, "no step to explain (no optimizer step, or "
+                                "a run failed); the reason says which"),
 }
 """``manifest.explain.pipeline.ExplainReport.verdict`` → (exit status, meaning)."""
 
@@ -161,64 +158,6 @@ DIFF_OUTCOMES: dict[str, tuple[int, str]] = {
 
 
 
-# ------------------------------------------------------------------- the judgement
-
-
-@dataclass(frozen=True)
-class Findings:
-    """What comparing a run with another (a re-run, a replayed stretch, a recipe run)
-    found, before anything is concluded from it."""
-
-    outputs: Sequence[bool] = ()
-    """One entry per output compared tensor by tensor: whether it was bit-identical."""
-    trail_steps: int = 0
-    """Step-trail points compared."""
-    trail_parts_at: int | None = None
-    """The first step whose fingerprint differs."""
-    trail_agrees: bool = True
-    """False also when the two trails do not hold the same steps (the lab's recipe runs)."""
-    failure: str | None = None
-    """Why no comparison could be made (the run failed, an output is missing)."""
-
-
-@dataclass(frozen=True)
-class Judgement:
-    verdict: Verdict
-    basis: str
-    """A key of :data:`BASES`: what the verdict was based on."""
-    reason: str | None = None
-
-    @property
-    def exit_code(self) -> int:
-        return VERDICTS[self.verdict][0]
-
-
-def judge(found: Findings, *, nothing: str) -> Judgement:
-    """The verdict from what was compared. ``nothing`` is the reason (with its fix) the
-    verb gives when there was nothing to compare."""
-    basis = {(True, True): "tensors and trail", (True, False): "tensors",
-             (False, True): "trail"}.get((bool(found.outputs), found.trail_steps > 0), "nothing")
-    if found.failure is not None:
-        return Judgement(Verdict.NO_VERDICT, basis, found.failure)
-    if basis == "nothing":
-        return Judgement(Verdict.NOTHING_COMPARED, basis, nothing)
-    trail_same = found.trail_parts_at is None and found.trail_agrees
-    if all(found.outputs) and trail_same:
-        return Judgement(Verdict.IDENTICAL, basis)
-    if found.outputs and all(found.outputs):
-        return Judgement(Verdict.DIFFERS, basis, "outputs match but the step trails part")
-    return Judgement(Verdict.DIFFERS, basis)
-
-
-def nothing_compared_reason(declared: Sequence[str]) -> str:
-    """Why nothing was compared, and the fix (verify, gate and lab say the same)."""
-    why = (f"the run wrote nothing that matches its declared outputs ({', '.join(declared)})"
-           if declared else "the run declared no output")
-    return (f"nothing was compared: {why}, and no optimizer step was seen for a step trail. "
-            "Fix: capture again with --artifact PATH naming the weights file the script "
-            "writes (or call manifest.trail(model) in the script).")
-
-
 _GATE: Mapping[Verdict, GateStatus] = {
     Verdict.IDENTICAL: GateStatus.PASS, Verdict.DIFFERS: GateStatus.FAIL,
     Verdict.CHANGED_TOPOLOGY: GateStatus.FAIL, Verdict.NOTHING_COMPARED:
@@ -231,12 +170,12 @@ def gate_status(verdict: Verdict | str) -> GateStatus:
     return _GATE.get(Verdict(verdict), GateStatus.NO_VERDICT)
 
 
-def lab_outcome(verdict: Verdict) -> LabOutcome:
+def lab_outcome(verdict: str) -> LabOutcome:
     """The lab's outcome of its recipe runs (which never fail to compare: a failed run
     stops the lab before)."""
-    if verdict is Verdict.IDENTICAL:
+    if verdict == Verdict.IDENTICAL:
         return "bit-identical"
-    if verdict is Verdict.NOTHING_COMPARED:
+    if verdict == Verdict.NOTHING_COMPARED:
         return "nothing-compared"
     return "differs"
 
