@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from manifest.canonical import compute_run_id, dumps, load_manifest, seal, to_document
-from manifest.capture.run import capture_from_cli
+from manifest.capture.run import CaptureOptions, capture_from_cli
 from manifest.cli.render import show_rows
 from manifest.probes.compute import EnergyReading, compute_record, read_energy, visible_gpus
 from tests.conftest import FakeGpu, FakeNvml, GitRepo, _real_nvml_available, run_cli
@@ -43,10 +43,9 @@ def test_a_board_without_the_counter_is_named() -> None:
 @pytest.mark.fake_gpu
 def test_capture_records_energy_gpu_hours_and_rank_time(repo: GitRepo,
                                                        fake_nvml: FakeNvml) -> None:
-    manifest, code = capture_from_cli(
-        repo.path, command=["python", "-c", "import time; time.sleep(0.2)"], seed=0, data=None,
-        outputs=None, threads=1, deterministic=True, store_dir=None, no_cache=False,
-        quiet=True, nvml=fake_nvml)
+    manifest, code = capture_from_cli(repo.path, CaptureOptions(
+        command=["python", "-c", "import time; time.sleep(0.2)"], seed=0, threads=1,
+        quiet=True), nvml=fake_nvml)
     assert code == 0
     compute = manifest.observed.compute
     assert compute is not None

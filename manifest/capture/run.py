@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -325,38 +326,50 @@ def _config_int(table: dict[str, Any], key: str, origin: Path | None) -> int | N
     return value
 
 
-def capture_from_cli(
-    cwd: Path,
-    *,
-    command: list[str],
-    seed: int | None,
-    data: list[str] | None,
-    outputs: list[str] | None,
-    threads: int | None,
-    deterministic: bool,
-    store_dir: str | None,
-    no_cache: bool,
-    quiet: bool,
-    per_rank_seed: bool = False,
-    manifest_file: Path | None = None,
-    nvml: Any | None = None,
-    fingerprint_ops: int | None = None,
-    trail: bool = True,
-    remote_mode: str = "listing",
-    envelope: int = 0,
-    progress: Any = None,
-    precision: str = "fp32",
-    tagging: list[Any] | None = None,
-) -> tuple[Manifest, int]:
+@dataclass(frozen=True)
+class CaptureOptions:
+    """What ``manifest capture`` is asked to do: built once by the CLI from its flags
+    (``manifest.cli.verbs_record``), by the gate from its project. ``None`` (and an empty
+    command) leaves the choice to ``[tool.manifest]``, then to the default."""
+
+    command: list[str] = field(default_factory=list)
+    seed: int | None = None
+    data: list[str] | None = None
+    outputs: list[str] | None = None
+    """Output globs, relative to the working directory."""
+    threads: int | None = None
+    deterministic: bool = True
+    store_dir: str | None = None
+    no_cache: bool = False
+    quiet: bool = False
+    per_rank_seed: bool = False
+    """Seed each rank with base + rank instead of the same seed."""
+    manifest_file: Path | None = None
+    """Where the manifest will be written, so the run's discovered inputs leave it out."""
+    fingerprint_ops: int | None = None
+    """Record an op stream of optimizer steps 1..N."""
+    trail: bool = True
+    remote_mode: Literal["listing", "checksums", "deep"] = "listing"
+    """How s3://, gs:// and hf:// datasets are pinned (``manifest.data.remote``)."""
+    envelope: int = 0
+    """Envelope runs to measure the run's noise envelope with (0: none)."""
+    precision: str = "fp32"
+    """With ``envelope``: the matmul precision its runs emulate."""
+
+
+def capture_from_cli(cwd: Path, options: CaptureOptions, *, nvml: Any | None = None,
+                     progress: Any = None, tagging: list[Any] | None = None
+                     ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status.
 
-    ``tagging``: where a run's tracker tagging (``manifest.capture.trackers.Tagging``) is
-    handed back, for the caller to run once the manifest is safely written; without it
-    (``gate``: its capture is a check) no tracker run is tagged.
-
-    ``remote_mode`` is how s3://, gs:// and hf:// datasets are pinned
-    (``manifest.data.remote``): ``listing``, ``checksums`` or ``deep``.
+    ``nvml``: the NVML handle the snapshot and the compute record read (None: open it).
+    ``progress(text)``: where notes of the envelope runs go. ``tagging``: where a run's
+    tracker tagging (``manifest.capture.trackers.Tagging``) is handed back, for the caller
+    to run once the manifest is safely written; without it (``gate``: its capture is a
+    check) no tracker run is tagged.
     """
+    command, data, outputs = options.command, options.data, options.outputs
+    manifest_file, no_cache, quiet = options.manifest_file, options.no_cache, options.quiet
     table, origin = load_config(cwd)
     if not command:
         configured = table.get("command")
@@ -373,7 +386,7 @@ def capture_from_cli(
         data_base = origin.parent  # paths in [tool.manifest] are relative to pyproject.toml
     data = data if data is not None else string_list(table, "data", origin) or []
     outputs = outputs if outputs is not None else string_list(table, "outputs", origin) or []
-    store_dir = store_dir or table.get("store")
+    store_dir = options.store_dir or table.get("store")
     snap = take_snapshot(cwd, store_dir=store_dir, manifest_file=manifest_file, nvml=nvml)
     datasets: list[dict[str, Any]] = []
     if data:
@@ -381,7 +394,7 @@ def capture_from_cli(
 
         found = digest_datasets(data, repo_root=snap.code.root, store=snap.store,
                                 no_cache=no_cache, quiet=quiet, base=data_base,
-                                remote_mode=remote_mode)
+                                remote_mode=options.remote_mode)
         # Sorted by name: the order of --data flags must not change the run's identity.
         datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
         root = snap.code.root
@@ -397,14 +410,15 @@ def capture_from_cli(
         run_under_launcher,
     )
 
-    seed = seed if seed is not None else (_config_int(table, "seed", origin) or 0)
+    seed = options.seed if options.seed is not None else (
+        _config_int(table, "seed", origin) or 0)
     settings = LaunchSettings(
         seed=seed,
-        derivation="base+rank" if per_rank_seed else "same",
-        threads=threads or _config_int(table, "threads", origin) or default_threads(),
-        deterministic=deterministic and table.get("deterministic", True) is not False,
-        trail="sampled" if trail else "off",
-        ops={"from": 1, "to": fingerprint_ops} if fingerprint_ops else None,
+        derivation="base+rank" if options.per_rank_seed else "same",
+        threads=options.threads or _config_int(table, "threads", origin) or default_threads(),
+        deterministic=options.deterministic and table.get("deterministic", True) is not False,
+        trail="sampled" if options.trail else "off",
+        ops={"from": 1, "to": options.fingerprint_ops} if options.fingerprint_ops else None,
         root=str(snap.code.root) if snap.code.root is not None else None,
         sealed=launch_identity(snap.code.code.commit, snap.code.code.diff_digest, command, seed),
     )
@@ -417,7 +431,7 @@ def capture_from_cli(
     from manifest.numeric.measure import listing
 
     # --envelope: each envelope run starts from the tree this run starts from
-    start = listing(snap.code.root or cwd) if envelope else None
+    start = listing(snap.code.root or cwd) if options.envelope else None
     started = time.monotonic()
     result = run_under_launcher(command, cwd, settings)
     wall_s = time.monotonic() - started
@@ -437,9 +451,10 @@ def capture_from_cli(
                                   compute=compute, stale=stale, code_env=code_env,
                                   not_digested=left)
     assert manifest.outputs is not None
-    if envelope and manifest.outputs.status == "ok":
-        manifest = _with_envelope(manifest, result, settings, envelope, command, cwd, outputs,
-                                  progress, tree=snap.code.root or cwd, precision=precision,
+    if options.envelope and manifest.outputs.status == "ok":
+        manifest = _with_envelope(manifest, result, settings, options.envelope, command, cwd,
+                                  outputs, progress, tree=snap.code.root or cwd,
+                                  precision=options.precision,
                                   start=start)
     # Verify runs a command without --trust only if this tool sealed it here.
     from manifest.trust import record_sealed

@@ -126,32 +126,21 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         _note("--output GLOB is deprecated (it was easy to mistake for the manifest file); "
               "use --artifact GLOB.")
     artifacts = (args.artifacts or []) + (args.old_outputs or [])
-    from manifest.capture.run import capture_from_cli
+    from manifest.capture.run import CaptureOptions, capture_from_cli
     from manifest.cli.startup import resume_collector
 
+    options = CaptureOptions(
+        command=command, seed=args.seed, data=args.data, outputs=artifacts or None,
+        threads=args.threads, deterministic=not args.no_deterministic, store_dir=args.store,
+        no_cache=args.no_cache, quiet=args.quiet, per_rank_seed=args.per_rank_seed,
+        manifest_file=Path(args.output) if args.output and args.output != "-" else None,
+        fingerprint_ops=args.fingerprint_ops, trail=not args.no_trail,
+        remote_mode="deep" if args.deep else "checksums" if args.checksums else "listing",
+        envelope=args.envelope, precision=args.precision)
     resume_collector()  # the imports are in; a run under capture is collected as usual
     tagging: list[Any] = []
     manifest, exit_code = capture_from_cli(
-        cwd,
-        command=command,
-        seed=args.seed,
-        data=args.data,
-        outputs=artifacts or None,
-        threads=args.threads,
-        deterministic=not args.no_deterministic,
-        store_dir=args.store,
-        no_cache=args.no_cache,
-        quiet=args.quiet,
-        per_rank_seed=args.per_rank_seed,
-        manifest_file=Path(args.output) if args.output and args.output != "-" else None,
-        fingerprint_ops=args.fingerprint_ops,
-        trail=not args.no_trail,
-        remote_mode="deep" if args.deep else "checksums" if args.checksums else "listing",
-        envelope=args.envelope,
-        precision=args.precision,
-        progress=None if args.quiet else _note_progress,
-        tagging=tagging,
-    )
+        cwd, options, progress=None if args.quiet else _note_progress, tagging=tagging)
     write_output(dumps(manifest), args.output)
     if args.pack:
         write_pack(dumps(manifest), args.pack, cwd)
