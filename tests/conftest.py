@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a real NVIDIA GPU and driver (NVML)")
         for item in gpu_items:
             item.add_marker(skip)
+    astray = sorted({item.nodeid.split("::", 1)[0] for item in items
+                     if item.get_closest_marker("cluster") is not None
+                     and not item.nodeid.startswith(CLUSTER_MODULES)})
+    if astray:
+        raise pytest.UsageError(
+            f"{', '.join(astray)}: a test marked cluster belongs in a {CLUSTER_MODULES}*.py "
+            "module, where the parallel run keeps every cluster test on one worker")
+
+
+# ------------------------------------------------------- parallel runs (xdist)
+
+CLUSTER_MODULES = "tests/test_cluster_"
+"""Where the ``cluster`` tests live; under xdist one worker runs these modules, in turn.
+
+A Ray cluster (a head, a second raylet and their daemons) or a SLURM job each keep CI's
+2 cores busy, so two at once would race their timeouts; and the single real SLURM
+(``tests.slurm_host``) is started by whichever test first finds it down, which two
+workers would otherwise do at the same time. (xdist's own ``xdist_group`` marks cannot
+say this: pytest-xdist 3.8 tags a grouped test by rewriting ``Item._nodeid``, which
+pytest 9.2 no longer reads, so every mark is silently ignored.)"""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadfile`` (README's test command): each module on one worker, as
+    xdist does, and the cluster modules (:data:`CLUSTER_MODULES`) all on the same one.
+
+    By module, a module-scoped fixture (a capture with its envelope, up to a minute of
+    training) is built once, not again on each worker that gets one of its tests.
+    """
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class ModuleOrCluster(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "cluster" if nodeid.startswith(CLUSTER_MODULES) else nodeid.split("::", 1)[0]
+
+    return ModuleOrCluster(config, log)
 
 
 # ------------------------------------------------------------ user data dir
