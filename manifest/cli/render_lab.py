@@ -72,6 +72,8 @@ def _explained_lines(r: LabReport) -> list[str]:
     assert e is not None
     head = f"  explain: {e.verdict}" + (f" ({e.cause})" if e.cause else "")
     lines = [head + (f": {e.reason}" if e.reason else "")]
+    if e.environment:
+        lines.append(f"    environment: {e.environment}")
     for f in e.findings:
         module = f.module or f.module_type or "(no module)"
         lines.append(f"    rank {f.rank}, step {f.step}: {f.kind} at {f.op} in {module}, "

@@ -178,7 +178,7 @@ def register_verify(sub: argparse._SubParsersAction[Parser]) -> None:
 def _verify_description() -> str:
     """Verify's help text, its exit statuses read from ``VERDICTS`` (never typed here)."""
     from manifest.errors import EXIT_BAD_INPUT
-    from manifest.judge import verb_verdicts
+    from manifest.verdicts import verb_verdicts
 
     by_code: dict[int, list[str]] = {EXIT_BAD_INPUT: ["bad input"]}
     for name, code, _ in verb_verdicts()["verify"]:
@@ -265,7 +265,7 @@ def progress(sentence: str) -> None:
 
 
 def add_environment_options(p: argparse.ArgumentParser) -> None:
-    """``--env here|run`` and where a rebuild may fetch from (verify, explain)."""
+    """``--env here|run`` and where a rebuild may fetch from (verify, explain, gate, lab)."""
     p.add_argument("--env", choices=("here", "run"), default="here",
                    help="the Python environment the re-run uses: 'here' (this machine's, the "
                    "default; the report says how many of the run's distributions differ) or "
@@ -367,12 +367,23 @@ def register_gate(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="rewrite the baseline (atomically) with this run if it is deterministic")
     p.add_argument("--warn-hygiene", action="store_true",
                    help="report hygiene problems as warnings, not failures (pre-commit)")
+    add_environment_options(p)
     add_format_option(p)
     p.add_argument("--json-file", metavar="FILE",
                    help="also write the JSON report to FILE (atomically), e.g. for a CI artifact")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no report and no progress (the exit status and --json-file still say it)")
     p.set_defaults(func=_cmd_gate)
+
+
+def _gate_rebuild(args: argparse.Namespace) -> RebuildOptions | None:
+    """``gate --env run``: the determinism re-run in the fresh capture's own environment,
+    rebuilt and proven; --no-rerun re-runs nothing to rebuild for."""
+    options = rebuild_options(args)
+    if options is not None and args.no_rerun:
+        raise UsageError("--env run rebuilds the environment the determinism re-run uses; "
+                         "--no-rerun re-runs nothing.")
+    return options
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
@@ -384,7 +395,8 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
     report = run_gate(Path.cwd(), GateOptions(
         no_rerun=args.no_rerun, update_baseline=args.update_baseline,
-        files=tuple(args.files), warn_hygiene=args.warn_hygiene, quiet=args.quiet))
+        files=tuple(args.files), warn_hygiene=args.warn_hygiene, quiet=args.quiet,
+        rebuild=_gate_rebuild(args), note=None if args.quiet else progress))
     if args.json_file:
         write_output(gate_json_bytes(report), args.json_file)
     if args.format is ReportFormat.JSON:

@@ -120,6 +120,9 @@ def register_lab(sub: argparse._SubParsersAction[Parser]) -> None:
                    help="also write the self-contained Markdown report (with plots) here")
     add_verbosity_options(p, quiet_help="no progress output on stderr")
     add_rerun_options(p, received=False)
+    from manifest.cli.verbs_check import add_environment_options
+
+    add_environment_options(p)
     from manifest.cli.verbs_segments import add_resume_audit_options
 
     add_resume_audit_options(p)
@@ -140,7 +143,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         if not args.quiet:
             sys.stderr.write(f"manifest: lab: {text}\n")
 
-    from manifest.cli.verbs_check import rerun_options, show_plan
+    from manifest.cli.verbs_check import rebuild_options, rerun_options, show_plan
 
     if args.no_sandbox and args.require_sandbox:
         raise UsageError("--no-sandbox and --require-sandbox contradict each other.")
@@ -151,6 +154,9 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         rerun = replace(rerun, cluster=replace(rerun.cluster, fetch_outputs=True))
+    if args.resume_at is not None and args.env == "run":
+        raise UsageError("--env run rebuilds the environment explain re-runs a parted recipe "
+                         "run in; --resume-at re-runs none.")
     if args.resume_at is not None:  # the restart-replay gate only (manifest.lab.resume)
         from manifest.cli.verbs_segments import run_resume_audit
 
@@ -158,7 +164,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     options = LabOptions(rerun=rerun, runs=args.runs, seed=args.seed,
                          threads=args.threads, data=args.data, outputs=args.outputs,
                          store_dir=args.store, no_cache=args.no_cache, quiet=args.quiet,
-                         envelope=args.envelope)
+                         envelope=args.envelope, rebuild=rebuild_options(args))
     report = run_lab(Path.cwd(), command, options, progress=progress,
                      show_plan=None if args.quiet else show_plan)
     if args.report:

@@ -119,15 +119,16 @@ def _smoke_command(project: Project) -> list[str]:
 
 def _gate_run(project: Project, options: GateOptions, report: GateReport) -> None:
     from manifest.canonical import dumps
-    from manifest.capture.run import CaptureOptions, capture_from_cli
+    from manifest.capture.run import capture_from_cli
 
     command = _smoke_command(project)
     report.command = command
-    manifest, _ = capture_from_cli(project.dir, CaptureOptions(
-        command=command, quiet=options.quiet,
+    manifest, _ = capture_from_cli(
+        project.dir, command=command, seed=None, data=None, outputs=None, threads=None,
+        deterministic=True, store_dir=None, no_cache=False, quiet=options.quiet,
         # A baseline that other runner types may be 'equivalent' to carries its envelope.
         envelope=ENVELOPE_RUNS if options.update_baseline and project.policy.allow_equivalent
-        else 0))
+        else 0)
     report.run_id = manifest.run_id
     assert manifest.outputs is not None
     if manifest.outputs.status != "ok":
@@ -139,7 +140,8 @@ def _gate_run(project: Project, options: GateOptions, report: GateReport) -> Non
                 report.checks.append(CheckResult(name, Status.NO_VERDICT, reason))
         return
 
-    determinism, data_changes = _check_determinism(project, manifest, dumps(manifest), report)
+    determinism, data_changes = _check_determinism(project, manifest, dumps(manifest), report,
+                                                   options)
     if determinism is not None:
         report.checks.append(determinism)
     deterministic = determinism is None or determinism.status is Status.PASS
@@ -159,9 +161,11 @@ GATE_UNCONFINED = ("the gate's own capture ran this command unconfined a moment 
 
 
 def _check_determinism(project: Project, manifest: Manifest, data: bytes,
-                       report: GateReport) -> tuple[CheckResult | None, list[str]]:
+                       report: GateReport, options: GateOptions,
+                       ) -> tuple[CheckResult | None, list[str]]:
     """Verify the fresh capture once; (result or None when disabled, data changes).
-    The re-run's plan goes into ``report``."""
+    The re-run's plan, and the environment it ran in, go into ``report``; with ``--env
+    run`` (``options.rebuild``) each result also says the environment in a line."""
     if not _enabled(project, "determinism"):
         return None, []
     from manifest.verify.pipeline import verify_run
@@ -169,20 +173,24 @@ def _check_determinism(project: Project, manifest: Manifest, data: bytes,
 
     try:
         # The gate captured this manifest itself a moment ago: its code is ours.
-        verdict = verify_run(data, file="<gate run>", cwd=project.dir,
+        verdict = verify_run(data, file="<gate run>", cwd=project.dir, note=options.note,
                              options=VerifyOptions(trust=True, quiet=True,
-                                                   unconfined_because=GATE_UNCONFINED))
+                                                   unconfined_because=GATE_UNCONFINED,
+                                                   rebuild=options.rebuild))
     except ManifestError as exc:
         return CheckResult("determinism", Status.NO_VERDICT,
                            f"the re-run could not be done: {exc.diagnostics()}"), []
     report.plan = verdict.plan
+    report.environment = verdict.environment
+    used = ((f"environment: {verdict.environment['line']}",)
+            if options.rebuild is not None and verdict.environment else ())
     data_changes = [f"{d.detail}" + (f" ({', '.join(d.files[:5])})" if d.files else "")
                     for d in verdict.changed_data]
     argv = " ".join(manifest.command.argv) if manifest.command else "the command"
     status = gate_status(verdict.verdict)
     if status is Status.NOTHING_COMPARED:
         return CheckResult("determinism", Status.NOTHING_COMPARED, verdict.reason or "",
-                           (f"compared: {verdict.basis_text}",),
+                           (f"compared: {verdict.basis_text}", *used),
                            hint="Declare the weights file the smoke command writes: outputs "
                                 "= [\"model.safetensors\"] in [tool.manifest]."), data_changes
     if status is Status.PASS:
@@ -194,7 +202,8 @@ def _check_determinism(project: Project, manifest: Manifest, data: bytes,
                 "bytes)")
         return CheckResult(
             "determinism", Status.PASS, f"two runs of `{argv}` gave {what}",
-            (f"compared: {verdict.basis_text}", f"re-run: {verdict.confinement}")), data_changes
+            (f"compared: {verdict.basis_text}", f"re-run: {verdict.confinement}", *used)
+        ), data_changes
     if status is Status.FAIL:
         details: list[str] = []
         for art in verdict.artifacts:
@@ -209,6 +218,7 @@ def _check_determinism(project: Project, manifest: Manifest, data: bytes,
         if verdict.first_divergent_step is not None:
             details.append(f"first divergent step: {verdict.first_divergent_step}")
         details.extend(data_changes)
+        details[:0] = used
         return CheckResult(
             "determinism", Status.FAIL,
             "non-deterministic: the same commit, seed and flags gave different weights in "
@@ -219,7 +229,8 @@ def _check_determinism(project: Project, manifest: Manifest, data: bytes,
                  "numpy.random.default_rng() with no seed, random.SystemRandom), or input "
                  "that changes between runs."), data_changes
     return CheckResult("determinism", Status.NO_VERDICT,
-                       f"no verdict: {verdict.reason or 'the re-run did not finish'}"), data_changes
+                       f"no verdict: {verdict.reason or 'the re-run did not finish'}",
+                       used), data_changes
 
 
 # ---------------------------------------------------------------- hygiene

@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from manifest.gate.policy import GatePolicy
-from manifest.judge import GATE_VERDICTS, GateStatus
+from manifest.verdicts import GATE_VERDICTS, GateStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from manifest.rerun.environment import RebuildOptions
 
 Status = GateStatus
-"""The gate's statuses (:class:`manifest.judge.GateStatus`), by the name its checks use."""
+"""The gate's statuses (:class:`manifest.verdicts.GateStatus`), by the name its checks use."""
 
 JSON_FORMAT = "manifest-gate/v1"
 UPDATE_HINT = "run `manifest gate --update-baseline` and commit it to accept this change"
@@ -52,6 +57,9 @@ class GateReport:
     warnings: list[str] = field(default_factory=list)
     plan: dict[str, Any] | None = None
     """The determinism re-run's plan (``manifest.rerun.plan.RerunPlan.to_json``), when one ran."""
+    environment: dict[str, Any] | None = None
+    """Which Python environment the determinism re-run used
+    (``manifest.rerun.environment.RunEnvironment.to_json``), as verify says."""
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -90,6 +98,7 @@ class GateReport:
             "checks": [c.to_json() for c in self.checks],
             "warnings": list(self.warnings),
             "plan": self.plan,
+            "environment": self.environment,
         }
 
 
@@ -102,3 +111,10 @@ class GateOptions:
     warn_hygiene: bool = False
     """Report hygiene problems as warnings that do not fail (the pre-commit hook)."""
     quiet: bool = True
+    rebuild: RebuildOptions | None = None
+    """``--env run``: the determinism re-run in the run's own environment, rebuilt from the
+    fresh capture's records and proven, as verify; None: this machine's."""
+    note: Callable[[str], None] | None = None
+    """Progress the user sees before the re-run trains (the rebuilt environment's proof)."""
+
+

@@ -47,16 +47,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from manifest.capture.run import _config_int, build_run_manifest
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, NoVerdictError, UsageError
-from manifest.judge import (
-    BASES,
-    Findings,
-    current,
-    judge,
-    lab_outcome,
-    nothing_compared_reason,
-    rules,
-)
-from manifest.judge.rules import carry
 from manifest.lab.checklist import checklist
 from manifest.lab.report import (
     Catalogue,
@@ -78,10 +68,12 @@ from manifest.models import Manifest
 from manifest.ops.catalogue import base_name, load_table
 from manifest.redact import redact_argv
 from manifest.rerun.plan import RerunOptions
+from manifest.verdicts import BASES, Findings, judge, lab_outcome, nothing_compared_reason
 
 if TYPE_CHECKING:
     from manifest.capture.snapshot import Snapshot
     from manifest.launch.runner import LaunchResult
+    from manifest.rerun.environment import RebuildOptions
     from manifest.rerun.executor import Executor
     from manifest.rerun.plan import RerunPlan
     from manifest.rerun.workspace import Workspace
@@ -103,6 +95,10 @@ class LabOptions:
     envelope: int = 0
     """``--envelope N``: after the recipe runs, N one-ULP runs and one under another thread
     count, measured against recipe run 1 (``manifest.numeric.measure``)."""
+    rebuild: RebuildOptions | None = None
+    """``--env run``: where the recipe runs part, explain re-runs recipe run 1 in its own
+    environment, rebuilt from its records and proven (the lab's own runs use this
+    machine's, which they record); None: this machine's."""
 
 
 @dataclass
@@ -229,7 +225,8 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
     explained = None
     if recipe.outcome == "differs" and recipe.first_divergent_step is not None:
         say(f"the recipe runs part at step {recipe.first_divergent_step}: explaining")
-        explained = _explain(first, cwd, recipe.first_divergent_step, options.rerun)
+        explained = _explain(first, cwd, recipe.first_divergent_step, options.rerun,
+                             options.rebuild)
     identity = Identity(
         recipe_run_id=first.run_id,
         recipe_runs_agree=len({r.manifest.run_id for r in runs["recipe"]}) == 1,
@@ -275,8 +272,10 @@ def _in_tree(glob: str, cwd: Path, root: Path) -> str:
     return os.path.relpath(glob, cwd)
 
 
-def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions) -> Explained:
-    """Hand the recipe's divergence to the explain machinery (in place, the known step)."""
+def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions,
+             rebuild: RebuildOptions | None = None) -> Explained:
+    """Hand the recipe's divergence to the explain machinery (in place, the known step;
+    with ``rebuild``, in the run's rebuilt environment, which the result names)."""
     from manifest.canonical import dumps
     from manifest.errors import ManifestError
     from manifest.explain.pipeline import ExplainOptions, explain_run
@@ -286,11 +285,14 @@ def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions) -> E
         report = explain_run(dumps(manifest), file="(lab: recipe run 1)", cwd=cwd,
                              options=ExplainOptions(
                                  rerun=replace(rerun, trust=True, in_place=True), step=step,
-                                 code_checked=True))
+                                 code_checked=True, rebuild=rebuild))
     except ManifestError as exc:
-        return Explained(**carry(rules.explain_failed(str(exc))), step=step)
+        return Explained(verdict="no-verdict", reason=str(exc), step=step)
     return Explained(
-        **carry(current(report)), cause=report.cause, step=report.first_step,
+        verdict=report.verdict, cause=report.cause, reason=report.reason,
+        step=report.first_step,
+        environment=str(report.environment["line"])
+        if rebuild is not None and report.environment else None,
         findings=[ExplainedOp(rank=f.rank, step=f.step, kind=f.kind, op=f.op, module=f.module,
                               module_type=f.module_type, where=f.where, device=f.device,
                               tensor=f.tensor, max_abs=f.max_abs, max_ulp=f.max_ulp)
