@@ -68,6 +68,7 @@ from manifest.models import (
 from manifest.redact import redact_argv, redact_text
 
 if TYPE_CHECKING:  # the launcher is imported where a command runs, not for a snapshot
+    from manifest.data.remote.source import ProgressSink
     from manifest.launch.runner import LaunchResult, LaunchSettings
 
 M = TypeVar("M", bound=BaseModel)
@@ -358,12 +359,15 @@ class CaptureOptions:
 
 
 def capture_from_cli(cwd: Path, options: CaptureOptions, *, nvml: Any | None = None,
-                     progress: Any = None, tagging: list[Any] | None = None
+                     progress: Any = None, data_progress: ProgressSink | None = None,
+                     notes: list[str] | None = None, tagging: list[Any] | None = None
                      ) -> tuple[Manifest, int]:
     """What ``manifest capture`` does; returns the manifest and the exit status.
 
     ``nvml``: the NVML handle the snapshot and the compute record read (None: open it).
-    ``progress(text)``: where notes of the envelope runs go. ``tagging``: where a run's
+    ``progress(text)``: where notes of the envelope runs go; ``data_progress``: the line a
+    remote dataset's listing shows its progress on; ``notes``: where notes about how the
+    run's records were read are handed back, for the caller to show. ``tagging``: where a run's
     tracker tagging (``manifest.capture.trackers.Tagging``) is handed back, for the caller
     to run once the manifest is safely written; without it (``gate``: its capture is a
     check) no tracker run is tagged.
@@ -394,7 +398,8 @@ def capture_from_cli(cwd: Path, options: CaptureOptions, *, nvml: Any | None = N
 
         found = digest_datasets(data, repo_root=snap.code.root, store=snap.store,
                                 no_cache=no_cache, quiet=quiet, base=data_base,
-                                remote_mode=options.remote_mode)
+                                remote_mode=options.remote_mode,
+                                remote_progress=data_progress)
         # Sorted by name: the order of --data flags must not change the run's identity.
         datasets = [d.model_dump(mode="json") for d in sorted(found, key=lambda d: d.name)]
         root = snap.code.root
@@ -435,6 +440,8 @@ def capture_from_cli(cwd: Path, options: CaptureOptions, *, nvml: Any | None = N
     started = time.monotonic()
     result = run_under_launcher(command, cwd, settings)
     wall_s = time.monotonic() - started
+    if notes is not None:
+        notes.extend(result.notes())
     compute = compute_record(wall_s=wall_s, records=result.records, before=energy_before,
                              after=read_energy(nvml), env=result.env)
     stale = observed.stale_outputs(before, outputs, cwd)

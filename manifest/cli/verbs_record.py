@@ -139,8 +139,12 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         envelope=args.envelope, precision=args.precision)
     resume_collector()  # the imports are in; a run under capture is collected as usual
     tagging: list[Any] = []
+    notes: list[str] = []
     manifest, exit_code = capture_from_cli(
-        cwd, options, progress=None if args.quiet else _note_progress, tagging=tagging)
+        cwd, options, progress=None if args.quiet else _note_progress,
+        data_progress=None if args.quiet else ProgressLine(), notes=notes, tagging=tagging)
+    for note in notes:
+        _note(note)
     write_output(dumps(manifest), args.output)
     if args.pack:
         write_pack(dumps(manifest), args.pack, cwd)
@@ -179,6 +183,22 @@ def _tag_trackers(tagging: list[Any], *, quiet: bool) -> None:
         if plan.locators and not quiet:
             _note_progress(f"tagging {len(plan.locators)} tracker run(s)…")
         plan.run(say=None if quiet else _note_progress)
+
+
+class ProgressLine:
+    """A library's progress line on stderr (``manifest.data.remote.source.ProgressSink``):
+    redrawn in place on a terminal, one line each otherwise."""
+
+    def __init__(self) -> None:
+        self.live = sys.stderr.isatty()
+
+    def __call__(self, text: str | None) -> None:
+        if text is None:
+            if self.live:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(f"manifest: {text}" + ("\r" if self.live else "\n"))
+        sys.stderr.flush()
 
 
 def _note_progress(text: str) -> None:

@@ -19,6 +19,7 @@ from manifest.data.listing import diff_listings, parse_listing, path_text
 from manifest.errors import DataError
 
 if TYPE_CHECKING:
+    from manifest.data.remote.source import ProgressSink
     from manifest.models import Dataset
     from manifest.store import BlobStore
 
@@ -112,14 +113,15 @@ def _remote_spec(spec: str) -> tuple[str, str] | None:
 
 def digest_datasets(specs: list[str], *, repo_root: Path | None, store: BlobStore,
                     no_cache: bool, quiet: bool, base: Path | None = None,
-                    remote_mode: str = "listing") -> list[Dataset]:
+                    remote_mode: str = "listing",
+                    remote_progress: ProgressSink | None = None) -> list[Dataset]:
     """Digest each ``[NAME=]PATH``; store each listing blob; return the data section.
 
     Relative paths are taken from ``base`` (default: the working directory);
     pass the pyproject.toml folder for paths from ``[tool.manifest] data``.
     ``s3://``, ``gs://``, ``hf://`` and ``delta://`` URLs are pinned by
     :mod:`manifest.data.remote` in ``remote_mode`` (``listing``, ``checksums``
-    or ``deep``).
+    or ``deep``), their progress shown on ``remote_progress``.
     """
     from manifest.models import Dataset
 
@@ -137,7 +139,7 @@ def digest_datasets(specs: list[str], *, repo_root: Path | None, store: BlobStor
             from manifest.data.remote import pin_dataset
 
             datasets.append(pin_dataset(remote[0], remote[1], store=store, mode=remote_mode,
-                                        quiet=quiet))
+                                        progress=remote_progress))
             continue
         name, path = parse_data_spec(spec)
         if name in names:

@@ -202,6 +202,17 @@ class LaunchResult:
     """Where a cluster executor ran it: executor, job id, dashboard or log location (no
     credentials), bytes shipped and returned, the remote log tail of a failure (redacted)."""
 
+    unreadable: int = 0
+    """Files in the records directory that were no readable JSON object (a process's own
+    output there, a record cut off): left out, and said (:meth:`notes`)."""
+
+    def notes(self) -> list[str]:
+        """What the caller should tell the user about how the records were read."""
+        if not self.unreadable:
+            return []
+        return [f"{self.unreadable} process record(s) unreadable or not a JSON object; "
+                "left out."]
+
     @cached_property
     def processes(self) -> list[Process]:
         """``records`` read once into typed views (``manifest.launch.process``)."""
@@ -246,9 +257,6 @@ def run_under_launcher(
                     records.append(cast(ProcessRecord, record))
                 else:  # a process's own output: `[1]` is no record (r.get would fail)
                     junk += 1
-        if junk:
-            sys.stderr.write(f"manifest: note: {junk} process record(s) unreadable or not a "
-                             "JSON object; left out.\n")
     opened: dict[str, str] = {}
     modules: set[str] = set()
     for p in read_processes(records):  # every process, DataLoader workers too
@@ -258,7 +266,7 @@ def run_under_launcher(
     ranks = select_ranks(records)
     return LaunchResult(code, latest_attempt(ranks), env, streams, opened, frozenset(modules),
                         started_ns, outside_found(argv, env, watch.found, records), workers,
-                        attempts=earlier_attempts(ranks))
+                        attempts=earlier_attempts(ranks), unreadable=junk)
 
 
 def outside_found(argv: list[str], env: dict[str, str], watched: list[dict[str, str]],

@@ -30,7 +30,7 @@ from manifest.data.remote.url import endpoint_for, is_remote, parse_url, strip_u
 from manifest.errors import DataError
 
 if TYPE_CHECKING:
-    from manifest.data.remote.source import Source
+    from manifest.data.remote.source import ProgressSink, Source
     from manifest.models import Dataset
     from manifest.store import BlobStore
 
@@ -40,14 +40,16 @@ MODES = ("listing", "checksums", "deep")
 
 
 def pin_dataset(name: str, url_text: str, *, store: BlobStore, mode: str = "listing",
-                quiet: bool = True) -> Dataset:
+                progress: ProgressSink | None = None) -> Dataset:
     """Pin the remote dataset at ``url_text``; its pins go to a blob in ``store``.
+
+    ``progress``: where the objects and bytes read so far are shown (the CLI's line);
+    the listing's only where the line is ``live`` (a log of listing counts is noise), the
+    deep read's always (with its total, each line says how far it is).
 
     Raises :class:`DataError` (one sentence, exit 2) when the data cannot be
     listed or read, or the prefix holds no object.
     """
-    import sys
-
     from manifest.data.remote.registry import open_source
     from manifest.data.remote.source import Progress
     from manifest.models import Dataset, RemotePin
@@ -58,7 +60,8 @@ def pin_dataset(name: str, url_text: str, *, store: BlobStore, mode: str = "list
     label = url.text()
     endpoint = endpoint_for(url.provider)
     source = open_source(url, endpoint)
-    progress = Progress(f"listing {label}", enabled=not quiet and sys.stderr.isatty())
+    listing_progress = Progress(f"listing {label}",
+                                show=progress if progress is not None and progress.live else None)
     writer = store.writer()
     sink = PinSink(writer, label)
     kept: list[ObjectPin] | None = [] if mode == "deep" else None
@@ -67,7 +70,7 @@ def pin_dataset(name: str, url_text: str, *, store: BlobStore, mode: str = "list
         sink.add(pin)
         if kept is not None:
             kept.append(pin)
-        progress(1, pin.size)
+        listing_progress(1, pin.size)
 
     try:
         revision = source.list_pins(add, checksums=mode == "checksums")
@@ -80,12 +83,12 @@ def pin_dataset(name: str, url_text: str, *, store: BlobStore, mode: str = "list
         writer.discard()
         raise
     finally:
-        progress.close()
+        listing_progress.close()
     root, listing, strength = sink.root_text(), pins_blob, sink.strength()
     if kept is not None:
         from manifest.data.remote.deep import deep_listing, deep_root
 
-        deep_progress = Progress(f"reading {label}", enabled=not quiet, total=len(kept))
+        deep_progress = Progress(f"reading {label}", show=progress, total=len(kept))
         try:
             tree = deep_listing(source, kept, label=label, progress=deep_progress)
         finally:

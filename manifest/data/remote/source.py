@@ -11,7 +11,6 @@ providers import from here and never from the registry, so no import runs back u
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -41,12 +40,24 @@ class Source(Protocol):
         (a Hub branch that points elsewhere now, a Delta table's vacuumed files)."""
 
 
-class Progress:
-    """Objects and bytes on stderr, at most once a second, after the first second."""
+class ProgressSink(Protocol):
+    """Where a progress line goes: the CLI renders it (``manifest.cli.verbs_record``); the
+    library only says what the line is."""
 
-    def __init__(self, label: str, enabled: bool, total: int | None = None) -> None:
+    live: bool
+    """A terminal that redraws one line in place; otherwise every line is kept (a log)."""
+
+    def __call__(self, text: str | None) -> None:
+        """Show ``text`` as the progress line; None: the progress is over."""
+
+
+class Progress:
+    """Objects and bytes so far, handed to ``show`` at most once a second, after the first
+    second (a listing that ends sooner shows nothing). Without ``show``, nothing is shown."""
+
+    def __init__(self, label: str, show: ProgressSink | None, total: int | None = None) -> None:
         self.label = label
-        self.enabled = enabled
+        self.show = show
         self.total = total
         self.objects = 0
         self.bytes = 0
@@ -58,19 +69,17 @@ class Progress:
         self.objects += objects
         self.bytes += nbytes
         now = time.monotonic()
-        if self.enabled and now >= self._next:
+        if self.show is not None and now >= self._next:
             self._next = now + 1.0
-            self._show(now)
+            self._show(self.show, now)
 
-    def _show(self, now: float) -> None:
+    def _show(self, show: ProgressSink, now: float) -> None:
         of = f"/{self.total:,}" if self.total is not None else ""
         rate = self.bytes / max(now - self.started, 1e-9) / 1e6
-        end = "\r" if sys.stderr.isatty() else "\n"
-        sys.stderr.write(f"manifest: {self.label}: {self.objects:,}{of} objects, "
-                         f"{self.bytes / 1e9:.2f} GB, {rate:.0f} MB/s{end}")
-        sys.stderr.flush()
+        show(f"{self.label}: {self.objects:,}{of} objects, {self.bytes / 1e9:.2f} GB, "
+             f"{rate:.0f} MB/s")
         self._shown = True
 
     def close(self) -> None:
-        if self._shown and sys.stderr.isatty():
-            sys.stderr.write("\n")
+        if self._shown and self.show is not None:
+            self.show(None)
