@@ -64,6 +64,9 @@ class FakeKube:
                  nodes: list[dict[str, Any]] | None = None) -> None:
         self.claim_dir = claim_dir
         self.hold = hold
+        self.scratch: Path | None = None
+        """Where the pods' ``emptyDir`` volumes of rebuilt environments are made (the test's
+        temporary folder, so a rebuilt venv does not outlive it)."""
         self.nodes = nodes or []
         """The cluster's nodes as ``GET /api/v1/nodes`` lists them (labels, allocatable)."""
         """Keep pods Pending (never start them): a job that cannot be placed."""
@@ -80,10 +83,18 @@ class FakeKube:
             return self.claim_dir
         return Path(tempfile.mkdtemp(prefix=f"fake-emptydir-{name}-{index}-"))
 
-    def _command(self, command: list[str], bundle: Path) -> list[str]:
-        out = [sys.executable if i == 0 else word.replace("/bundle", str(bundle), 1)
-               if word.startswith("/bundle") else word for i, word in enumerate(command)]
-        return out
+    def _command(self, command: list[str], bundle: Path, env_dir: Path) -> list[str]:
+        """The container's command here: the interpreter this one, ``/bundle`` the pod's
+        bundle folder, the rebuilt-environment volume (``/manifest-env``) the pod's own."""
+        mounts = {"/bundle": bundle, "/manifest-env": env_dir}
+
+        def here(word: str) -> str:
+            for mount, folder in mounts.items():
+                if word == mount or word.startswith(mount + "/"):
+                    return str(folder) + word[len(mount):]
+            return word
+
+        return [sys.executable if i == 0 else here(word) for i, word in enumerate(command)]
 
     def start(self, name: str, job: dict[str, Any]) -> None:
         spec = job["spec"]["template"]["spec"]
@@ -95,6 +106,8 @@ class FakeKube:
                 pods.append(Pod(pod_name, index, None))
                 continue
             bundle = self._bundle_dir(name, index)
+            env_dir = Path(tempfile.mkdtemp(prefix=f"fake-env-{name}-{index}-",  # emptyDir
+                                            dir=self.scratch))
             # The pods' stable names do not resolve here: each pod a loopback address.
             env = dict(os.environ, JOB_COMPLETION_INDEX=str(index), MASTER_ADDR="127.0.0.1",
                        PET_RDZV_ENDPOINT=f"127.0.0.1:{rdzv}",
@@ -102,12 +115,12 @@ class FakeKube:
             env.pop("PYTHONHASHSEED", None)
             failed = None
             for init in spec.get("initContainers") or []:
-                done = subprocess.run(self._command(init["command"], bundle), env=env,
+                done = subprocess.run(self._command(init["command"], bundle, env_dir), env=env,
                                       capture_output=True, check=False)
                 if done.returncode != 0:
                     failed = done.stderr.decode()
             proc = None if failed else subprocess.Popen(
-                self._command(spec["containers"][0]["command"], bundle), env=env,
+                self._command(spec["containers"][0]["command"], bundle, env_dir), env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             pods.append(Pod(pod_name, index, proc, failed))
         self.pods[name] = pods
@@ -190,6 +203,7 @@ def fake_kube(tmp: Path, *, claim_dir: Path | None = None, hold: bool = False,
               ) -> Iterator[tuple[FakeKube, dict[str, str]]]:
     """The fake API server and the environment (KUBECONFIG) that points the client at it."""
     kube = FakeKube(claim_dir, hold=hold, nodes=nodes)
+    kube.scratch = tmp
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:

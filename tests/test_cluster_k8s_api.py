@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_runs import recorded_on
+from tests.cluster_runs import RUN_ENV_LINE, recorded_on, run_env_wheels
 from tests.k8s_api import fake_kube
 from tests.runs import capture, make_repo, manifest_cli
 
@@ -120,6 +120,27 @@ def test_bundle_url_init_container_fetches_from_s3(recorded: tuple[Path, Path],
     assert init["command"][-3:] == ["fetch", f"s3://bundles/re-runs/{digest}.tar",
                                     f"/bundle/{digest}"]
     assert spec["volumes"] == [{"name": "bundle", "emptyDir": {}}]
+
+
+def test_env_run_rebuilds_in_an_init_container_and_the_pod_runs_in_it(
+        recorded: tuple[Path, Path], tmp_path: Path) -> None:
+    """``--env run`` where the pods run another image than the run's: an init container
+    rebuilds and proves the run's environment into the pod's volume, the re-run finds it
+    there (its proof checked again) and runs with its python; the report says so."""
+    repo, manifest = recorded
+    wheels = run_env_wheels(manifest)
+    with fake_kube(tmp_path, claim_dir=_claim(repo)) as (kube, env):
+        code, report, stderr = _verify(repo, manifest, env, "--claim", "bundles",
+                                       "--env", "run", "--find-links", str(wheels))
+    assert code == 0, stderr[-3000:]
+    assert report["verdict"] == "identical", report["reason"]
+    assert report["environment"]["line"] == RUN_ENV_LINE
+    assert report["environment"]["proof"]["proven"] is True
+    assert report["environment"]["cached"] is True  # built by the init container
+    spec = _posted(kube, "jobs")["spec"]["template"]["spec"]
+    [init] = spec["initContainers"]
+    assert init["name"] == "rebuild-environment" and "--env-only" in init["command"]
+    assert {"name": "environment", "emptyDir": {}} in spec["volumes"]
 
 
 def test_timeout_deletes_the_job_and_a_pending_job_is_said(

@@ -132,10 +132,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from manifest.cli.text import printable
         from manifest.redact import redact_urls
 
-        printed = getattr(exc, "printed", None)  # a --dry-run's objects (cluster.k8s)
-        if callable(printed):
-            sys.stdout.write(printed(as_json=getattr(args, "format", None) == "json"))
-            sys.stdout.flush()
         # Messages quote recorded strings: never let one act on the terminal, and a URL
         # (a --data URL as typed, an endpoint) shows no userinfo or signature.
         sys.stderr.write(f"manifest: {printable(redact_urls(exc.diagnostics()))}\n")

@@ -238,6 +238,12 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterOptions | None:
         raise UsageError(problem)
     table = load_config(Path.cwd())[0].get("executors", {})
     flags = {name: getattr(args, name, None) for name in cluster_flag_names()}
+    verb = getattr(args, "verb", "verify")
+    if flags.get("dry_run") and (verb != "verify" or getattr(args, "segments", None)
+                                 or getattr(args, "at", None)):
+        raise UsageError(f"--dry-run prints the one Job a verify would submit; {verb} "
+                         + ("with --segments or --at " if verb == "verify" else "")
+                         + "submits several runs: run it without --dry-run.")
     from dataclasses import replace
 
     # the executor's progress (submitted, queued, data shipped), on stderr as it happens

@@ -40,7 +40,9 @@ when done. Ctrl-C, SIGTERM and ``--timeout`` delete the Job (propagation
 ``Background``: its pods go too), and the cancel is reported once the API
 answers 404 for it.
 
-``--dry-run`` prints both objects as YAML, submits nothing, says so and exits 0.
+``--dry-run`` prints both objects as YAML, submits nothing, says so and exits 0: the
+executor returns them as the job's result (``job["printed"]``, :class:`PrintedJob`), never
+as an exception, and the CLI prints them.
 
 Not run against a real cluster here (none can run on these machines): the
 tests speak to a local HTTP server that answers the endpoints used and runs
@@ -76,26 +78,47 @@ LABEL = "manifest/job"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 
-class DryRunDone(ManifestError):
-    """``--dry-run``: nothing was submitted (exit 0). The CLI prints :meth:`printed` on
-    stdout (YAML, or with ``--format json`` a ``v1`` ``List`` that ``kubectl apply -f``
-    reads too) and the message, which says where the bundle is staged, on stderr."""
+def printed(objects: list[dict[str, Any]], *, as_json: bool) -> str:
+    """``--dry-run``'s objects as the CLI prints them on stdout: YAML, or with ``--format
+    json`` a ``v1`` ``List`` that ``kubectl apply -f`` reads too."""
+    if as_json:
+        import json
 
-    exit_code = 0
+        doc = {"apiVersion": "v1", "kind": "List", "items": objects}
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    import yaml  # type: ignore[import-untyped]
 
-    def __init__(self, message: str, *, objects: list[dict[str, Any]]) -> None:
-        super().__init__(message)
-        self.objects = objects
+    return "---\n".join(yaml.safe_dump(o, sort_keys=True) for o in objects)
 
-    def printed(self, *, as_json: bool) -> str:
-        if as_json:
-            import json
 
-            doc = {"apiVersion": "v1", "kind": "List", "items": self.objects}
-            return json.dumps(doc, indent=2, sort_keys=True) + "\n"
-        import yaml  # type: ignore[import-untyped]
+class PrintedJob:
+    """``--dry-run``: the Job rendered, nothing submitted (a
+    :class:`~manifest.rerun.cluster.remote_run.Submission` that has already ended). Its
+    result is the objects and the sentence that says where the bundle is staged; the verb
+    returns them (``job["printed"]``) and the CLI prints them, exit 0."""
 
-        return "---\n".join(yaml.safe_dump(o, sort_keys=True) for o in self.objects)
+    def __init__(self, name: str, objects: list[dict[str, Any]], message: str) -> None:
+        self.job_id = name
+        self.where = "(not submitted: --dry-run)"
+        self.doc = {"printed": {"objects": objects, "message": message}}
+
+    def finished(self) -> bool:
+        return True
+
+    def state(self) -> str:
+        return "printed"
+
+    def queued(self) -> bool:
+        return False
+
+    def result(self) -> dict[str, Any] | None:
+        return self.doc
+
+    def log_tail(self) -> str:
+        return ""
+
+    def cancel(self) -> str | None:
+        return "printed"
 
 
 def job_name(bundle_name: str) -> str:
@@ -187,7 +210,7 @@ def as_documents(objects: tuple[Any, ...]) -> list[dict[str, Any]]:
 
 def to_yaml(objects: tuple[Any, ...]) -> str:
     """The objects as a multi-document YAML stream, keys as the API spells them."""
-    return DryRunDone("", objects=as_documents(objects)).printed(as_json=False)
+    return printed(as_documents(objects), as_json=False)
 
 
 def rank_env(index: int, nodes: int, service: str) -> dict[str, str]:
@@ -459,7 +482,7 @@ class KubernetesExecutor(ClusterExecutor):
         base.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=".staging-", dir=base))
 
-    def submit(self, plan: RerunPlan, bundle: Bundle) -> KubernetesJob:
+    def submit(self, plan: RerunPlan, bundle: Bundle) -> KubernetesJob | PrintedJob:
         from kubernetes.client.exceptions import ApiException
 
         from manifest.rerun.cluster.placement import need_of
@@ -483,9 +506,10 @@ class KubernetesExecutor(ClusterExecutor):
         digest = bundle.name.removeprefix("blake3:")
         if self.options.dry_run:
             target = self._keep(bundle)
-            raise DryRunDone("--dry-run: the Job and Service above were printed; nothing was "
-                             f"submitted and nothing ran. {self._needs(target, image)}",
-                             objects=as_documents((service, job)))
+            return PrintedJob(name, as_documents((service, job)),
+                              "--dry-run: the Job and Service above were printed; nothing "
+                              "was submitted and nothing ran. "
+                              + self._needs(target, image))
         if self.options.bundle_url:
             upload_bundle(bundle.path, f"{self.options.bundle_url.rstrip('/')}/{digest}.tar")
         else:

@@ -243,9 +243,10 @@ class ClusterExecutor:
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
-        self.note(f"{self.name} job {job.job_id} submitted"
-                  + (f" ({plan.layout})" if plan.layout else "") + f"; follow it at "
-                  f"{job.where}")
+        if not self.options.prints_only:
+            self.note(f"{self.name} job {job.job_id} submitted"
+                      + (f" ({plan.layout})" if plan.layout else "") + f"; follow it at "
+                      f"{job.where}")
         figures.extra["data"] = data
         return Started(job=job, plan=plan, workspace=workspace, writable=tuple(writable),
                        figures=figures, bundle=bundle.name, staged=staged, submitted=submitted,
@@ -362,6 +363,8 @@ class ClusterExecutor:
         if "refused" in doc:
             raise NoVerdictError(f"the {self.name} job {job.job_id} refused the bundle on "
                                  f"arrival: {doc['refused']}")
+        if "printed" in doc:  # k8s --dry-run: the objects, nothing ran
+            return doc
         if "unplaced" in doc:
             raise NoVerdictError(f"the {self.name} job {job.job_id} could not place its nodes: "
                                  f"{doc['unplaced']}")
@@ -386,6 +389,10 @@ class ClusterExecutor:
         from manifest.launch.runner import LaunchResult
         from manifest.models import Artifact
 
+        if "printed" in doc:  # k8s --dry-run: returned, never raised; nothing ran
+            return LaunchResult(exit_code=0, records=[], env={}, job={
+                "executor": self.name, "job_id": job.job_id, "where": job.where,
+                "bundle": name, "printed": doc["printed"]})
         seen = str(workspace.mount_at)
 
         def here(text: str) -> str:
