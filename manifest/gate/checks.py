@@ -119,16 +119,15 @@ def _smoke_command(project: Project) -> list[str]:
 
 def _gate_run(project: Project, options: GateOptions, report: GateReport) -> None:
     from manifest.canonical import dumps
-    from manifest.capture.run import capture_from_cli
+    from manifest.capture.run import CaptureOptions, capture_from_cli
 
     command = _smoke_command(project)
     report.command = command
-    manifest, _ = capture_from_cli(
-        project.dir, command=command, seed=None, data=None, outputs=None, threads=None,
-        deterministic=True, store_dir=None, no_cache=False, quiet=options.quiet,
+    manifest, _ = capture_from_cli(project.dir, CaptureOptions(
+        command=command, quiet=options.quiet,
         # A baseline that other runner types may be 'equivalent' to carries its envelope.
         envelope=ENVELOPE_RUNS if options.update_baseline and project.policy.allow_equivalent
-        else 0)
+        else 0))
     report.run_id = manifest.run_id
     assert manifest.outputs is not None
     if manifest.outputs.status != "ok":

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from manifest.gate.policy import GatePolicy
-from manifest.verdicts import GATE_VERDICTS, GateStatus
+from manifest.judge import GATE_VERDICTS, GateStatus
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from manifest.rerun.environment import RebuildOptions
 
 Status = GateStatus
-"""The gate's statuses (:class:`manifest.verdicts.GateStatus`), by the name its checks use."""
+"""The gate's statuses (:class:`manifest.judge.GateStatus`), by the name its checks use."""
 
 JSON_FORMAT = "manifest-gate/v1"
 UPDATE_HINT = "run `manifest gate --update-baseline` and commit it to accept this change"
@@ -116,5 +116,3 @@ class GateOptions:
     fresh capture's records and proven, as verify; None: this machine's."""
     note: Callable[[str], None] | None = None
     """Progress the user sees before the re-run trains (the rebuilt environment's proof)."""
-
-

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from manifest.judge import LAB_OUTCOMES, LabOutcome
 from manifest.models import Envelope, Model
-from manifest.verdicts import LAB_OUTCOMES, LabOutcome
 
 FORMAT: Literal["manifest-lab/v1"] = "manifest-lab/v1"
 
@@ -163,6 +163,8 @@ class Explained(Model):
     """``parted``, ``agree`` or ``no-verdict`` (then ``reason`` says why)."""
     cause: str | None = None
     reason: str | None = None
+    reason_code: str | None = None
+    """The reason's stable code (``manifest.judge.reasons.ReasonCode``)."""
     step: int | None = None
     findings: list[ExplainedOp] = Field(default_factory=list)
     environment: str | None = None

@@ -47,6 +47,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from manifest.capture.run import _config_int, build_run_manifest
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, NoVerdictError, UsageError
+from manifest.judge import (
+    BASES,
+    Findings,
+    current,
+    judge,
+    lab_outcome,
+    nothing_compared_reason,
+    rules,
+)
+from manifest.judge.rules import carry
 from manifest.lab.checklist import checklist
 from manifest.lab.report import (
     Catalogue,
@@ -68,7 +78,6 @@ from manifest.models import Manifest
 from manifest.ops.catalogue import base_name, load_table
 from manifest.redact import redact_argv
 from manifest.rerun.plan import RerunOptions
-from manifest.verdicts import BASES, Findings, judge, lab_outcome, nothing_compared_reason
 
 if TYPE_CHECKING:
     from manifest.capture.snapshot import Snapshot
@@ -287,10 +296,9 @@ def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions,
                                  rerun=replace(rerun, trust=True, in_place=True), step=step,
                                  code_checked=True, rebuild=rebuild))
     except ManifestError as exc:
-        return Explained(verdict="no-verdict", reason=str(exc), step=step)
+        return Explained(**carry(rules.explain_failed(str(exc))), step=step)
     return Explained(
-        verdict=report.verdict, cause=report.cause, reason=report.reason,
-        step=report.first_step,
+        **carry(current(report)), cause=report.cause, step=report.first_step,
         environment=str(report.environment["line"])
         if rebuild is not None and report.environment else None,
         findings=[ExplainedOp(rank=f.rank, step=f.step, kind=f.kind, op=f.op, module=f.module,
