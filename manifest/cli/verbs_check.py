@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from manifest.cli.files import read_manifest_file, signature_check, unpacked, write_output
 from manifest.cli.options import (
@@ -225,6 +225,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     report = verify_run(data, file=args.file, cwd=Path.cwd(), options=options,
                         announce=render_dry_run if dry else render_command, show_plan=show_plan,
                         note=None if args.quiet else progress)
+    if dry and report.job is not None and report.job.get("printed"):
+        return _print_dry_run(report.job["printed"], as_json=args.format is ReportFormat.JSON)
     if report.rerun_exit_code is not None and report.confinement and not args.quiet:
         sys.stderr.write(f"manifest: the re-run ran {plain_confinement(report.confinement)}; "
                          f"it was allowed to run because {plain_trust(report.trust)}.\n")
@@ -255,6 +257,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
             render_explain(explained)
     return report.exit_code
+
+
+def _print_dry_run(printed: dict[str, Any], *, as_json: bool) -> int:
+    """``--on k8s --dry-run``: the objects the executor rendered on stdout, and the sentence
+    that says nothing ran and where the bundle is staged on stderr (exit 0)."""
+    from manifest.cli.text import printable
+    from manifest.redact import redact_urls
+    from manifest.rerun.cluster.k8s import printed as objects_text
+
+    sys.stdout.write(objects_text(list(printed["objects"]), as_json=as_json))
+    sys.stderr.write(f"manifest: {printable(redact_urls(str(printed['message'])))}\n")
+    return 0
 
 
 def progress(sentence: str) -> None:
