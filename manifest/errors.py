@@ -6,12 +6,15 @@ stderr and exits with ``exit_code``; nothing else is ever shown.
 
     ManifestError                 base, exit 2 unless a subclass says otherwise
     ├── UsageError                bad option or argument (exit 2)
+    │   └── MissingSecretsError       a redacted argv whose MANIFEST_SECRET_N are not set
     ├── InvalidManifestError      not JSON, NaN, duplicate keys, wrong types (exit 2)
     │   ├── UnsupportedSchemaError    unknown schema version (exit 2)
     │   ├── TamperedManifestError     run_id or digest does not match (exit 2)
     │   └── SignatureError            a signature or pack that does not check out (exit 2)
     ├── OutputError               cannot write where asked (exit 2)
     ├── MalformedArtifactError    an output claims a weight format but is malformed (exit 2)
+    ├── WeightFileError           a weight file that cannot be parsed: recorded as a plain file
+    │   └── MalformedWeightsError     impossible or hostile offsets, sizes or structure
     ├── DataError                 dataset path missing/unreadable (exit 2)
     ├── ConfigError               bad [tool.manifest] in pyproject.toml (exit 2)
     ├── MissingExtraError         an optional library is not installed: the install line (exit 2)
@@ -77,6 +80,21 @@ class OutputError(ManifestError):
 
 class MalformedArtifactError(ManifestError):
     pass
+
+
+class WeightFileError(ManifestError):
+    """A weight file that cannot be parsed (``manifest.weights``): recorded as a plain file."""
+
+
+class MalformedWeightsError(WeightFileError):
+    """A file that claims a weight format but whose offsets, sizes or structure are
+    impossible or hostile: refused at capture (as a ``MalformedArtifactError``), a
+    difference at verify."""
+
+
+class MissingSecretsError(UsageError):
+    """A redacted argv cannot be restored (``manifest.redact.restore_argv``): the message
+    names the variables to set."""
 
 
 class DataError(ManifestError):

@@ -51,6 +51,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from manifest.errors import MissingSecretsError as MissingSecretsError
+
 REDACTED = "<redacted>"
 """What free text shows in place of a secret."""
 
@@ -389,10 +391,6 @@ def withheld(argv: Sequence[str]) -> list[int]:
         for m in _PLACEHOLDER.finditer(arg):
             found.add(int(m.group(1)) if m.group(1) else 0)
     return sorted(found)
-
-
-class MissingSecretsError(Exception):
-    """A redacted argv cannot be restored: the message names the variables to set."""
 
 
 def restore_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from manifest.errors import MalformedWeightsError as MalformedWeightsError
+from manifest.errors import WeightFileError as WeightFileError
+
 BUDGET_FACTOR = 4
 """Bytes allocated beyond the memory map, as a multiple of the file size (plus 1 MiB)."""
 MAX_DIM = 2**53 - 1
@@ -29,13 +32,6 @@ MAX_DEPTH = 200
 """Containers nested deeper than this in ``data.pkl`` are refused (a state dict is 2-10)."""
 
 
-class WeightFileError(Exception):
-    """A weight file that cannot be parsed (recorded as a plain file)."""
-
-
-class MalformedWeightsError(WeightFileError):
-    """A file that claims a weight format but whose offsets, sizes or structure are
-    impossible or hostile: refused at capture, a difference at verify."""
 
 
 class Budget:
