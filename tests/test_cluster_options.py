@@ -139,3 +139,41 @@ def test_the_cli_refuses_another_executors_flag_in_one_sentence(tmp_path: Path) 
     assert "--partition is an option of --on slurm, not of --on ray." in proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+def test_the_verbs_own_fields_are_no_user_option_and_progress_is_never_printed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``environment`` and ``note`` are set by the verb: a config key of that name is
+    refused like any unknown one; an executor nobody gave a ``note`` keeps its progress
+    (returned in ``job["notes"]``) and writes nothing."""
+    with pytest.raises(ConfigError, match="unknown key 'environment'"):
+        cluster_options("slurm", {}, {"slurm": {"environment": {"env": {}}}})
+    from manifest.rerun.cluster.remote_run import ClusterExecutor
+
+    quiet = ClusterExecutor(cluster_options("slurm", {}, {}))
+    quiet.note("slurm job 1 submitted")
+    assert quiet.notes == ["slurm job 1 submitted"]
+    heard: list[str] = []  # control: a note given is where the sentences go, as they happen
+    told = ClusterExecutor(cluster_options("slurm", {}, {}), note=heard.append)
+    told.note("slurm job 2 submitted")
+    assert heard == ["slurm job 2 submitted"] and told.notes == []
+    assert capsys.readouterr() == ("", "")
+
+
+def test_several_runs_cannot_be_a_dry_run_in_one_sentence(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes", reason="the k8s extra is not installed")
+    run = REPO / "tests" / "golden" / "manifest_v1.json"
+    for verb, extra in (("explain", ()), ("verify", ("--segments", "2"))):
+        proc = subprocess.run(
+            [sys.executable, "-m", "manifest", verb, str(run), "--on", "k8s", "--dry-run",
+             "--claim", "pvc", *extra],
+            capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False)
+        assert proc.returncode == 2, (verb, proc.stderr)
+        assert "--dry-run prints the one Job a verify would submit" in proc.stderr, proc.stderr
+        assert proc.stderr.strip().count("\n") == 0 and not proc.stdout, proc.stderr
+    # control: verify's one run may be a dry run (whatever it says next, not this)
+    proc = subprocess.run(
+        [sys.executable, "-m", "manifest", "verify", str(run), "--on", "k8s", "--dry-run",
+         "--claim", "pvc"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        check=False)
+    assert "--dry-run prints the one Job" not in proc.stderr, proc.stderr

@@ -214,7 +214,10 @@ def environment_for(recorded: Manifest, machine: tuple[dict[str, Any], Any, Any]
     if rebuild is None:
         return this_machine(recorded, machine[0]), machine
     if cluster is not None:
-        return for_cluster(recorded, rebuild, trust=trust(), tree=tree)[0], machine
+        used = for_cluster(recorded, rebuild, trust=trust(), tree=tree)[0]
+        if note is not None:
+            note(f"{used.line} (--on {cluster.on} --env run)")
+        return used, machine
     used = rebuilt_environment(recorded, rebuild, trust=trust(), tree=tree, note=note)
     if note is not None:
         note(used.line)
