@@ -529,8 +529,8 @@ class NumericPoint(Model):
     """Machine epsilon of the loss's dtype: one rounding of the loss, relative."""
     groups: list[list[float]]
     """Per parameter group: its L2 norm, then its sketch: 16 count-sketch values whose mean
-    square estimates the squared distance to another run's (4 dense random projections in
-    manifests before issue 40; points of different lengths are not compared)."""
+    square estimates the squared distance to another run's (older manifests hold 4 dense
+    random projections; points of different lengths are not compared)."""
 
 
 class EnvelopeStep(Model):

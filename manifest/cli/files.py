@@ -1,7 +1,7 @@
 """Reading a manifest and writing a document: the file handling the verbs share.
 
-Twelve of the thirteen verbs read a manifest or write a document, and they
-must do it the same way: a manifest comes from a file, ``-`` (stdin) or a
+Nearly every verb reads a manifest or writes a document, and they must do it the
+same way: a manifest comes from a file, ``-`` (stdin) or a
 pack (show, diff, pack, sign and attest unpack it here; verify hands the
 raw bytes to its library, which reads packs itself); a document
 goes to stdout or, with ``-o FILE``, is written atomically, so a crash never

@@ -19,7 +19,7 @@ and defaults by calling it, and a test can walk the parser once for all verbs:
 * every verb that re-runs a command reads ``--on`` and its options with
   :func:`cluster_from_args` and prints what it will run with :func:`show_plan`
   (here, below the verbs, so verify's segments and the lab borrow them without
-  importing another verb: issue 41's first import circle).
+  importing another verb, which would be an import circle).
 """
 
 from __future__ import annotations

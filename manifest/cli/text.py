@@ -128,8 +128,8 @@ def plain_confinement(text: str | None) -> str:
 
 def folded_drift(drift: Iterable[Drift], *, verbose: bool = False) -> list[tuple[str, str]]:
     """(impact, sentence) per drift line the verify report prints, packages the run never
-    imported folded into one line at the place of the first (issue 39: installing three
-    extras between capture and verify printed 42 such lines above the evidence).
+    imported folded into one line at the place of the first (installing three extras
+    between capture and verify gives 42 such lines, which would bury the evidence).
 
     ``verbose`` keeps every line. The JSON report always lists each one.
     """

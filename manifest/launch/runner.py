@@ -87,8 +87,8 @@ def launch_identity(commit: str | None, diff_digest: str | None, argv: list[str]
     The argv is the one the manifest records: redacted (``manifest.redact.redact_argv``,
     which leaves an already redacted argv as it is). So the capture (raw argv), every re-run
     and ``show`` (the recorded argv) give the same id, and no secret enters it: hashed from
-    the raw argv, ``--api-key=A`` and ``--api-key=B`` gave two ids, and a low-entropy key
-    could be guessed offline from a logged one (issue 38).
+    the raw argv, ``--api-key=A`` and ``--api-key=B`` would give two ids, and a low-entropy
+    key could be guessed offline from a logged one.
     """
     from manifest.canonical import blake3_name, canonical_bytes
     from manifest.redact import redact_argv

@@ -34,10 +34,10 @@ same records give the same digest) and compares. A listed digest is not
 enough. The merge names the digest of every record it was made from
 (``observed.node_records``), but that list is outside the run's identity and
 anyone who can read ``node-0.json`` can copy it: another run's merge (seed 99)
-re-sealed with node 0's digest in its list was taken as this launch's, exit 0
-(the turn that added the list). Before that list, any ``run.json`` dropped
-into the directory while node 0 waited for node 1 was taken (issue 38). Now
-each is refused with one sentence (:class:`ForeignMerge`, exit 2). The cost is
+re-sealed with node 0's digest in its list would pass a check of the list, and
+without any check a ``run.json`` dropped into the directory while node 0 waits
+for node 1 would be taken. Each is refused with one sentence
+(:class:`ForeignMerge`, exit 2). The cost is
 one more merge on each waiting node: 64 records of 512 ranks merge in 172 ms
 on a 2-core machine (``test_merge_64_synthetic_node_records_timed`` in
 ``tests/test_nodes.py``). Nodes that run different manifest versions could

@@ -1,11 +1,11 @@
 """Node records checked as they arrive: the topology as a whole, before anything is sized by it.
 
-A node record is data from another machine, and merge used to believe it:
+A node record is data from another machine, so merge believes none of its claims:
 one node-0 record holding every rank of a 2-node world, a record whose
-``node`` disagreed with its ranks', two records both claiming node 0, a
-record claiming node 99 of 2 all merged with exit 0, and two records
-claiming world size 10^8 grew memory until killed (the coverage check built
-``set(range(world_size))``). So every claim is checked against the records
+``node`` disagrees with its ranks', two records both claiming node 0, a
+record claiming node 99 of 2 would otherwise merge with exit 0, and two records
+claiming world size 10^8 would grow memory until killed (a coverage check that
+built ``set(range(world_size))``). So every claim is checked against the records
 actually given, one record at a time as it is read
 (:class:`NodeIntake`), and nothing is ever allocated from a claimed number:
 

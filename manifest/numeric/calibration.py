@@ -4,7 +4,7 @@ An envelope holds each rounding-only run's distance from the base run, step by s
 (``envelope.measure_envelope``). The old bound, the running maximum of ~4 runs times
 their first-step spread, is exceeded by one more draw of the same noise about 1 time in
 5 (order statistics: 1 in runs + 1). Measured on the bundled example: 3 false
-``differs`` in 6 thread-count re-runs, each 1.03–1.05× that bound (issue 36).
+``differs`` in 6 thread-count re-runs, each 1.03–1.05× that bound.
 
 The model (``calibrate``). Per quantity k (the loss, each parameter group) and step t,
 work in log distance: L_r,k(t) = log max(d_r,k(s), floor) over s ≤ t, each run's running

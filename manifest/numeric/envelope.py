@@ -19,7 +19,7 @@ with a stated false-``differs`` rate (``calibration.calibrate``: the one-ULP run
 log running maximum, plus a Student-t prediction margin fitted on each run's
 leave-one-out excess; ``ALPHA`` = 1%). The old bound (spread × running maximum of 4
 runs) was exceeded by a fifth draw about 1 time in 5: 3 false ``differs`` in 6 honest
-thread-count re-runs of the bundled example (issue 36).
+thread-count re-runs of the bundled example.
 
 Measured on CPU (tests/numeric_runs.py, a Transformer encoder layer with Adam, 30 steps):
 a one-ULP perturbation gives 6e-8 at step 1 and 1e-5 at step 30, threads 2 → 1 gives

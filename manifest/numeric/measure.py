@@ -25,9 +25,9 @@ count (2 → 1, or 1 → 2), each compared with the base step by step
   lab measure where the run ran (the same path, so the path is no marker either), so
   ``files_kept`` copies aside every file the base run wrote, every declared output and
   every recorded checkpoint, puts them back byte for byte after the last run (on
-  SIGTERM and SIGHUP too), and deletes what only the envelope runs wrote (measured,
-  issue 36: after ``capture --envelope 3`` the checkpoints on disk were the last
-  envelope run's, and ``verify --segments`` said "checkpoint … changed since capture").
+  SIGTERM and SIGHUP too), and deletes what only the envelope runs wrote (otherwise,
+  after ``capture --envelope 3`` the checkpoints on disk are the last envelope run's,
+  and ``verify --segments`` says "checkpoint … changed since capture").
 
 A run that fails is left out of the envelope and named. Cost: N + 1 more runs of the
 command; on the bundled example (60 steps, 2 threads, CPU) each is about 2 s.

@@ -1,10 +1,10 @@
-"""Which noise envelope covers a re-run at another matmul precision (issue 37).
+"""Which noise envelope covers a re-run at another matmul precision.
 
 A re-run on another device type starts as far from the recorded run as its precision
 rounds a matmul's inputs: float32 keeps 23 mantissa bits, TF32 10, bf16 7. One-ULP
 envelope runs start 2^13 (TF32) to 2^16 (bf16) times closer than that, so a TF32 re-run
 judged against them is ``differs`` from step 1 (measured on an H100: 9.6× the bound for
-the bundled example, issue 37). An envelope therefore says which precision its runs used
+the bundled example). An envelope therefore says which precision its runs used
 (``Envelope.precision``) and how (``Envelope.how``: on the device, or emulated on CPU by
 ``launch/boot/_manifest_precision``), and a re-run is judged against an envelope at the
 coarser of the two runs' precisions (``choose``), or against none.

@@ -1,4 +1,4 @@
-"""The recorded run's emulated twin: what a TF32 or bf16 re-run is judged against (issue 37).
+"""The recorded run's emulated twin: what a TF32 or bf16 re-run is judged against.
 
 Why. Measured from the float32 run, every run under a precision's emulation carries the
 same rounding offset (TF32 keeps 10 mantissa bits of a matmul's inputs, bf16 7), and the
@@ -28,7 +28,7 @@ sketch, whose estimate of a distance is off by about 18% (one standard deviation
 enough to put an honest output outside when o is 100× b.
 
 A carried twin is the author's numbers, held as the envelope is (``check_twin``), and
-more (a reviewer's repros, issue 37): o itself is held to the trails, since o = 1e6 or
+more (a reviewer's repros): o itself is held to the trails, since o = 1e6 or
 o + 1.05 d let an output edited by d through. o may be at most ``OFFSET_OVER_SKETCH`` = 2×
 the twin's last-step distance from the recorded trail (the sketch's, off by ~18% sd: 2× is
 over 5 sd) plus float32's first-step move (4 eps = 4.8e-7: the file is float32); measured
@@ -242,7 +242,7 @@ def trail_apart(recorded: Sequence[NumericPoint], twin: Sequence[NumericPoint],
     """The recorded trail against the twin at every step of the bound, with the bound
     scaled by the starting-size ratio (the twin's first-step distance from the recorded
     run over the bound's first step): divergence grows from its starting size by the
-    run's own dynamics (issue 37), so an honest float32 trail stays inside. Outside at
+    run's own dynamics, so an honest float32 trail stays inside. Outside at
     any step (or not measurable): ``problem`` names it, and the twin decides nothing."""
     bounds = {b.step: b.groups for b in calibration.bounds}
     points = {p.step: p for p in recorded}

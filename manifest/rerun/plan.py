@@ -1,10 +1,10 @@
 """The plan: exactly what a re-run will execute, decided once, before anything runs.
 
-verify, explain, lab and gate each used to put their own re-run together
-(trust, paths, confinement, what the user is shown), and only verify did all
-of it: ``explain --trust`` ran a crafted ``command.cwd`` of ``../..`` outside
-the scratch tree, printed nothing before it ran, and never confined its runs.
-Now every verb builds one :class:`RerunPlan` here and hands it to a
+verify, explain, lab and gate all re-run a recorded command, and each needs all of
+trust, paths, confinement and what the user is shown: a verb that assembles its own
+re-run can miss one (run a crafted ``command.cwd`` of ``../..`` outside the scratch
+tree, print nothing before it runs, leave its runs unconfined). So every verb builds
+one :class:`RerunPlan` here and hands it to a
 workspace and an executor (``manifest.rerun.workspace``,
 ``manifest.rerun.executor``):
 

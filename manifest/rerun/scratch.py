@@ -17,7 +17,7 @@ example: ~2 MB; a real project: the repository's size). Before this module a
   ``manifest-verify-*`` whose lock can be taken (older than a minute, so a
   directory whose owner is still between ``mkdtemp`` and ``flock`` is left
   alone). One kept on purpose (``--keep``) holds a ``.kept`` marker and is
-  never swept: the next re-run a minute later used to remove it.
+  never swept, or the next re-run a minute later would remove it.
 """
 
 from __future__ import annotations

@@ -4,15 +4,15 @@ directory's members.
 A module of its own so the import graph of ``manifest.weights`` runs one way:
 ``tables`` dispatches to the readers (``dcp``, ``sharded``, ``safetensors_file``,
 ``torch_archive``), and every one of them imports the map and the member checks
-from here. With :class:`MappedFile` in ``tables``, ``dcp`` and ``sharded``
-imported it back (issue 41's circle 4: tables ↔ dcp ↔ sharded).
+from here (with :class:`MappedFile` in ``tables``, ``dcp`` and ``sharded`` would import
+it back: an import circle tables ↔ dcp ↔ sharded).
 
 Every file goes through :func:`manifest.bounded.open_regular`: a checkpoint path
-is written in a manifest, so what lies there is whatever the user's tree holds. A
-FIFO used to block ``verify --at`` forever, a 32 GiB sparse file at a path that
-recorded 2,205 bytes was hashed whole (no answer after 40 s), and a
-``*.safetensors.index.json`` linked to ``/dev/zero`` passed its 64 MiB check
-(``st_size`` 0) and was read until memory ran out. Here only a regular file is
+is written in a manifest, so what lies there is whatever the user's tree holds: a
+FIFO would block ``verify --at`` forever, a 32 GiB sparse file at a path that
+recorded 2,205 bytes would be hashed whole (no answer after 40 s), and a
+``*.safetensors.index.json`` linked to ``/dev/zero`` passes a 64 MiB size check
+(``st_size`` 0) and is read until memory runs out. Here only a regular file is
 opened, never waiting for a writer, and with the recorded size given it must be
 exactly that size before a byte is read.
 """

@@ -16,14 +16,14 @@ tensor); ``optimizer_fingerprint`` sums the parameters' bits as int32 words on
 their own device, two integers per parameter group fetched in one transfer per
 device, which is what makes a point at every step affordable.
 
-What recording costs (issue 40, ``benchmarks/step_cost.py``, one thread, thread CPU
-time, paired and interleaved): on a 1.07 M-parameter nanoGPT-shaped model the
-fingerprint plus numeric point took 1.13× a bare step before (int64 copies for the
-squared sum, a float64 matmul against dense directions, fresh float64 copies whose
-page faults cost more than the arithmetic) and 1.007× now, 1.20× and 0.993× on a
-25.5 M one; the recording's own time is now 1.9% and 1.6% of the step (the fingerprint
-alone 0.8% and 0.5%). Both read each parameter's bytes once per step, into buffers
-made at the first step and kept with the views that fill them (``_plan``).
+What recording costs (``benchmarks/step_cost.py``, one thread, thread CPU time, paired
+and interleaved): on a 1.07 M-parameter nanoGPT-shaped model the fingerprint plus numeric
+point take 1.007× a bare step, 0.993× on a 25.5 M one; the recording's own time is 1.9%
+and 1.6% of the step (the fingerprint alone 0.8% and 0.5%). Int64 copies for the squared
+sum, a float64 matmul against dense directions and fresh float64 copies (whose page
+faults cost more than the arithmetic) measured 1.13× and 1.20×. Both read each
+parameter's bytes once per step, into buffers made at the first step and kept with the
+views that fill them (``_plan``).
 
 Standard library at import; torch is taken from ``sys.modules`` when called.
 """
