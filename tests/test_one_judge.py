@@ -54,3 +54,86 @@ def test_the_check_flags_every_way_of_writing_one() -> None:
                "if report.verdict == 'identical':\n    pass\n"
                "print(report.verdict)\n")
     assert verdict_writes(snippet) == [1, 2, 3, 4]
+
+
+def test_the_concepts_page_lists_every_reason_code() -> None:
+    import importlib.util
+
+    from manifest.judge.reasons import MEANINGS, ReasonCode
+
+    assert set(MEANINGS) == set(ReasonCode)
+    spec = importlib.util.spec_from_file_location("gen_ref", ROOT / "docs" / "gen_ref.py")
+    assert spec is not None and spec.loader is not None
+    gen_ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_ref)
+    page = (ROOT / "docs" / "concepts" / "verdicts.md").read_text(encoding="utf-8")
+    assert gen_ref.REASONS_MARKER in page
+    built = gen_ref.on_page_markdown(page, None, None, None)
+    for code in ReasonCode:
+        assert f"| `{code}` |" in built, code
+
+
+def test_the_rules_in_order_each_with_its_code() -> None:
+    """Failure before nothing-compared before the comparison; changed data is never
+    ``identical``; another world size refines only a ``differs``."""
+    from manifest.judge import Findings, ReasonCode, Verdict, judge, rules
+
+    nothing = "nothing to compare"
+    failed = judge(Findings(outputs=[False], failure="boom"), nothing=nothing)
+    assert (failed.verdict, failed.code) == (Verdict.NO_VERDICT, ReasonCode.RERUN_FAILED)
+    empty = judge(Findings(), nothing=nothing)
+    assert (empty.verdict, empty.reason, empty.code) == (
+        Verdict.NOTHING_COMPARED, nothing, ReasonCode.NOTHING_COMPARED)
+    same = judge(Findings(outputs=[True], trail_steps=3), nothing=nothing)
+    assert (same.verdict, same.basis, same.code) == (Verdict.IDENTICAL, "tensors and trail",
+                                                     None)
+    moved = judge(Findings(outputs=[True, False]), nothing=nothing)
+    assert (moved.verdict, moved.code) == (Verdict.DIFFERS, ReasonCode.OUTPUTS_DIFFER)
+    parts = judge(Findings(outputs=[True], trail_steps=2, trail_parts_at=7), nothing=nothing)
+    assert (parts.verdict, parts.code) == (Verdict.DIFFERS, ReasonCode.TRAIL_PARTS)
+
+    changed = rules.data(same, ["train (data/)"])
+    assert (changed.verdict, changed.code) == (Verdict.DIFFERS, ReasonCode.DATA_CHANGED)
+    assert "train (data/)" in (changed.reason or "")
+    assert rules.data(same, []) == same  # positive control: unchanged data changes nothing
+    assert rules.topology(moved, world_size_changed=True, reason="2 → 4").verdict is (
+        Verdict.CHANGED_TOPOLOGY)
+    assert rules.topology(same, world_size_changed=True, reason="2 → 4") == same
+
+
+def test_a_report_carries_the_code_in_its_json() -> None:
+    from manifest.judge import ReasonCode, record, rules
+    from manifest.verify.report import VerifyReport
+
+    report = VerifyReport(file="run.json", run_id="blake3:" + "0" * 64, command=["python"])
+    assert report.to_json()["reason_code"] is None
+    record(report, rules.refused(ReasonCode.NO_COMMAND, "no command"))
+    doc = report.to_json()
+    assert (doc["verdict"], doc["reason"], doc["reason_code"]) == (
+        "no-verdict", "no command", "no-command")
+    assert report.exit_code == 3
+
+
+def test_the_gate_and_diff_take_their_verdicts_from_the_judge() -> None:
+    from manifest.judge import GateStatus, ReasonCode, rules
+
+    assert rules.gate([GateStatus.PASS, GateStatus.SKIP]) is GateStatus.PASS
+    assert rules.gate([GateStatus.NOTHING_COMPARED, GateStatus.NO_VERDICT]) is (
+        GateStatus.NO_VERDICT)
+    assert rules.gate([GateStatus.NO_VERDICT, GateStatus.FAIL]) is GateStatus.FAIL
+    assert rules.diff_reason("identical", None) is None
+    assert rules.diff_reason("differ", None) is ReasonCode.OUTPUTS_DIFFER
+    assert rules.diff_reason("equivalent", {"verdict": "equivalent"}) is (
+        ReasonCode.INSIDE_ENVELOPE)
+    assert rules.diff_reason("differ", {"verdict": "not-compared"}) is (
+        ReasonCode.ENVELOPE_NOT_COMPARED)
+
+
+def test_verify_and_diff_ask_the_one_envelope_rule() -> None:
+    """Both verbs' envelope choice goes through ``manifest.judge.envelope.may_decide``."""
+    for module in ("verify/equivalence.py", "diff/engine.py"):
+        assert "may_decide(" in (PACKAGE / module).read_text(encoding="utf-8"), module
+    from manifest.judge.envelope import may_decide
+
+    refused = may_decide(None, basis="sealed")
+    assert refused.envelope is None and refused.refusal is not None

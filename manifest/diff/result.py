@@ -34,6 +34,9 @@ A :class:`ManifestDiff` is plain frozen dataclasses over the models; its
       "outputs": "identical" | "equivalent" | "differ",  # only where it decided the exit
       "numeric": {…},                              # only where judged: the numeric trails
                                                    # against a noise envelope
+      "reason_code": "outputs-differ" | "inside-envelope" | …,  # only where weighed and
+                                                   # not identical: the stable code
+                                                   # (manifest.judge.reasons)
       "differences": [                             # bits first, then by section
         {
           "section": "env",
@@ -192,6 +195,14 @@ class ManifestDiff:
         return Impact.BENIGN.value if self.differences else "identical"
 
     @property
+    def reason_code(self) -> str | None:
+        """The stable code of the outputs' weighing (``manifest.judge.rules.diff_reason``)."""
+        from manifest.judge.rules import diff_reason
+
+        code = diff_reason(self.outputs, self.numeric)
+        return None if code is None else str(code)
+
+    @property
     def settled_by_outputs(self) -> bool:
         """``bits`` lines only of seeds and generators, and identical outputs anyway."""
         return (self.outputs == "identical" and self.has_bits
@@ -237,6 +248,8 @@ class ManifestDiff:
             **({"outputs": self.outputs} if self.settled_by_outputs
                or self.outputs == "equivalent" or self.numeric is not None else {}),
             **({"numeric": self.numeric} if self.numeric is not None else {}),
+            # Only where the outputs were weighed and did not come out identical.
+            **({"reason_code": self.reason_code} if self.reason_code is not None else {}),
             "differences": [d.to_json() for d in self.selected(only)],
         }
 

@@ -15,8 +15,8 @@ from manifest.errors import (
 from manifest.gate.baseline import check_baseline, update_baseline
 from manifest.gate.policy import CHECK_NAMES, Project, load_project
 from manifest.gate.report import UPDATE_HINT, CheckResult, GateOptions, GateReport, Status
+from manifest.judge import gate_status
 from manifest.models import Manifest
-from manifest.verdicts import gate_status
 
 # Flag values the deterministic recipe sets (manifest.launch.boot.apply_flags).
 _RECIPE_FLAGS: dict[str, object] = {
@@ -180,6 +180,7 @@ def _check_determinism(project: Project, manifest: Manifest, data: bytes,
         return CheckResult("determinism", Status.NO_VERDICT,
                            f"the re-run could not be done: {exc.diagnostics()}"), []
     report.plan = verdict.plan
+    report.reason_code = verdict.reason_code
     report.environment = verdict.environment
     used = ((f"environment: {verdict.environment['line']}",)
             if options.rebuild is not None and verdict.environment else ())

@@ -57,6 +57,9 @@ class GateReport:
     warnings: list[str] = field(default_factory=list)
     plan: dict[str, Any] | None = None
     """The determinism re-run's plan (``manifest.rerun.plan.RerunPlan.to_json``), when one ran."""
+    reason_code: str | None = None
+    """The determinism re-run's reason code, as verify gives it
+    (``manifest.judge.reasons.ReasonCode``); None when it ran none or gave no reason."""
     environment: dict[str, Any] | None = None
     """Which Python environment the determinism re-run used
     (``manifest.rerun.environment.RunEnvironment.to_json``), as verify says."""
@@ -67,14 +70,11 @@ class GateReport:
 
     @property
     def verdict(self) -> str:
-        """``pass``, ``fail``, ``no-verdict`` or ``nothing-compared`` (:data:`GATE_VERDICTS`)."""
-        if self.failed:
-            return Status.FAIL.value
-        if any(c.status is Status.NO_VERDICT for c in self.checks):
-            return Status.NO_VERDICT.value
-        if any(c.status is Status.NOTHING_COMPARED for c in self.checks):
-            return Status.NOTHING_COMPARED.value
-        return Status.PASS.value
+        """``pass``, ``fail``, ``no-verdict`` or ``nothing-compared`` (:data:`GATE_VERDICTS`),
+        from the checks' statuses by the judge (``manifest.judge.rules.gate``)."""
+        from manifest.judge.rules import gate
+
+        return gate([c.status for c in self.checks]).value
 
     @property
     def exit_code(self) -> int:
@@ -87,6 +87,7 @@ class GateReport:
         return {
             "format": JSON_FORMAT,
             "verdict": self.verdict,
+            "reason_code": self.reason_code,
             "exit_code": self.exit_code,
             "mode": self.mode,
             "project": self.project,
@@ -116,3 +117,5 @@ class GateOptions:
     fresh capture's records and proven, as verify; None: this machine's."""
     note: Callable[[str], None] | None = None
     """Progress the user sees before the re-run trains (the rebuilt environment's proof)."""
+
+

@@ -24,13 +24,13 @@ The stretches of ``verify --segments`` (:func:`segments`), the lab's recipe runs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
 from manifest.judge.reasons import ReasonCode
-from manifest.judge.tables import EXPLAIN_VERDICTS, VERDICTS, ExplainVerdict, Verdict
+from manifest.judge.tables import EXPLAIN_VERDICTS, VERDICTS, ExplainVerdict, GateStatus, Verdict
 
 
 @dataclass(frozen=True)
@@ -255,6 +255,34 @@ def segments(verdicts: Sequence[str], *, changed_data: bool) -> Verdict:
     if not verdicts or Verdict.NO_VERDICT in verdicts:
         return Verdict.NO_VERDICT
     return Verdict.IDENTICAL
+
+
+def gate(statuses: Sequence[GateStatus]) -> GateStatus:
+    """The gate's verdict from its checks' statuses: any ``fail`` → ``fail``; else any
+    ``no-verdict``; else any ``nothing-compared``; else ``pass`` (``skip`` counts as
+    passed: a check that this mode does not run)."""
+    for worst in (GateStatus.FAIL, GateStatus.NO_VERDICT, GateStatus.NOTHING_COMPARED):
+        if worst in statuses:
+            return worst
+    return GateStatus.PASS
+
+
+def diff_reason(outputs: str | None, numeric: Mapping[str, Any] | None) -> ReasonCode | None:
+    """The code of diff's weighing of the outputs (``manifest.diff.engine.weigh_outputs``):
+    ``equivalent`` → inside the envelope; a numeric judgement that did not decide →
+    which part was not compared, or was outside; outputs that differ → ``outputs-differ``;
+    None when the outputs are identical or were not weighed."""
+    if outputs == "equivalent":
+        return ReasonCode.INSIDE_ENVELOPE
+    if numeric is not None:
+        if numeric.get("outputs_verdict") == "outside":
+            return ReasonCode.OUTPUTS_OUTSIDE_ENVELOPE
+        if numeric.get("outputs_verdict") == "not-compared":
+            return ReasonCode.OUTPUTS_NOT_COMPARED
+        if numeric.get("verdict") == "differs":
+            return ReasonCode.TRAIL_OUTSIDE_ENVELOPE
+        return ReasonCode.ENVELOPE_NOT_COMPARED
+    return ReasonCode.OUTPUTS_DIFFER if outputs == "differ" else None
 
 
 def explain_agree(reason: str) -> Judgement:

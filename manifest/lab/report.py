@@ -64,6 +64,9 @@ class ModeResult(Model):
     """True only when something was compared and it all agreed (see ``outcome``)."""
     outcome: LabOutcome = "bit-identical"
     """``nothing-compared``: no output declared or written, and no optimizer step seen."""
+    reason_code: str | None = None
+    """Why the outcome is not ``bit-identical``, as a stable code
+    (``manifest.judge.reasons.ReasonCode``); None when it is."""
     basis: str
     """What was compared, a key of ``manifest.verify.report.BASES``: ``tensors``,
     ``trail``, ``tensors and trail`` or ``nothing``."""

@@ -436,6 +436,7 @@ def _mode_result(mode: str, runs: list[_Run]) -> ModeResult:
                        max_s=round(max(walls), 4)),
         bit_identical=outcome == "bit-identical",
         outcome=outcome,
+        reason_code=None if judged.code is None else str(judged.code),
         basis=basis,
         basis_text=BASES[basis],
         differing=differing,
