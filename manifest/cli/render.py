@@ -14,6 +14,7 @@ from manifest.cli.text import (
     plain_trust,
     shell_join,
 )
+from manifest.judge import Verdict
 from manifest.models import Manifest, Outputs, RankRecording
 
 if TYPE_CHECKING:
@@ -188,6 +189,13 @@ def _fmt(value: float | int | None) -> str:
     return str(value)
 
 
+VERDICT_STYLE: dict[Verdict, str] = {
+    Verdict.IDENTICAL: "green", Verdict.CHECKED: "green", Verdict.EQUIVALENT: "cyan",
+    Verdict.DIFFERS: "red", Verdict.CHANGED_TOPOLOGY: "red",
+    Verdict.NOTHING_COMPARED: "yellow", Verdict.NO_VERDICT: "yellow"}
+"""Each verify verdict's colour in the terminal; every :class:`Verdict` has one."""
+
+
 def render_verify(report: VerifyReport, file: TextIO | None = None, *,
                   verbose: bool = False) -> None:
     """The human verify report: verdict first, then where and by how much (``verbose``:
@@ -195,14 +203,12 @@ def render_verify(report: VerifyReport, file: TextIO | None = None, *,
     from rich.table import Table
 
     console = _console(file)
-    style = {"identical": "green", "checked": "green", "equivalent": "cyan", "differs": "red",
-             "changed-topology": "red"}.get(
-        report.verdict, "yellow")
+    style = VERDICT_STYLE[Verdict(report.verdict)]
     console.print(f"[bold {style}]{markup(report.verdict)}[/bold {style}]  {markup(report.file)}  "
                   f"run_id {markup(report.run_id[:23])}…")
     if report.reason:
         console.print(f"reason: {markup(report.reason)}")
-    if report.verdict != "checked":  # --no-rerun compares no output: it has no basis
+    if report.verdict != Verdict.CHECKED:  # --no-rerun compares no output: it has no basis
         basis = report.basis_text if report.rerun_exit_code is not None or report.basis != (
             "nothing") else "nothing: the command was not re-run (the reason says why)"
         console.print(f"compared: {markup(basis)}")
@@ -222,7 +228,7 @@ def render_verify(report: VerifyReport, file: TextIO | None = None, *,
                                        verbose=verbose):
         tag = "[red]bits[/red]" if impact == "bits" else "benign"
         console.print(f"drift ({tag}): {markup(reason)}")
-    if report.bits_drift and report.verdict != "identical":
+    if report.bits_drift and report.verdict != Verdict.IDENTICAL:
         console.print("the environment drifted in ways that can change bits: "
                       "bit-exactness is not expected.")
     for change in report.data:

@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from manifest.cli.text import plain_confinement
+from manifest.judge import ExplainVerdict
 
 if TYPE_CHECKING:
     from manifest.cli.render_markdown import StepTrail
@@ -65,11 +66,17 @@ def _what(f: Finding) -> str:
     return f"one run ran ops the other did not ({f.other or 'extra ops'})"
 
 
+EXPLAIN_HEAD: dict[ExplainVerdict, str] = {
+    ExplainVerdict.PARTED: "the runs part", ExplainVerdict.AGREE: "the runs do not part",
+    ExplainVerdict.NO_VERDICT: "no verdict"}
+"""What explain's terminal report says for each verdict; every :class:`ExplainVerdict` has
+one."""
+
+
 def render_explain(report: ExplainReport, file: TextIO | None = None, *,
                    verbose: bool = False) -> None:
     out = file or sys.stdout
-    head = {"parted": "the runs part", "agree": "the runs do not part"}.get(
-        report.verdict, "no verdict")
+    head = EXPLAIN_HEAD[ExplainVerdict(report.verdict)]
     out.write(f"explain  {report.file}  run_id {report.run_id[:23]}…\n")
     for run in report.runs:
         out.write(f"  {run}\n")
@@ -118,7 +125,8 @@ def explain_trail(report: ExplainReport, recorded: Manifest | None) -> StepTrail
     """
     from manifest.cli.render_markdown import recorded_steps, trail_to_first
 
-    if report.steps_run is None or report.verdict not in ("parted", "agree"):
+    if report.steps_run is None or report.verdict not in (ExplainVerdict.PARTED,
+                                                          ExplainVerdict.AGREE):
         return None  # --step N: no step was located, nothing is known before N
     steps = recorded_steps(recorded) if recorded is not None else []
     steps = steps or list(range(1, report.steps_run + 1))

@@ -15,10 +15,11 @@ from manifest.gate.report import CheckResult, GateReport, Status
 
 _MARK = {Status.PASS: "✅", Status.FAIL: "❌", Status.SKIP: "⏭️", Status.NO_VERDICT: "⚠️",
          Status.NOTHING_COMPARED: "⚠️"}
-_TITLE = {"pass": "✅ passed", "fail": "❌ failed", "no-verdict": "⚠️ no verdict",
-          "nothing-compared": "⚠️ nothing compared"}
-_WORD = {"pass": "PASSED", "fail": "FAILED", "no-verdict": "NO VERDICT",
-         "nothing-compared": "NOTHING COMPARED"}
+_TITLE = {Status.PASS: "✅ passed", Status.FAIL: "❌ failed", Status.NO_VERDICT: "⚠️ no verdict",
+          Status.NOTHING_COMPARED: "⚠️ nothing compared", Status.SKIP: "⏭️ skipped"}
+"""The Markdown title of each gate verdict (``skip`` is a check's status only)."""
+_WORD = {Status.PASS: "PASSED", Status.FAIL: "FAILED", Status.NO_VERDICT: "NO VERDICT",
+         Status.NOTHING_COMPARED: "NOTHING COMPARED", Status.SKIP: "SKIPPED"}
 
 
 def render_gate(report: GateReport, file: TextIO) -> None:
@@ -37,7 +38,7 @@ def render_gate(report: GateReport, file: TextIO) -> None:
             file.write(f"  {'':<10} {'':<{width}}    → {_p(c.hint)}\n")
     for w in report.warnings:
         file.write(f"  warning: {_p(w)}\n")
-    file.write(f"gate {_WORD[report.verdict]} (exit {report.exit_code})\n")
+    file.write(f"gate {_WORD[Status(report.verdict)]} (exit {report.exit_code})\n")
 
 
 def gate_json_bytes(report: GateReport) -> bytes:
@@ -64,7 +65,7 @@ def _detail_block(c: CheckResult) -> str:
 
 def gate_markdown(report: GateReport) -> str:
     """The job summary: verdict, a table of checks, folded details, hints."""
-    out = [f"## Reproducibility gate: {_TITLE[report.verdict]}", ""]
+    out = [f"## Reproducibility gate: {_TITLE[Status(report.verdict)]}", ""]
     facts = [f"project {_code(report.project)}"]
     if report.command:
         facts.append(f"command {_code(shell_join(list(report.command)))}")

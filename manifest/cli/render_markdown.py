@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from manifest.cli.text import printable
+from manifest.judge import Verdict
 
 if TYPE_CHECKING:
     from manifest.diff.result import ManifestDiff
@@ -64,7 +65,7 @@ def verify_markdown(report: VerifyReport, *, trail: StepTrail | None = None,
            f"{code(report.file)} · run_id {code(report.run_id[:23] + '…')}", ""]
     if report.reason:
         out += [f"> {cell(report.reason)}", ""]
-    if report.verdict != "checked":
+    if report.verdict != Verdict.CHECKED:
         out += [f"Compared: {cell(report.basis_text)}", ""]
     if report.drift:
         out += [*table(("drift", "reason"), [(d.impact, d.reason) for d in report.drift]), ""]

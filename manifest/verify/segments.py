@@ -96,7 +96,7 @@ class SegmentResult:
     start: int
     end: int
     checkpoint: str | None
-    verdict: str = "no-verdict"
+    verdict: str = Verdict.NO_VERDICT
     """``identical``, ``differs`` or ``no-verdict``."""
     first_divergent_step: int | None = None
     steps_compared: int = 0
@@ -155,7 +155,7 @@ class SegmentsReport:
 
     @property
     def steps_checked(self) -> int:
-        return sum(s.end - s.start for s in self.segments if s.verdict != "no-verdict")
+        return sum(s.end - s.start for s in self.segments if s.verdict != Verdict.NO_VERDICT)
 
     @property
     def share(self) -> float:
@@ -165,7 +165,7 @@ class SegmentsReport:
     def chances(self) -> Chances | None:
         """For a draw from a fresh nonce only (see ``manifest.verify.stretches.chances``)."""
         checked = [Stretch(s.start, s.end, None) for s in self.segments
-                   if s.verdict != "no-verdict"]
+                   if s.verdict != Verdict.NO_VERDICT]
         return chances(Choice([], self.stretches, self.chosen_by, self.seed,
                               self.unreplayable), checked, self.total_steps)
 
