@@ -37,6 +37,7 @@ from manifest.rerun.environment import (
     NodeRebuild,
     RebuildOptions,
     for_cluster,
+    jobs_environment,
     nodes_environment,
     on_node,
 )
@@ -164,6 +165,18 @@ def test_a_bundle_runs_its_command_with_the_rebuilt_python_and_returns_the_proof
     assert both is not None and both["line"].startswith(f"node 0 ({used['node']}): ")
     assert "node 1 (n2): the run's environment, rebuilt but not proven" in both["line"]
     assert [n["proven"] for n in both["nodes"]] == [True, False]
+
+
+def test_explains_runs_each_say_their_environment_where_they_differ() -> None:
+    same = {"used": "run", "line": IDENTICAL, "venv": "/shared/envs/x"}
+    assert jobs_environment([{"run": "A"}]) is None  # no job rebuilt one
+    assert jobs_environment([{"run": "A", "environment": same},
+                             {"run": "B", "environment": same}]) == same
+    other = dict(same, line="the run's environment, rebuilt but not proven (…)")
+    both = jobs_environment([{"run": "A", "environment": same},
+                             {"run": "B", "environment": other}])
+    assert both is not None and both["line"] == (
+        f"A: {IDENTICAL}; B: the run's environment, rebuilt but not proven (…)")
 
 
 def test_the_k8s_job_rebuilds_in_an_init_container_unless_it_runs_the_recorded_image(

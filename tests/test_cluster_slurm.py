@@ -88,7 +88,8 @@ def test_verify_on_real_slurm(tmp_path: Path) -> None:
 def test_verify_on_real_slurm_in_the_runs_rebuilt_environment(tmp_path: Path) -> None:
     """``--env run``: the job rebuilds the run's environment on the shared folder (the
     executor's folder), proves it on the node and re-runs with its python; the report says
-    so. A file planted into that venv (same version, other files) is named by the next job."""
+    so; explain's runs use it too. A file planted into that venv (same version, other files)
+    is named by the next job."""
     require_slurm()
     repo, manifest = _repo(tmp_path, local=False)
     wheels = run_env_wheels(manifest)
@@ -105,6 +106,15 @@ def test_verify_on_real_slurm_in_the_runs_rebuilt_environment(tmp_path: Path) ->
     venv = Path(report["environment"]["venv"])
     assert venv.parent == tmp_path / "slurm" / "envs"  # on the shared folder, by digest
     assert [p.name for p in venv.parent.iterdir()] == [venv.name]  # no half-built copy left
+
+    # explain's runs are jobs of their own, each in the same rebuilt environment
+    proc = manifest_cli("explain", *args[1:], "--threads", "1", "--step", "2", cwd=repo,
+                        timeout=1200)
+    explained = json.loads(proc.stdout)
+    assert proc.returncode in (0, 1), proc.stderr.decode()[-3000:]
+    assert explained["environment"]["line"] == RUN_ENV_LINE
+    assert explained["jobs"] and all(
+        j["environment"]["venv"] == str(venv) for j in explained["jobs"]), explained["jobs"]
 
     planted = next(venv.glob("lib/python*/site-packages/colorama/__init__.py"))
     planted.write_text(planted.read_text() + "\n# planted\n")

@@ -158,7 +158,8 @@ def test_env_flags_that_cannot_apply_are_refused_before_anything_runs(tmp_path: 
 
     (tmp_path / "run.json").write_bytes(GOLDEN.read_bytes())
     cases = {("--env", "run", "--at", "3"): "--segments and --at replay stretches",
-             ("--env", "run", "--on", "slurm", "--explain"): "drop --explain",
+             # with --on the records are checked here, before anything is submitted
+             ("--env", "run", "--on", "slurm"): "does not record its distributions",
              ("--find-links", "wheels"): "pass --env run"}
     for args, expected in cases.items():
         proc = manifest_cli("verify", "run.json", *args, cwd=tmp_path)

@@ -215,9 +215,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise UsageError("--emulate is judged against the run's envelope at that precision "
                          "(capture --envelope N --precision P) on this machine; it cannot "
                          "be combined with --envelope or --on.")
-    if options.rebuild is not None and options.cluster is not None and args.explain:
-        raise UsageError("--explain with --on and --env run: explain does not rebuild the "
-                         "run's environment on the cluster's nodes yet; drop --explain.")
     if options.envelope and options.cluster is not None:
         raise UsageError("--envelope measures the noise envelope on this machine; it cannot "
                          "be combined with --on.")
@@ -297,13 +294,13 @@ def add_environment_options(p: argparse.ArgumentParser) -> None:
 def rebuild_options(args: argparse.Namespace, *, on_cluster: bool = False
                     ) -> RebuildOptions | None:
     """``--env run``'s options, or None (this machine's environment). ``on_cluster``: the
-    verb rebuilds it on each node (verify); another verb refuses ``--on`` with it."""
+    verb rebuilds it on each node (verify, explain); another verb refuses ``--on`` with it."""
     from manifest.rerun.environment import RebuildOptions
 
     if args.env == "run" and not on_cluster and getattr(args, "on", "local") != "local":
         raise UsageError(f"--env run with --on: {args.verb} does not rebuild the run's "
-                         "environment on the cluster's nodes yet (verify does); run it "
-                         "without --env run, or here.")
+                         "environment on the cluster's nodes yet (verify and explain do); run "
+                         "it without --env run, or here.")
     if args.env != "run":
         if args.find_links or args.index_url:
             raise UsageError("--find-links and --index-url say where --env run rebuilds the "
@@ -349,7 +346,7 @@ def _explain_after_verify(args: argparse.Namespace, data: bytes, signer: str | N
     options = ExplainOptions(rerun=rerun_options(args, signer),
                              threads=args.threads, keep=args.keep,
                              step=step if step is not None and step <= 1000 else None,
-                             rebuild=rebuild_options(args))
+                             rebuild=rebuild_options(args, on_cluster=True))
     return explain_run(data, file=args.file, cwd=Path.cwd(), options=options,
                        show_plan=show_plan)
 

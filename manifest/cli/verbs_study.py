@@ -72,7 +72,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     data = read_manifest_file(args.file)
     options = ExplainOptions(rerun=rerun_options(args, trusted_signer(args, data)),
                              threads=args.threads, keep=args.keep, step=args.step,
-                             rebuild=rebuild_options(args))
+                             rebuild=rebuild_options(args, on_cluster=True))
     report = explain_run(data, file=args.file, cwd=Path.cwd(), options=options,
                          announce=render_command, show_plan=show_plan, note=progress)
     if args.format is ReportFormat.JSON:

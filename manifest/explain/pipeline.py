@@ -207,9 +207,10 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
     used, machine = environment_for(  # --env run: the runs and the drift are the run's env's
         recorded, probe_machine(), options.rebuild, tree=root, note=note,
         trust=lambda: check_trust(recorded, user_trusted=options.rerun.trust,
-                                  signer=options.rerun.signer))
+                                  signer=options.rerun.signer),
+        cluster=options.rerun.cluster)  # with --on, each job's node rebuilds it
     report.environment = used.to_json()
-    if options.rebuild is not None and used.python is None:
+    if options.rebuild is not None and used.python is None and used.request is None:
         record(report, rules.explain_failed(used.line, ReasonCode.ENVIRONMENT_NOT_BUILT))
         return report
     report.drift = environment_drift(recorded, machine)
@@ -231,8 +232,9 @@ def explain_run(data: bytes, *, file: str, cwd: Path, options: ExplainOptions,
     runs = (f"A: the recorded settings ({threads_a} thread(s))",
             f"B: {options.threads or threads_a} thread(s)",
             "then A and B again up to the first step where they part, recording every op")
-    plan = plan_from_manifest(recorded, verb="explain", root=root, options=options.rerun,
-                              runs=runs)
+    plan = plan_from_manifest(recorded, verb="explain", root=root, runs=runs,
+                              options=replace(options.rerun,
+                                              cluster=used.on_cluster(options.rerun.cluster)))
     report.plan = plan.to_json()
     report.confinement = plan.confinement
     if show_plan is not None and plan.trust.basis != "sealed":
@@ -276,6 +278,10 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
             from manifest.rerun.cluster.remote_run import confinement_line
 
             report.confinement = confinement_line(plan, result.job)  # what the host applied
+            from manifest.rerun.environment import jobs_environment
+
+            # --on with --env run: what each job's node used
+            report.environment = jobs_environment(report.jobs) or report.environment
         return result
 
     recorded_trails = _recorded_trails(recorded)

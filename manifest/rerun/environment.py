@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -439,7 +439,7 @@ def on_node(request: NodeRebuild, *, tree: Path, cache_dir: Path | None = None
     return used
 
 
-def nodes_environment(docs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+def nodes_environment(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The report's ``environment`` from each node's (``RunEnvironment.to_json`` with its
     ``node``): the first node's, with ``nodes`` listing each node's line, and one line that
     names a node whose environment differs from node 0's; None when no node rebuilt one."""
@@ -455,3 +455,18 @@ def nodes_environment(docs: list[Mapping[str, Any]]) -> dict[str, Any] | None:
             "nodes": [{"node": e.get("node"), "line": e.get("line"),
                        "cached": e.get("cached"),
                        "proven": bool((e.get("proof") or {}).get("proven"))} for e in envs]}
+
+
+def jobs_environment(jobs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The report's ``environment`` for a verb that runs several jobs (explain's runs, each
+    ``{"run": label, **job}``): the first job's, and where a later job's line differs, one
+    line per run; None when no job rebuilt the run's environment."""
+    used = [(str(j.get("run")), dict(j["environment"])) for j in jobs if j.get("environment")]
+    if not used:
+        return None
+    first = used[0][1]
+    lines = [env.get("line") for _, env in used]
+    if len(set(lines)) == 1:
+        return first
+    return dict(first, line="; ".join(f"{run}: {env.get('line')}" for run, env in used),
+                used="run" if all(env.get("used") == "run" for _, env in used) else "here")
