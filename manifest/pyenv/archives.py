@@ -148,6 +148,40 @@ def _folder_archive(folder: str, pin: Pin) -> Archive | None:
     return None
 
 
+def _sdist(pin: Pin, plan: SourcePlan) -> Archive | None:
+    """The recorded sdist, by its file name, in a find-links folder or on an index page,
+    with the recorded sha256 (read from the folder's file; an index's ``#sha256=`` must
+    agree when given, and uv checks the bytes): another file of that name is not it."""
+    wanted = pin.sdist_name
+    if wanted is None or pin.sha256 is None:
+        return None
+    for folder in plan.find_links:
+        path = (Path(unquote(urlsplit(folder).path)) if folder.startswith("file:")
+                else Path(folder)) / wanted
+        if path.is_file() and file_sha256(path) == pin.sha256:
+            return Archive(wanted, path.resolve().as_uri(), pin.sha256)
+    for index in plan.index_urls:
+        page_url = index.rstrip("/") + f"/{pin.name}/"
+        page = _read_page(page_url)
+        if page is None:
+            continue
+        links = _Links()
+        links.feed(page)
+        for href in links.hrefs:
+            url = urljoin(page_url, href)
+            if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url) or \
+                    urlsplit(url).scheme not in ("https", "http", "file"):
+                continue
+            base, _, fragment = url.partition("#")
+            if unquote(urlsplit(base).path.rsplit("/", 1)[-1]) != wanted:
+                continue
+            algo, _, value = fragment.partition("=")
+            if algo == "sha256" and value != pin.sha256:
+                continue
+            return Archive(wanted, base, pin.sha256, index)
+    return None
+
+
 def locate(pin: Pin, plan: SourcePlan, *, hash_files: bool = True) -> Archive | None:
     """The first wheel a source of ``plan`` serves for ``pin``, or None (vanished).
 
@@ -156,6 +190,8 @@ def locate(pin: Pin, plan: SourcePlan, *, hash_files: bool = True) -> Archive | 
     ``hash_files`` a find-links file is read for its sha256 (what uv is told to require).
     A found file whose hash is not the recorded archive hash does not serve the pin.
     """
+    if pin.kind == "sdist":
+        return _sdist(pin, plan)
     if pin.kind == "archive" and pin.url and plan.direct_urls_allowed:
         return Archive(unquote(urlsplit(pin.url).path.rsplit("/", 1)[-1]), pin.url,
                        pin.sha256)

@@ -98,7 +98,7 @@ def dumps(document: dict[str, Any]) -> str:
         lines += ["", "[[packages]]"]
         lines += [f"{_key(k)} = {_value(v)}" for k, v in package.items()
                   if not isinstance(v, list | dict)]
-        for table in ("vcs", "directory"):
+        for table in ("vcs", "directory", "sdist"):
             if table in package:
                 lines += [f"[packages.{table}]"]
                 lines += [f"{_key(k)} = {_value(v)}" for k, v in package[table].items()]
@@ -128,6 +128,11 @@ def _package(pin: Pin, archive: Archive | None) -> dict[str, Any]:
         url = pin.url or ""
         path = unquote(urlsplit(url).path) if url.startswith("file:") else url
         entry["directory"] = {"path": path, "editable": pin.editable}
+    elif pin.kind == "sdist" and archive is not None:
+        if archive.index:
+            entry["index"] = archive.index
+        entry["sdist"] = {"name": archive.filename, "url": archive.url,
+                          "hashes": {"sha256": archive.sha256 or pin.sha256}}
     else:
         if archive is not None and archive.index:
             entry["index"] = archive.index
@@ -157,8 +162,12 @@ def build_lock(manifest: Manifest, *, trust: TrustDecision,
         if pin.kind == "self":
             left_out.append(f"{pin.name}=={pin.version}: this tool, not part of the run")
             continue
-        archive = locate(pin, plan) if pin.kind in ("index", "archive") else None
-        if pin.kind in ("index", "archive") and archive is None:
+        if pin.kind == "built-here" and not pin.url:  # an sdist an index served: no hash
+            left_out.append(f"{pin.name}=={pin.version}: {pin.why}")
+            continue
+        fetched = pin.kind in ("index", "archive", "sdist")
+        archive = locate(pin, plan) if fetched else None
+        if fetched and archive is None:
             vanished.append(f"{pin.name}=={pin.version}")
             continue
         packages.append(_package(pin, archive))

@@ -8,9 +8,12 @@ compared with the one recorded at capture. Each distribution gets one status
 
 * ``identical``: the same files;
 * ``vanished``: no source serves its file any more (named before anything is built);
-* ``built-here``: an sdist, an editable or local-path install, a VCS checkout: built from
-  code, not fetched; the project's own checkout is rebuilt from the recorded code by the
-  verb that re-runs it, so the rebuild does not install it and does not claim it;
+* ``built-here``: an sdist with no recorded hash (a wheel tag such as ``linux_x86_64``
+  says pip or uv built it at install), an editable or local-path install, a VCS
+  checkout: built from code, not fetched; the project's own checkout is rebuilt from the
+  recorded code by the verb that re-runs it, so the rebuild does not install it and does
+  not claim it. An sdist whose sha256 is recorded is built again from that same file when
+  a source serves it, and then proven like a wheel (its reason says it was built here);
 * ``other-build``: the same version with other files (another index's build, a wheel
   rebuilt, a file edited after install);
 * ``unproven``: the record holds no content digest (an egg-info install), so nothing can
@@ -136,10 +139,10 @@ def prove_pins(site: Path, pins: list[Pin], *, vanished: frozenset[str] = frozen
         if pin.kind == "self":  # this tool: left out of every rebuild on purpose
             continue
         if pin.name in vanished:
-            findings.append(finding(pin, Status.VANISHED))
+            findings.append(finding(pin, Status.VANISHED, _vanished_reason(pin)))
             continue
         if pin.kind == "built-here":
-            findings.append(finding(pin, Status.BUILT_HERE))
+            findings.append(finding(pin, Status.BUILT_HERE, pin.why))
             continue
         if pin.files is None:
             findings.append(finding(pin, Status.UNPROVEN))
@@ -151,7 +154,10 @@ def prove_pins(site: Path, pins: list[Pin], *, vanished: frozenset[str] = frozen
         version, dist_info = installed
         digest = prove_distribution(dist_info, site)
         if digest == pin.files:
-            findings.append(finding(pin, Status.IDENTICAL))
+            findings.append(finding(pin, Status.IDENTICAL, _SDIST_IDENTICAL
+                                    if pin.kind == "sdist" else None))
+        elif pin.kind == "sdist" and version == pin.version:
+            findings.append(finding(pin, Status.OTHER_BUILD, _SDIST_OTHER))
         elif version != pin.version:
             findings.append(finding(pin, Status.OTHER_BUILD,
                                     f"version {version} installed, {pin.version} recorded"))
@@ -162,5 +168,18 @@ def prove_pins(site: Path, pins: list[Pin], *, vanished: frozenset[str] = frozen
 
 def not_built(pins: list[Pin], vanished: frozenset[str]) -> Proof:
     """The proof of a rebuild refused before it started: the vanished named, nothing built."""
-    return Proof(tuple(finding(p, Status.VANISHED) for p in pins if p.name in vanished),
-                 built=False)
+    return Proof(tuple(finding(p, Status.VANISHED, _vanished_reason(p)) for p in pins
+                       if p.name in vanished), built=False)
+
+
+_SDIST_IDENTICAL = ("built here from its recorded sdist (sha256 as recorded); files "
+                    "identical to the run's")
+_SDIST_OTHER = ("built here from its recorded sdist (sha256 as recorded), with other files "
+                "than the run's: its build is not reproducible")
+
+
+def _vanished_reason(pin: Pin) -> str | None:
+    if pin.kind == "sdist":
+        return (f"built here from an sdist, and no source serves {pin.sdist_name} with the "
+                "recorded sha256")
+    return None

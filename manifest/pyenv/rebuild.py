@@ -185,7 +185,7 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
         if kept is None or stamp.get("files") != cache.files_stamp(site):
             kept = prove_pins(site, pins)  # something was written since: hash every file
         return BuiltEnvironment(folder / "bin" / "python", kept, True, plan, key)
-    installable = [p for p in pins if p.kind in ("index", "archive")]
+    installable = [p for p in pins if p.kind in ("index", "archive", "sdist")]
     located: dict[str, Archive] = {}
     for pin in installable:
         found = locate(pin, plan)
@@ -198,15 +198,21 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
     python = find_python(manifest.env.python, uv_bin)
     built = cache.staging(root)
     try:
-        say(f"building the run's environment ({len(located)} distributions) with uv")
+        sdists = [p.name for p in installable if p.kind == "sdist"]
+        say(f"building the run's environment ({len(located)} distributions"
+            + (f"; built here from the recorded sdist: {', '.join(sdists)}" if sdists else "")
+            + ") with uv")
         _uv(uv_bin, ["venv", "--no-config", "--quiet", "--relocatable", "--python", python,
                      "--no-python-downloads", str(built), "--allow-existing"],
             "create a venv")
         reqs = built / "manifest-requirements.txt"
         reqs.write_text(requirements(pins, located), encoding="utf-8")
         hashed = all(a.sha256 for a in located.values())
+        # an sdist's build backend comes from the same folders, nowhere else
+        backends = [a for f in plan.find_links for a in ("--find-links", f)] if sdists else []
         _uv(uv_bin, ["pip", "install", "--no-config", "--quiet", "--no-deps", "--no-index",
-                     "--link-mode", "copy", "--python", str(built / "bin" / "python"),
+                     *backends, "--link-mode", "copy",
+                     "--python", str(built / "bin" / "python"),
                      *(["--require-hashes"] if hashed else []), "-r", str(reqs)],
             "install the run's distributions")
         site = site_packages(built)

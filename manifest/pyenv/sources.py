@@ -184,13 +184,25 @@ class Pin:
     """The archive's sha256 when the record knows it: required of the installed file."""
     kind: str = "index"
     """``index`` (a wheel by name from an index or find-links), ``archive`` (a wheel at a
-    direct URL), ``built-here`` (an sdist, an editable or local-path install, a VCS
-    checkout: built, not fetched), or ``self`` (this tool)."""
+    direct URL), ``sdist`` (built here from an sdist whose sha256 is recorded: rebuilt
+    from the same file when a source serves it), ``built-here`` (an sdist with no recorded
+    hash, an editable or local-path install, a VCS checkout: not rebuilt), or ``self``
+    (this tool)."""
     vcs: Mapping[str, str] = field(default_factory=dict)
     """For a VCS record: ``vcs`` and ``commit_id``."""
     editable: bool = False
     withheld_url: str | None = None
     """A recorded ``file://`` archive outside the tree: never read, shown as not used."""
+    why: str | None = None
+    """For ``built-here`` and ``sdist``: how the record shows it was built here, said to
+    the user before anything trains."""
+
+    @property
+    def sdist_name(self) -> str | None:
+        """The recorded sdist's file name (``sdist`` pins)."""
+        if self.kind != "sdist" or not self.url:
+            return None
+        return unquote(urlsplit(self.url).path).rsplit("/", 1)[-1] or None
 
 
 def _plain(value: Any) -> Any:
@@ -202,6 +214,17 @@ def _plain(value: Any) -> Any:
 
 
 _ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz", ".tar")
+_SDISTS = _ARCHIVES[1:]
+
+_LOCAL_PLATFORM = re.compile(r"[^-]+-[^-]+-(?:linux|any_linux)_[a-z0-9_]+")
+"""A wheel tag only a local build has: ``linux_x86_64`` (indexes serve manylinux and
+musllinux wheels; PyPI refuses a plain ``linux`` one), what pip and uv tag a wheel they
+built from an sdist on this machine."""
+
+
+def built_locally(tags: Iterable[str]) -> str | None:
+    """The recorded tag that says a distribution's wheel was built here, if one does."""
+    return next((t for t in tags if _LOCAL_PLATFORM.fullmatch(t)), None)
 
 
 def _direct(name: str, raw: Any, tree: Path | None) -> dict[str, Any]:
@@ -255,6 +278,15 @@ def _direct(name: str, raw: Any, tree: Path | None) -> dict[str, Any]:
             out.update(kind="index", withheld=url, url=None)
     elif not url.startswith("file:"):  # an sdist or directory elsewhere: shown, not fetched
         check_url(url, what=f"the recorded URL of {name}", tree=None)
+    if path.endswith(_SDISTS) and not out["editable"]:
+        # the file is looked for by name in the sources, as a withheld wheel is: the
+        # author's path or host is never read
+        if "sha256" in out:
+            out["kind"] = "sdist"
+            out["why"] = ("built here from its sdist; rebuilt from the same file (sha256 "
+                          "as recorded) when a source serves it")
+        else:
+            out["why"] = "built here from an sdist whose hash was not recorded: not rebuilt"
     return out
 
 
@@ -289,12 +321,18 @@ def pins_of(distributions: Mapping[str, Any], *, tree: Path | None,
             continue
         direct = data.get("direct_url")
         if direct is None:
-            pins.append(Pin(name, version, tags, files))
+            local = built_locally(tags)
+            if local is not None:  # an sdist an index served, built at install: no hash
+                pins.append(Pin(name, version, tags, files, kind="built-here", why=(
+                    f"built here from an sdist (wheel tag {local}): no index serves that "
+                    "wheel, and no hash of the sdist was recorded to rebuild it from")))
+            else:
+                pins.append(Pin(name, version, tags, files))
             continue
         d = _direct(name, direct, tree)
         pins.append(Pin(name, version, tags, files, url=d["url"], sha256=d.get("sha256"),
                         kind=d["kind"], vcs=d.get("vcs", {}), editable=d["editable"],
-                        withheld_url=d.get("withheld")))
+                        withheld_url=d.get("withheld"), why=d.get("why")))
     return sorted(pins, key=lambda p: p.name)
 
 
