@@ -16,11 +16,12 @@ The steps, in order; nothing is installed before the first three pass:
    sentence, exit 2);
 2. the sources are decided: the user's, and the recorded ones only when the manifest is
    trusted (the same decision verify uses);
-3. each wheel is located in them; a distribution no source serves is ``vanished``, and
-   then nothing is built;
+3. each wheel (or a recorded sdist, by its file name and recorded sha256) is located in
+   them; a distribution no source serves is ``vanished``, and then nothing is built;
 4. uv builds the venv: ``uv venv`` with the recorded Python, then ``uv pip install
    --no-deps --no-index`` of exactly the located files, each by URL with its sha256
-   (``--require-hashes``): exact pins, no resolution;
+   (``--require-hashes``): exact pins, no resolution (an sdist is built by uv, its build
+   backend from the same find-links folders);
 5. the proof hashes the installed files against the record.
 
 The machine's configuration never leaks in: uv runs with ``--no-config`` (no ``uv.toml``,
