@@ -44,7 +44,7 @@ from manifest.errors import UntrustedManifestError
 from manifest.judge import ReasonCode, current, record, rules
 from manifest.models import Manifest
 from manifest.rerun.environment import argv_to_run
-from manifest.rerun.plan import RerunOptions, plan_from_manifest, plan_inputs
+from manifest.rerun.plan import plan_from_manifest, plan_inputs
 from manifest.rerun.workspace import repo_root_of, store_for
 from manifest.store import BlobStore, OverlayStore
 from manifest.trust import check_trust, escape_text
@@ -225,11 +225,7 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
         record(report, rules.refused(ReasonCode.ENVIRONMENT_NOT_BUILT, used.line))
         return report
     report.drift = environment_drift(recorded, machine)
-    rerun_options = RerunOptions(
-        trust=options.trust, signer=options.signer, sandbox=options.sandbox,
-        require_sandbox=options.require_sandbox, network=options.network,
-        in_place=options.in_place, threads=options.threads,
-        cluster=used.on_cluster(options.cluster), layout=options.layout)
+    rerun_options = options.rerun_options(cluster=used.on_cluster(options.cluster))
     # Before hashing: a crafted "/" would read the whole disk, and a dataset
     # outside the repository is read only with the trust its command would need.
     inputs = plan_inputs(root, [(ds.path, ds.from_repo) for ds in recorded.data])

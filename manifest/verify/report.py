@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from manifest.probes.hardware import NvmlFacts
     from manifest.rerun.cluster.options import ClusterOptions
     from manifest.rerun.environment import RebuildOptions
+    from manifest.rerun.plan import RerunOptions
 
 Machine = tuple[dict[str, Any], dict[str, Any], "NvmlFacts | None"]
 """(env section, hardware section, raw NVML facts) as ``capture.probe_machine`` returns."""
@@ -207,3 +208,17 @@ class VerifyOptions:
     """``--outputs DIR``: where the recorded output files are (a run received without them):
     each is checked against its recorded digest, or tensor table, before it is used
     (``manifest.verify.equivalence.locate_recorded``)."""
+
+    def rerun_options(self, **changes: Any) -> RerunOptions:
+        """The re-run engine's part of these options (``manifest.rerun.plan.RerunOptions``),
+        in one place, so a flag both layers read is copied here only; ``changes`` replace
+        fields (the cluster a rebuilt environment runs on, segments' fresh trees)."""
+        from dataclasses import replace
+
+        from manifest.rerun.plan import RerunOptions
+
+        return replace(RerunOptions(
+            trust=self.trust, signer=self.signer, sandbox=self.sandbox,
+            require_sandbox=self.require_sandbox, network=self.network,
+            in_place=self.in_place, threads=self.threads, cluster=self.cluster,
+            layout=self.layout), **changes)

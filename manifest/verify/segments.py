@@ -250,7 +250,7 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
                     show_plan: Any = None) -> SegmentsReport:
     """Replay the chosen stretches of a recorded run; never raises for a mismatch."""
     from manifest.canonical import load_manifest
-    from manifest.rerun.plan import RerunOptions, plan_from_manifest
+    from manifest.rerun.plan import plan_from_manifest
     from manifest.rerun.workspace import repo_root_of, store_for
     from manifest.travel.pack import is_pack, read_pack
 
@@ -295,10 +295,7 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
     if options.strict and (report.drift or report.changed_data):
         report.notes.append("environment or data drift under --strict; refusing to re-run")
         return report
-    rerun_options = RerunOptions(
-        trust=options.trust, signer=options.signer, sandbox=options.sandbox,
-        require_sandbox=options.require_sandbox, network=options.network,
-        in_place=False, threads=options.threads, cluster=options.cluster)
+    rerun_options = options.rerun_options(in_place=False, layout=None)
     plan = plan_from_manifest(
         recorded, verb="verify", root=root, options=rerun_options,
         runs=tuple(f"segment steps {s.start + 1}–{s.end}"
