@@ -1,8 +1,8 @@
 """Canonical bytes and the two names of a manifest.
 
-All hashing of manifests goes through :func:`canonical_bytes`, which is RFC
-8785 (JSON Canonicalization Scheme) as implemented by the ``rfc8785``
-package. On top of it:
+All hashing of manifests goes through :func:`~manifest.jcs.canonical_bytes`, which
+is RFC 8785 (JSON Canonicalization Scheme): the ``rfc8785`` package's bytes. On top
+of it:
 
 * ``run_id`` = ``blake3:<hex>`` of the canonical JSON of the object holding
   only the identity sections (:data:`IDENTITY_SECTIONS`). It names *what was
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from manifest.errors import (
     TamperedManifestError,
     UnsupportedSchemaError,
 )
+from manifest.jcs import canonical_bytes
 from manifest.models import SCHEMA_V1, Manifest, always_counts
 
 IDENTITY_SECTIONS = (
@@ -61,90 +63,19 @@ IDENTITY_SECTIONS = (
 SUPPORTED_SCHEMAS = (SCHEMA_V1,)
 
 
-def canonical_bytes(obj: Any) -> bytes:
-    """RFC 8785 bytes of a JSON-compatible value.
-
-    Values made only of the JSON types the C encoder writes exactly as RFC 8785
-    does (:func:`_c_encodable`) take the standard library's C encoder: 0.6 ms
-    against 2.3 ms for ``rfc8785`` on a 50 KB manifest, and a capture
-    canonicalises its manifest four times. Everything else (a float Python and
-    ECMAScript format apart, an integer past 2^53-1, a non-string key, a
-    character beyond U+FFFF, which RFC 8785 orders by UTF-16 code units, a lone
-    surrogate, a subclass) goes to ``rfc8785``, which writes or refuses it.
-    tests/test_canonical_fast.py holds the two byte for byte on hostile values.
-    """
-    try:
-        text: str | None = _C_ENCODE(obj)
-    except (ValueError, TypeError, RecursionError):  # NaN, a cycle, another type: below
-        text = None
-    # Encoded first: a value the encoder walked in full is finite and has no cycle.
-    if text is not None and _c_encodable(obj):
-        if text.isascii():  # O(1): CPython keeps the flag
-            return text.encode("ascii")
-        if not _ASTRAL_TEXT.search(text):
-            try:
-                return text.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate: refused below
-                pass
-    try:
-        return rfc8785.dumps(obj)
-    except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:  # a surrogate key
-        raise InvalidManifestError(f"value cannot be written as canonical JSON: {exc}.") from exc
-
-
-_C_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True,
-                             separators=(",", ":")).encode
-"""Compact, keys sorted by code point (UTF-16 order for keys within the BMP), non-ASCII
-written as itself, the control characters escaped as RFC 8785 escapes them."""
-
-_ASTRAL_TEXT = re.compile("[\U00010000-\U0010ffff]")
-
-_FLOAT_SAME_LOW, _FLOAT_SAME_HIGH = 1e-4, 1e16
-"""A non-integral float in [1e-4, 1e16) is written in plain decimal by ``repr`` and by
-ECMAScript's Number::toString alike, from the same shortest round-trip digits; outside
-it ``repr`` uses an exponent where ECMAScript does not (``1e-05``, ``1e+16``), and an
-integral float is ``1.0`` against ``1``."""
-
-
-def _c_encodable(obj: Any) -> bool:
-    """Whether ``obj`` holds only exact dicts with str keys, lists, tuples, str, bool,
-    None, ints within +-(2^53-1) and floats the C encoder writes as RFC 8785 does.
-
-    About 0.14 ms on a 50 KB manifest (about 3,000 values), a quarter of the fast path.
-    """
-    stack: list[Any] = [obj]
-    pop, extend = stack.pop, stack.extend
-    while stack:
-        item = pop()
-        kind = type(item)
-        if kind is str or kind is bool or item is None:
-            continue
-        if kind is dict:
-            for key in item:
-                if type(key) is not str:
-                    return False
-            extend(item.values())
-        elif kind is list or kind is tuple:
-            extend(item)
-        elif kind is int:
-            if not -SAFE_INT <= item <= SAFE_INT:
-                return False
-        elif kind is float:
-            size = abs(item)  # NaN and the infinities fail the range test
-            if not _FLOAT_SAME_LOW <= size < _FLOAT_SAME_HIGH or size == int(size):
-                return False
-        else:
-            return False
-    return True
-
-
 def blake3_name(data: bytes) -> str:
     """``blake3:<hex>`` of some bytes."""
     return "blake3:" + blake3.blake3(data).hexdigest()
 
 
-def identity_of(doc: dict[str, Any]) -> dict[str, Any]:
-    """The object whose canonical bytes the run_id names (see the module docstring)."""
+def identity_of(doc: dict[str, Any], *,
+                counts: Callable[[str], bool] = always_counts) -> dict[str, Any]:
+    """The object whose canonical bytes the run_id names (see the module docstring).
+
+    ``counts`` says which distributions count for the bits though never imported;
+    :func:`check_names` also accepts :func:`_counted_by_prefix`, the rule manifests
+    sealed before :func:`~manifest.models.always_counts` were named by.
+    """
     identity = {k: doc[k] for k in IDENTITY_SECTIONS if k in doc}
     env = identity.get("env")
     if isinstance(env, dict) and ("distributions" in env or "sources" in env):
@@ -156,13 +87,13 @@ def identity_of(doc: dict[str, Any]) -> dict[str, Any]:
             identity["env"] = {
                 **{k: v for k, v in env.items() if k != "packages_digest"},
                 "packages": {name: version for name, version in packages.items()
-                             if name in used or always_counts(name)},
+                             if name in used or counts(name)},
             }
         distributions = env.get("distributions")
         if isinstance(distributions, dict):
             identity["env"]["distributions"] = {
                 name: record for name, record in distributions.items()
-                if name in used or always_counts(name)}
+                if name in used or counts(name)}
     return identity
 
 
@@ -192,9 +123,20 @@ def _env_identity(env: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def compute_run_id(doc: dict[str, Any]) -> str:
+def compute_run_id(doc: dict[str, Any], *,
+                   counts: Callable[[str], bool] = always_counts) -> str:
     """run_id of a manifest given as a JSON-compatible dict."""
-    return blake3_name(canonical_bytes(identity_of(doc)))
+    return blake3_name(canonical_bytes(identity_of(doc, counts=counts)))
+
+
+_EARLIER_PREFIXES = ("torch", "nvidia-", "triton", "pytorch-triton")
+
+
+def _counted_by_prefix(name: str) -> bool:
+    """The earlier rule: a name starting with torch, nvidia-, triton or pytorch-triton
+    counted though never imported (torchvision and nvidia-ml-py too). A manifest sealed
+    under it keeps its run_id: it names the same content, and ``digest`` covers all of it."""
+    return name.startswith(_EARLIER_PREFIXES)
 
 
 def compute_digest(doc: dict[str, Any]) -> str:
@@ -500,7 +442,8 @@ def check_names(doc: dict[str, Any], *, raw: bytes | None = None) -> None:
             "manifest digest does not match its content: the file was edited or corrupted.",
             hint="Refusing to use it; re-capture the run.",
         )
-    if compute_run_id(doc) != doc.get("run_id"):
+    claimed = doc.get("run_id")
+    if compute_run_id(doc) != claimed and compute_run_id(doc, counts=_counted_by_prefix) != claimed:
         raise TamperedManifestError(
             "manifest run_id does not match its identity sections: the file was edited.",
             hint="Refusing to use it; re-capture the run.",

@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"capture/", "diff/", "travel/", "pyenv/"},
     {"numeric/", "judge/", "nodes/", "data/", "probes/", "ops/", "export/", "launch/", "trust",
      "__init__"},
-    {"canonical", "store", "config", "weights/", "gitrun", "bounded", "schema"},
+    {"canonical", "jcs", "store", "config", "weights/", "gitrun", "bounded", "schema"},
     {"models", "redact", "errors"},
 ]
 """Rooms from the top (index 0) down: a room imports only rooms of its own layer or below,

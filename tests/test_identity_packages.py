@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from manifest.canonical import compute_run_id, seal
+import pytest
+
+from manifest import canonical
+from manifest.canonical import canonical_bytes, compute_run_id, load_manifest, seal
+from manifest.errors import TamperedManifestError
 
 GOLDEN = Path(__file__).parent / "golden" / "manifest_v1.json"
 
@@ -65,3 +69,22 @@ def test_sealed_manifest_with_imported_loads_and_keeps_everything_recorded() -> 
     assert a.run_id == b.run_id
     assert a.digest != b.digest  # the installed set is still recorded and tamper-evident
     assert a.env.packages["rich"] == "13.7.1"
+
+
+def test_a_manifest_named_by_the_earlier_prefix_rule_still_loads() -> None:
+    """A manifest sealed when torchvision counted by its prefix (installed, never
+    imported) keeps its run_id: that rule named the same content. The control: the
+    same file with torchvision's version edited is refused, by digest and by run_id."""
+    doc = _with(_golden(), torchvision="0.20.0")
+    doc["env"]["imported"] = ["numpy", "torch"]
+    sealed = canonical.to_document(seal(doc))
+    sealed["run_id"] = canonical.compute_run_id(sealed, counts=canonical._counted_by_prefix)
+    sealed["digest"] = canonical.compute_digest(sealed)
+    assert sealed["run_id"] != canonical.compute_run_id(sealed)  # the rules name it apart
+    loaded = load_manifest(canonical_bytes(sealed))
+    assert loaded.run_id == sealed["run_id"]
+    edited = {**sealed, "env": {**sealed["env"], "packages": {**sealed["env"]["packages"],
+                                                               "torchvision": "0.21.0"}}}
+    edited["digest"] = canonical.compute_digest(edited)  # digest recomputed: run_id catches it
+    with pytest.raises(TamperedManifestError, match="run_id"):
+        load_manifest(canonical_bytes(edited))
