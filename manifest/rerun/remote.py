@@ -15,19 +15,25 @@ comes back are one piece of code:
    one and its tree holds exactly the files indexed, each opened once without
    following a link and copied to ``OUTDIR/tree`` from the descriptor it was
    hashed from; otherwise refuse (exit 3) and run nothing;
-2. run the copy (the bundle stays as it arrived)
+2. with ``--env run`` (the index's ``environment``), rebuild the run's
+   environment and prove it on this node (``manifest.rerun.environment.on_node``,
+   cached under ``--env-cache`` or the folder the bundle names; ``--env-only``
+   stops there, as a Kubernetes init container does); nothing runs when nothing
+   could be built;
+3. run the copy (the bundle stays as it arrived)
    the command there under the launcher, with the recorded settings and the
-   environment delta the verb set; confined by bubblewrap when it works on
-   this host (the bundle's ``--no-sandbox``/``--network`` carry over; with
-   ``--require-sandbox`` a host without it refuses);
-3. write ``OUTDIR/result.json``: the launcher's records, op streams, files
+   environment delta the verb set (in the rebuilt venv when there is one);
+   confined by bubblewrap when it works on this host (the bundle's
+   ``--no-sandbox``/``--network`` carry over; with ``--require-sandbox`` a
+   host without it refuses);
+4. write ``OUTDIR/result.json``: the launcher's records, op streams, files
    opened (this host's paths as ``{tree}``), the per-tensor table of every
    declared output (``manifest.weights``: only the tables, so a checkpoint
    never travels back unless the bundle asks for it, ``--fetch-outputs``),
-   the files written in the verb's writable directories, and the
-   confinement applied. ``--emit`` also prints it on stdout between marker
-   lines (base64 of zlib), for executors that read results back from the
-   job's log (Ray Jobs).
+   the files written in the verb's writable directories, the confinement
+   applied, and the environment used with its proof. ``--emit`` also prints
+   it on stdout between marker lines (base64 of zlib), for executors that
+   read results back from the job's log (Ray Jobs).
 
 Exit status: the command's own, or 3 when the bundle was refused or the
 host cannot honour ``--require-sandbox``. The verdict is never made here.

@@ -40,6 +40,12 @@ when done. Ctrl-C, SIGTERM and ``--timeout`` delete the Job (propagation
 ``Background``: its pods go too), and the cancel is reported once the API
 answers 404 for it.
 
+With ``--env run`` the pods run the run's environment: the image the run recorded
+(``env.container.image_digest``, the default ``--image``) is that environment, so
+nothing is rebuilt; with any other image an init container rebuilds and proves it into
+an ``emptyDir`` volume at :data:`ENV_MOUNT` (``python -I -m manifest.rerun.remote BUNDLE
+--env-only``), where the re-run finds it (``render(rebuild=True)``).
+
 ``--dry-run`` prints both objects as YAML, submits nothing, says so and exits 0: the
 executor returns them as the job's result (``job["printed"]``, :class:`PrintedJob`), never
 as an exception, and the CLI prints them.
