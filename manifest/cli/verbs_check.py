@@ -281,11 +281,12 @@ def add_environment_options(p: argparse.ArgumentParser) -> None:
                    help="the Python environment the re-run uses: 'here' (this machine's, the "
                    "default; the report says how many of the run's distributions differ) or "
                    "'run' (the run's own, rebuilt by uv from the recorded distributions, "
-                   "proven file by file before anything trains, cached; needs the rebuild "
-                   "extra: pip install 'torch-manifest[rebuild]')")
+                   "proven file by file before anything trains, cached; with --on, on each "
+                   "node; needs the rebuild extra: pip install 'torch-manifest[rebuild]')")
     p.add_argument("--find-links", metavar="DIR", action="append", default=[],
-                   help="with --env run: a folder of wheels to rebuild from (repeatable); the "
-                   "sources the manifest records are used only when it is trusted")
+                   help="with --env run: a folder of wheels to rebuild from (repeatable; with "
+                   "--on, at the same path on the nodes); the sources the manifest records "
+                   "are used only when it is trusted")
     p.add_argument("--index-url", metavar="URL", action="append", default=[],
                    help="with --env run: a simple index (PEP 503) to rebuild from "
                    "(repeatable); this machine's pip and uv configuration is never used")
