@@ -45,7 +45,7 @@ from manifest.errors import (
     TamperedManifestError,
     UnsupportedSchemaError,
 )
-from manifest.jcs import canonical_bytes
+from manifest.jcs import canonical_bytes as canonical_bytes  # hashes import it from here
 from manifest.models import SCHEMA_V1, Manifest, always_counts
 
 IDENTITY_SECTIONS = (
