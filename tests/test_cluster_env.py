@@ -212,3 +212,89 @@ def test_the_k8s_job_rebuilds_in_an_init_container_unless_it_runs_the_recorded_i
     same = KubernetesExecutor(K8sOptions(on="k8s", image=image,
                                          environment=dict(request, env=env)))
     assert same.recorded_image() == image and same.environment_request() is None
+
+
+def _env_drift_paths(recorded: Manifest, env: dict[str, Any]) -> set[str]:
+    from manifest.capture.snapshot import probe_machine
+    from manifest.verify.pipeline import environment_drift
+
+    _, hardware, facts = probe_machine()
+    return {d.path for d in environment_drift(recorded, (env, hardware, facts))
+            if d.path.startswith("env.packages[")}
+
+
+def test_the_drift_of_an_on_node_rerun_is_the_nodes_environment_not_this_machines(
+        recorded: tuple[Manifest, Path], tmp_path: Path) -> None:
+    """The node probes the rebuilt venv's python (``--env run``): the run's distributions do
+    not drift although this machine has neither; a node without ``--env run`` probes its
+    own python, which lacks them, and that drift is shown, said to be the node's."""
+    from manifest.canonical import seal, to_document
+    from manifest.capture.snapshot import probe_machine
+    from manifest.rerun.cluster.node_env import checked_probes, drift_on_nodes, probe_on_node
+    from manifest.verify.pipeline import environment_drift
+    from manifest.verify.report import VerifyReport
+
+    used = on_node(_request(recorded, tmp_path, tmp_path / "envs"), tree=tmp_path)
+    rebuilt = probe_on_node(used)
+    doc = to_document(recorded[0])  # the run's packages: those the rebuilt venv holds
+    doc["env"] = dict(doc["env"], packages=rebuilt["env"]["packages"])
+    manifest = seal({k: v for k, v in doc.items() if k not in ("run_id", "digest")})
+    plain = probe_on_node(None)  # the cluster's python: this interpreter, without alpha
+    assert rebuilt["node"] == plain["node"] == os.uname().nodename
+    machine = probe_machine()
+    here = _env_drift_paths(manifest, machine[0])
+    assert here, "positive control: this machine's python has neither distribution"
+    assert _env_drift_paths(manifest, rebuilt["env"]) == set()
+    assert _env_drift_paths(manifest, plain["env"]) == here
+
+    def verify_report(probes: list[dict[str, Any]], environment: dict[str, Any] | None
+                      ) -> VerifyReport:
+        report = VerifyReport(file="m.json", run_id=manifest.run_id, command=[])
+        report.drift = environment_drift(manifest, machine)  # as verify takes it first
+        report.environment = environment
+        checked = checked_probes({"probes": probes}, "the ray job j")
+        assert checked is not None
+        drift_on_nodes(manifest, report, machine, checked)
+        return report
+
+    node = os.uname().nodename
+    run = verify_report([rebuilt], dict(used.to_json(), node=node))
+    assert not {d.path for d in run.drift if d.path.startswith("env.packages[")}
+    assert run.environment is not None
+    assert run.environment["line"] == (f"{IDENTICAL}; the drift shown is node {node}'s, "
+                                       "where the re-run ran, not this machine's")
+    shown = verify_report([plain], {"used": "here", "line": "this machine's: …"})
+    assert {d.path for d in shown.drift} >= here  # the node's python lacks them too
+    assert shown.environment is not None
+    assert shown.environment["line"].startswith(f"node {node}'s: 2 distributions differ; ")
+    assert shown.environment["line"].endswith(f"the drift shown is node {node}'s, where the "
+                                              "re-run ran, not this machine's")
+    # two nodes that differ: what they share once, the rest named by node
+    other = dict(plain, node="n2")
+    both = verify_report([rebuilt, other], dict(used.to_json(), node=node))
+    per_node = [d.reason for d in both.drift if d.path.startswith("env.packages[")]
+    assert per_node and all(r.startswith("node 1 (n2): ") for r in per_node)
+    assert both.environment is not None
+    assert f"the nodes' ({node}, n2)" in both.environment["line"]
+
+
+@pytest.mark.parametrize(("probes", "why"), [
+    ([{"node": "n1", "env": {"python": 3}}], "node 0: python"),
+    ([{"env": {}}], "node 0: no node name"),
+    ([{"node": "n\x1b[2J", "env": {}}], "node 0: no node name"),
+    ({"node": "n1"}, "not a list of nodes"),
+    ([{"node": "n1", "env": {"python": "x" * (5 << 20)}}], "more than"),
+])
+def test_a_hostile_node_probe_is_refused_in_one_sentence(
+        probes: Any, why: str) -> None:
+    from manifest.capture.snapshot import probe_machine
+    from manifest.rerun.cluster.node_env import checked_probes
+
+    good = {"node": "n1", "env": probe_machine()[0]}
+    assert checked_probes({"probe": good}, "the slurm job 7") == [good]  # positive control
+    assert checked_probes({}, "the slurm job 7") is None  # a node that sent none
+    with pytest.raises(NoVerdictError) as caught:
+        checked_probes({"probes": probes}, "the slurm job 7")
+    message = caught.value.message
+    assert message.startswith("the slurm job 7 returned an environment probe that is not one")
+    assert why in message and "\n" not in message and len(message) < 400

@@ -195,6 +195,9 @@ def run_bundle(bundle: Path, outdir: Path, expect: str, *, env_cache: Path | Non
         for artifact in artifacts:
             fetched[artifact.path] = base64.b64encode(
                 (cwd / artifact.path).read_bytes()).decode("ascii")
+    from manifest.rerun.cluster.node_env import probe_on_node
+
+    probe = probe_on_node(used)  # the environment the re-run used, for verify's drift
     where = ("bubblewrap on " + os.uname().nodename + ": system read-only, private /tmp, "
              + ("network allowed (--network)" if confinement["network"] else "no network")
              if confined else f"not confined on the host ({reason})")
@@ -218,6 +221,7 @@ def run_bundle(bundle: Path, outdir: Path, expect: str, *, env_cache: Path | Non
         "outputs": fetched,
         "confinement": where,
         "host_tree": tree_text,
+        "probe": probe,
         **node_env,
     }
 

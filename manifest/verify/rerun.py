@@ -125,6 +125,10 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         report.confinement = confinement_line(plan, result.job)
         if result.job.get("environment"):  # --env run: what each node's re-run used
             report.environment = result.job["environment"]
+        if result.job.get("probes"):  # the drift is the environment the nodes' re-run used
+            from manifest.rerun.cluster.node_env import drift_on_nodes
+
+            drift_on_nodes(recorded, report, machine, result.job.pop("probes"))
     new = build_run_manifest(snap, cwd=workspace.cwd, argv=list(plan.argv),
                              settings=settings, result=result, datasets=[],
                              output_globs=[g if options.in_place else _any_version(g)

@@ -117,6 +117,8 @@ def combine_results(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "confinement": confinements[0] if len(confinements) == 1 else "; ".join(
             f"node {i}: {c}" for i, c in enumerate(str(d.get("confinement")) for d in docs)),
         "nodes": len(docs),
+        **({"probes": [d.get("probe") for d in docs]}
+           if all(d.get("probe") for d in docs) else {}),
         **({"environments": [d.get("environment") or {} for d in docs]}
            if any(d.get("environment") for d in docs) else {}),
     }

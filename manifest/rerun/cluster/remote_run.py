@@ -434,6 +434,11 @@ class ClusterExecutor:
                                                                else [])))
         if used is not None:
             job_info["environment"] = used
+        from manifest.rerun.cluster.node_env import checked_probes
+
+        probes = checked_probes(doc, f"the {self.name} job {job.job_id}")
+        if probes is not None:  # the environment each node's re-run used (verify's drift)
+            job_info["probes"] = probes
         if self.notes:
             job_info["notes"] = list(self.notes)
         if exit_code != 0:
