@@ -277,6 +277,22 @@ def test_the_drift_of_an_on_node_rerun_is_the_nodes_environment_not_this_machine
     assert both.environment is not None
     assert f"the nodes' ({node}, n2)" in both.environment["line"]
 
+    # explain: each run a job; the first job's probes replace the drift once, and the line
+    # the later jobs rebuild says whose drift it is again
+    from manifest.rerun.cluster.node_env import drift_of_jobs
+
+    explained = VerifyReport(file="m.json", run_id=manifest.run_id, command=[])
+    explained.drift = environment_drift(manifest, machine)
+    checked = checked_probes({"probe": rebuilt}, "the slurm job 8")
+    assert checked is not None
+    jobs: list[dict[str, Any]] = []
+    for label in ("A", "B"):
+        jobs.append({"run": label, "probes": checked})
+        explained.environment = dict(used.to_json(), node=node)  # as jobs_environment does
+        drift_of_jobs(manifest, explained, jobs[-1], jobs)
+        assert explained.drift == run.drift and "probes" not in jobs[-1]
+        assert explained.environment["line"] == run.environment["line"]
+
 
 @pytest.mark.parametrize(("probes", "why"), [
     ([{"node": "n1", "env": {"python": 3}}], "node 0: python"),

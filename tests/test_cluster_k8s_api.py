@@ -134,7 +134,7 @@ def test_env_run_rebuilds_in_an_init_container_and_the_pod_runs_in_it(
                                        "--env", "run", "--find-links", str(wheels))
     assert code == 0, stderr[-3000:]
     assert report["verdict"] == "identical", report["reason"]
-    assert report["environment"]["line"] == RUN_ENV_LINE
+    assert report["environment"]["line"].startswith(RUN_ENV_LINE)  # and whose drift it is
     assert report["environment"]["proof"]["proven"] is True
     assert report["environment"]["cached"] is True  # built by the init container
     spec = _posted(kube, "jobs")["spec"]["template"]["spec"]

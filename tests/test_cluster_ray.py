@@ -88,7 +88,11 @@ def test_verify_on_ray_in_the_runs_rebuilt_environment(ray_address: str,
     code, report, stderr = _verify(repo, manifest, "--address", ray_address, "--env", "run",
                                    "--find-links", str(wheels))
     assert (code, report["verdict"]) == (0, "identical"), (report.get("reason"), stderr[-3000:])
-    assert report["environment"]["line"] == RUN_ENV_LINE
+    # the drift is the node's rebuilt environment's, and the line says so
+    assert report["environment"]["line"] == f"{RUN_ENV_LINE}; {report['environment']['drift_of']}"
+    assert report["environment"]["drift_of"].endswith("where the re-run ran, not this machine's")
+    assert not [d for d in report["drift"]
+               if d["impact"] == "bits" and d["path"].startswith("env.packages[")]
     assert report["environment"]["proof"]["proven"] is True
     assert report["environment"]["used"] == "run"
     [node] = report["environment"]["nodes"]

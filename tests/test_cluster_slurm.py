@@ -99,7 +99,10 @@ def test_verify_on_real_slurm_in_the_runs_rebuilt_environment(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     report = json.loads(proc.stdout)
     assert report["verdict"] == "identical", report["reason"]
-    assert report["environment"]["line"] == RUN_ENV_LINE
+    # the drift is the node's rebuilt environment's, and the line says so
+    assert report["environment"]["line"] == f"{RUN_ENV_LINE}; {report['environment']['drift_of']}"
+    assert not [d for d in report["drift"]
+               if d["impact"] == "bits" and d["path"].startswith("env.packages[")]
     assert report["environment"]["proof"]["proven"] is True
     [node] = report["environment"]["nodes"]
     assert node["node"] and node["proven"]

@@ -282,6 +282,9 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
 
             # --on with --env run: what each job's node used
             report.environment = jobs_environment(report.jobs) or report.environment
+            from manifest.rerun.cluster.node_env import drift_of_jobs
+
+            drift_of_jobs(recorded, report, report.jobs[-1], report.jobs)  # the nodes' drift
         return result
 
     recorded_trails = _recorded_trails(recorded)

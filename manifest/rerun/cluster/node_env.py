@@ -20,14 +20,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from manifest.errors import NoVerdictError
 
 if TYPE_CHECKING:
     from manifest.models import Manifest
     from manifest.rerun.environment import RunEnvironment
-    from manifest.verify.report import Drift, Machine, VerifyReport
+    from manifest.verify.report import Drift, Machine
+
+
+class DriftReport(Protocol):
+    """What of a verb's report the node's drift replaces (verify's and explain's)."""
+
+    drift: list[Drift]
+    environment: dict[str, Any] | None
 
 MAX_PROBE_BYTES = 4 << 20
 """The most JSON a node's probes may hold (4 MiB, all nodes together): this machine's env
@@ -97,15 +104,20 @@ def checked_probes(doc: dict[str, Any], where: str) -> list[dict[str, Any]] | No
     return checked
 
 
-def drift_on_nodes(recorded: Manifest, report: VerifyReport, machine: Machine,
+def drift_on_nodes(recorded: Manifest, report: DriftReport, machine: Machine | None,
                    probes: Sequence[dict[str, Any]]) -> None:
-    """Replace the environment drift taken from this machine (``machine``) in ``report``
+    """Replace the environment drift taken from this machine (``machine``; None: probed
+    again, 0.2 s) in ``report``
     with the drift of the environment each node's re-run used (``probes``, from
     :func:`checked_probes`), and say on the report's environment line whose it is. Drift
     every node shares is one line; a line only some nodes have names its node."""
     from manifest.verify.pipeline import environment_drift
     from manifest.verify.report import Drift
 
+    if machine is None:
+        from manifest.capture.snapshot import probe_machine
+
+        machine = probe_machine()
     failed = [p for p in probes if "env" not in p]
     if failed:  # the drift stays this machine's, and the report says so
         why = "; ".join(f"{p['node']}: {p['error']}" for p in failed)
@@ -135,7 +147,24 @@ def drift_on_nodes(recorded: Manifest, report: VerifyReport, machine: Machine,
          report.environment.get("used") != "run" else None)
 
 
-def _say(report: VerifyReport, line: str,
+def drift_of_jobs(recorded: Manifest, report: DriftReport, job: dict[str, Any],
+                  jobs: Sequence[dict[str, Any]]) -> None:
+    """explain's runs are jobs of their own (``jobs``, the latest ``job``): the first job's
+    node probes replace the drift once, and the line saying whose drift it is is kept on the
+    environment line the later jobs rebuild (``jobs_environment``)."""
+    probes = job.pop("probes", None)
+    said = next((j["drift_of"] for j in jobs if j is not job and j.get("drift_of")), None)
+    if said is not None:
+        env = report.environment or {}
+        if not str(env.get("line") or "").endswith(said):
+            _say(report, said, None)
+        return
+    if probes:
+        drift_on_nodes(recorded, report, None, probes)
+        job["drift_of"] = (report.environment or {}).get("drift_of")
+
+
+def _say(report: DriftReport, line: str,
          this_one: tuple[Manifest, dict[str, Any], str] | None) -> None:
     """Add ``line`` to the report's environment line. ``this_one``: the re-run used the
     node's own environment (no ``--env run``), so the line counting the run's distributions
