@@ -310,8 +310,10 @@ def recorded_settings(recorded: Manifest, threads: int | None = None) -> LaunchS
 
 def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: RerunOptions,
                        runs: tuple[str, ...] = (),
-                       unconfined_because: str | None = None) -> RerunPlan:
-    """The plan to re-run ``recorded``'s command, with the trust decision for it."""
+                       unconfined_because: str | None = None,
+                       trust: TrustDecision | None = None) -> RerunPlan:
+    """The plan to re-run ``recorded``'s command, with the trust decision for it (``trust``:
+    one the caller already made with the same options, so it is asked once)."""
     from manifest.trust import check_trust
 
     assert recorded.command is not None
@@ -324,7 +326,7 @@ def plan_from_manifest(recorded: Manifest, *, verb: str, root: Path, options: Re
         CONFIG_VAR: (f"seed={settings.seed} derivation={settings.derivation} "
                      f"deterministic={settings.deterministic}"),
     })
-    decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
+    decision = trust or check_trust(recorded, user_trusted=options.trust, signer=options.signer)
     refuse_oversized(recorded)  # trust decided, and nothing built yet that a claim sizes
     plan = plan_command(
         verb=verb, root=root, argv=list(recorded.command.argv), cwd=recorded.command.cwd,

@@ -36,6 +36,7 @@ and how a command runs (4–6) lives in ``manifest.rerun``, and the comparison
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -215,10 +216,13 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     machine = probe_machine()  # probed once: for the drift report and the re-run's record
     from manifest.rerun.environment import environment_for
 
+    # The trust decision, asked once on this path (a signature is checked at most once) and
+    # only where something needs it: the rebuild, a dataset outside the tree, the plan.
+    decide = cache(lambda: check_trust(recorded, user_trusted=options.trust,
+                                       signer=options.signer))
     # --env run: the re-run and the drift are the rebuilt environment's
     used, machine = environment_for(
-        recorded, machine, options.rebuild, tree=root, note=note,
-        trust=lambda: check_trust(recorded, user_trusted=options.trust, signer=options.signer),
+        recorded, machine, options.rebuild, tree=root, note=note, trust=decide,
         cluster=options.cluster)  # with --on, each node rebuilds it (the job says which)
     report.environment = used.to_json()
     if options.rebuild is not None and used.python is None and used.request is None:
@@ -229,18 +233,17 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
     # Before hashing: a crafted "/" would read the whole disk, and a dataset
     # outside the repository is read only with the trust its command would need.
     inputs = plan_inputs(root, [(ds.path, ds.from_repo) for ds in recorded.data])
-    if any(i.outside for i in inputs):
-        decision = check_trust(recorded, user_trusted=options.trust, signer=options.signer)
-        if not decision.allowed:
-            if show_plan is not None and recorded.command is not None:
-                show_plan(plan_from_manifest(recorded, verb="verify", root=root,
-                                             options=rerun_options), report.drift)
-            outside = ", ".join(escape_text(i.path) for i in inputs if i.outside)
-            raise UntrustedManifestError(
-                f"refusing to read the datasets outside the repository that the manifest "
-                f"names ({outside}): it was not sealed on this machine by manifest and "
-                "carries no signature you trust.",
-                hint="Read the plan (above) and pass --trust to read them anyway.")
+    if any(i.outside for i in inputs) and not decide().allowed:
+        if show_plan is not None and recorded.command is not None:
+            show_plan(plan_from_manifest(recorded, verb="verify", root=root,
+                                         options=rerun_options, trust=decide()),
+                      report.drift)
+        outside = ", ".join(escape_text(i.path) for i in inputs if i.outside)
+        raise UntrustedManifestError(
+            f"refusing to read the datasets outside the repository that the manifest "
+            f"names ({outside}): it was not sealed on this machine by manifest and "
+            "carries no signature you trust.",
+            hint="Read the plan (above) and pass --trust to read them anyway.")
     report.data = check_data(recorded, root, blobs, no_cache=options.no_cache,
                              quiet=options.quiet)
     report.drift.extend(threads_drift(recorded, options.threads))
@@ -273,6 +276,7 @@ def _verify(data: bytes, *, file: str, cwd: Path, options: VerifyOptions,
             "cannot check the code: ") if problem else "the recorded code"
 
     plan = plan_from_manifest(recorded, verb="verify", root=root, options=rerun_options,
+                              trust=decide(),
                               runs=("once, outputs compared tensor by tensor",),
                               unconfined_because=options.unconfined_because)
     report.plan = plan.to_json()
