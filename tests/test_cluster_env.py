@@ -157,6 +157,9 @@ def test_a_bundle_runs_its_command_with_the_rebuilt_python_and_returns_the_proof
     prefix = base64.b64decode(doc["writable"][0]["prefix.txt"]).decode()
     assert Path(prefix) == Path(used["venv"])  # the rebuilt venv's python ran the command
     assert Path(prefix) != Path(sys.prefix)  # positive control: not this interpreter's
+    # the node probed the environment the command ran in: the rebuilt venv's distributions
+    assert doc["probe"]["node"] == used["node"]
+    assert {"alpha", "beta-lib"} <= set(doc["probe"]["env"]["packages"])
     # the report's line, from one node or from two that disagree
     assert (nodes_environment([used]) or {})["line"] == IDENTICAL
     other = dict(used, line="the run's environment, rebuilt but not proven (…)", node="n2",
@@ -241,6 +244,8 @@ def test_the_drift_of_an_on_node_rerun_is_the_nodes_environment_not_this_machine
     manifest = seal({k: v for k, v in doc.items() if k not in ("run_id", "digest")})
     plain = probe_on_node(None)  # the cluster's python: this interpreter, without alpha
     assert rebuilt["node"] == plain["node"] == os.uname().nodename
+    ran_with = probe_on_node(None, {"PYTHONHASHSEED": "0", "HOME": "/root"})["env"]
+    assert ran_with["variables"] == {"PYTHONHASHSEED": "0"}  # the re-run's, allow-listed
     machine = probe_machine()
     here = _env_drift_paths(manifest, machine[0])
     assert here, "positive control: this machine's python has neither distribution"

@@ -115,7 +115,8 @@ def test_verify_on_real_slurm_in_the_runs_rebuilt_environment(tmp_path: Path) ->
                         timeout=1200)
     explained = json.loads(proc.stdout)
     assert proc.returncode in (0, 1), proc.stderr.decode()[-3000:]
-    assert explained["environment"]["line"] == RUN_ENV_LINE
+    assert explained["environment"]["line"] == (  # the drift is the first job's node's
+        f"{RUN_ENV_LINE}; {explained['environment']['drift_of']}")
     assert explained["jobs"] and all(
         j["environment"]["venv"] == str(venv) for j in explained["jobs"]), explained["jobs"]
 

@@ -197,7 +197,7 @@ def run_bundle(bundle: Path, outdir: Path, expect: str, *, env_cache: Path | Non
                 (cwd / artifact.path).read_bytes()).decode("ascii")
     from manifest.rerun.cluster.node_env import probe_on_node
 
-    probe = probe_on_node(used)  # the environment the re-run used, for verify's drift
+    probe = probe_on_node(used, env)  # the environment the re-run used: verify's drift
     where = ("bubblewrap on " + os.uname().nodename + ": system read-only, private /tmp, "
              + ("network allowed (--network)" if confinement["network"] else "no network")
              if confined else f"not confined on the host ({reason})")

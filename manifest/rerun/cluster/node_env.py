@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from manifest.errors import NoVerdictError
@@ -43,11 +43,15 @@ MAX_NODE_NAME = 255
 """A node name longer than a host name can be (RFC 1035: 255 bytes) is not a node's."""
 
 
-def probe_on_node(used: RunEnvironment | None) -> dict[str, Any]:
+def probe_on_node(used: RunEnvironment | None,
+                  environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """On the node: ``{"node", "env"}``, the env section of the interpreter the re-run used
     (the rebuilt venv's with ``--env run``, else this one's: the cluster's python), or
-    ``{"node", "error"}`` when that interpreter could not be probed."""
+    ``{"node", "error"}`` when that interpreter could not be probed. ``environ``: the
+    variables the re-run ran with (the recorded numerics ones put back), whose allow-listed
+    ones are recorded rather than this job process's (Ray sets ``OMP_NUM_THREADS`` there)."""
     from manifest.capture.snapshot import probe_machine
+    from manifest.probes.env import numerics_variables
     from manifest.rerun.environment import probe_env_in
 
     node = os.uname().nodename
@@ -57,6 +61,8 @@ def probe_on_node(used: RunEnvironment | None) -> dict[str, Any]:
             env = probe_env_in(used.python, env)
         except NoVerdictError as exc:
             return {"node": node, "error": exc.message}
+    if environ is not None:
+        env = dict(env, variables=numerics_variables(dict(environ)))
     return {"node": node, "env": env}
 
 
