@@ -113,10 +113,10 @@ def checked_probes(doc: dict[str, Any], where: str) -> list[dict[str, Any]] | No
 def drift_on_nodes(recorded: Manifest, report: DriftReport, machine: Machine | None,
                    probes: Sequence[dict[str, Any]]) -> None:
     """Replace the environment drift taken from this machine (``machine``; None: probed
-    again, 0.2 s) in ``report``
-    with the drift of the environment each node's re-run used (``probes``, from
-    :func:`checked_probes`), and say on the report's environment line whose it is. Drift
-    every node shares is one line; a line only some nodes have names its node."""
+    again, 0.2 s) in ``report`` with the drift of the environment each node's re-run used
+    (``probes``, from :func:`checked_probes`), and say on the report's environment line
+    whose it is. Drift every node shares is one line; a line only some nodes have names
+    its node."""
     from manifest.verify.pipeline import environment_drift
     from manifest.verify.report import Drift
 
@@ -183,6 +183,7 @@ def _say(report: DriftReport, line: str,
         counted = this_machine(recorded, node_env).to_json()
         env = {**env, **counted,
                "line": str(counted["line"]).replace("this machine's", f"node {node}'s", 1)}
-    env["line"] = f"{env.get('line') or 'this machine' + chr(39) + 's'}; {line}"
+    prior = env.get("line") or "this machine's"
+    env["line"] = f"{prior}; {line}"
     env["drift_of"] = line
     report.environment = env
