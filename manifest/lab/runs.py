@@ -34,10 +34,8 @@ about 2 s, the audit run about 3×.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -48,31 +46,22 @@ from manifest.capture.run import _config_int, build_run_manifest
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, NoVerdictError, UsageError
 from manifest.judge import (
-    BASES,
-    Findings,
     current,
-    judge,
-    lab_outcome,
-    nothing_compared_reason,
     rules,
 )
 from manifest.judge.rules import carry
 from manifest.lab.checklist import checklist
+from manifest.lab.modes import LabRun, cost, kept, mode_result
 from manifest.lab.report import (
     Catalogue,
     CatalogueEntry,
-    Cost,
     Explained,
     ExplainedOp,
     Identity,
     LabReport,
-    ModeResult,
-    RunResult,
     Site,
-    TensorDiff,
-    WallStats,
 )
-from manifest.launch.boot._manifest_wire import AUDIT_VAR, ProcessRecord
+from manifest.launch.boot._manifest_wire import AUDIT_VAR
 from manifest.launch.runner import LaunchSettings, default_threads
 from manifest.models import Manifest
 from manifest.ops.catalogue import base_name, load_table
@@ -108,16 +97,6 @@ class LabOptions:
     """``--env run``: where the recipe runs part, explain re-runs recipe run 1 in its own
     environment, rebuilt from its records and proven (the lab's own runs use this
     machine's, which they record); None: this machine's."""
-
-
-@dataclass
-class _Run:
-    mode: str
-    index: int
-    wall_s: float
-    manifest: Manifest
-    records: list[ProcessRecord]
-    saved: Path
 
 
 def _command(command: list[str], table: dict[str, Any], origin: Path | None) -> list[str]:
@@ -190,7 +169,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
 
     with open_workspace(plan, root) as workspace:
         work = workspace.scratch
-        runs: dict[str, list[_Run]] = {"default": [], "recipe": []}
+        runs: dict[str, list[LabRun]] = {"default": [], "recipe": []}
         for i in range(1, options.runs + 1):
             for mode in ("default", "recipe"):
                 say(f"run {i}/{options.runs} under the {mode} switches")
@@ -209,10 +188,10 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
                                          f"{confined_hint(plan)}.")
                 saved = work / f"{mode}-{i}"
                 for art in manifest.outputs.artifacts:
-                    kept = _kept(saved, art.path)
-                    kept.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(cwd / art.path, kept)
-                runs[mode].append(_Run(mode, i, wall, manifest, result.records, saved))
+                    aside = kept(saved, art.path)
+                    aside.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(cwd / art.path, aside)
+                runs[mode].append(LabRun(mode, i, wall, manifest, result.records, saved))
         envelope = envelope_note = None
         if options.envelope:
             from manifest.numeric.measure import measure, numeric_of
@@ -227,8 +206,8 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
                 f"left out: {f}" for f in measured.failed)])) or None
         say("audit run: every aten op, its module and line")
         catalogue = _audit(plan, workspace, executor, seed, threads, work / "audit")
-        default = _mode_result("default", runs["default"])
-        recipe = _mode_result("recipe", runs["recipe"])
+        default = mode_result("default", runs["default"])
+        recipe = mode_result("recipe", runs["recipe"])
 
     first = runs["recipe"][0].manifest
     explained = None
@@ -245,7 +224,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
     )
     return LabReport(
         command=redact_argv(command), seed=seed, threads=threads, runs_per_mode=options.runs,
-        default=default, recipe=recipe, cost=_cost(default, recipe), catalogue=catalogue,
+        default=default, recipe=recipe, cost=cost(default, recipe), catalogue=catalogue,
         identity=identity,
         checklist=checklist(first, threads=threads, default=default, recipe=recipe),
         explained=explained, confinement=plan.confinement, plan=plan.to_json(),
@@ -260,12 +239,6 @@ def _remember_writes(snap: Snapshot, result: LaunchResult) -> None:
 
     if snap.code.root is not None:
         remember_run_writes(snap.store, snap.code.root, result.opened, result.started_ns)
-
-
-def _kept(saved: Path, path: str) -> Path:
-    """Where a run's output is copied aside: below ``saved`` even when it was recorded by
-    its absolute path (``saved / "/abs"`` would be the output itself)."""
-    return saved / path.lstrip("/")
 
 
 def _in_tree(glob: str, cwd: Path, root: Path) -> str:
@@ -305,163 +278,6 @@ def _explain(manifest: Manifest, cwd: Path, step: int, rerun: RerunOptions,
                               module_type=f.module_type, where=f.where, device=f.device,
                               tensor=f.tensor, max_abs=f.max_abs, max_ulp=f.max_ulp)
                   for f in report.findings])
-
-
-# ---------------------------------------------------------------- comparing
-
-
-def _final_loss(records: list[ProcessRecord]) -> tuple[float | None, dict[int, float]]:
-    """The last logged loss of rank 0 and its loss by step."""
-    rank0 = next((r for r in records if r.get("rank") == 0), None)
-    by_step: dict[int, float] = {}
-    last = None
-    for point in (rank0 or {}).get("log") or []:
-        value = point.get("loss")
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            by_step[int(point.get("step") or 0)] = float(value)
-            last = float(value)
-    return last, by_step
-
-
-def _trail(records: list[ProcessRecord]) -> list[tuple[int, str]]:
-    rank0 = next((r for r in records if r.get("rank") == 0), None)
-    points = (rank0 or {}).get("trail") or (rank0 or {}).get("auto_trail") or []
-    return [(int(p["step"]), str(p["digest"])) for p in points]
-
-
-def _l2(a: Path, b: Path, names: list[str]) -> dict[str, float]:
-    """L2 norm of b − a per float tensor (numbers only: the bytes already decided)."""
-    from manifest.weights.compare import _as_float64, _tensors
-
-    out: dict[str, float] = {}
-    ta, tb = _tensors(a), _tensors(b)
-    try:
-        if ta is None or tb is None:
-            return out
-        for name in names:
-            x, y = ta[1].get(name), tb[1].get(name)
-            if x is None or y is None or x.dtype != y.dtype or x.shape != y.shape:
-                continue
-            fa, fb = _as_float64(x.data, x.dtype), _as_float64(y.data, y.dtype)
-            if fa is not None and fb is not None:
-                out[name] = float(math.sqrt(float(((fa - fb) ** 2).sum())))
-    finally:
-        for t in (ta, tb):
-            if t is not None:
-                t[1].clear()
-                t[0].close()
-    return out
-
-
-def _compare(first: _Run, other: _Run) -> tuple[list[TensorDiff], int]:
-    from manifest.weights.compare import compare_artifacts
-
-    assert first.manifest.outputs is not None and other.manifest.outputs is not None
-    theirs = {a.path: a for a in other.manifest.outputs.artifacts}
-    diffs: list[TensorDiff] = []
-    compared = 0
-    for art in first.manifest.outputs.artifacts:
-        new = theirs.get(art.path)
-        if new is None:
-            diffs.append(TensorDiff(artifact=art.path, name="", change="missing"))
-            continue
-        compared += len(art.tensors or {}) or 1
-        delta = compare_artifacts(art, new, recorded_file=_kept(first.saved, art.path),
-                                  new_file=_kept(other.saved, art.path))
-        if delta.identical:
-            continue
-        if not delta.tensors:
-            diffs.append(TensorDiff(artifact=art.path, name="", change="file bytes"))
-            continue
-        norms = _l2(_kept(first.saved, art.path), _kept(other.saved, art.path),
-                    [t.name for t in delta.tensors if t.change == "values"])
-        diffs.extend(TensorDiff(artifact=art.path, name=t.name, change=t.change,
-                                elements=t.elements, total=t.total, max_abs=t.max_abs,
-                                max_ulp=t.max_ulp, l2=norms.get(t.name))
-                     for t in delta.tensors)
-    return diffs, compared
-
-
-def _mode_result(mode: str, runs: list[_Run]) -> ModeResult:
-    first = runs[0]
-    worst: dict[tuple[str, str], TensorDiff] = {}
-    compared = 0
-    weight_l2: float | None = None
-    loss_gap: float | None = None
-    max_loss_gap: float | None = None
-    first_step: int | None = None
-    trail_same = True
-    loss0, curve0 = _final_loss(first.records)
-    trail0 = dict(_trail(first.records))
-    for other in runs[1:]:
-        diffs, compared = _compare(first, other)
-        for d in diffs:
-            key = (d.artifact, d.name)
-            if key not in worst or (d.max_abs or 0.0) > (worst[key].max_abs or 0.0):
-                worst[key] = d
-        if first.manifest.outputs and first.manifest.outputs.artifacts:
-            l2 = math.sqrt(sum((d.l2 or 0.0) ** 2 for d in diffs))
-            weight_l2 = max(weight_l2 or 0.0, l2)
-        loss, curve = _final_loss(other.records)
-        if loss0 is not None and loss is not None:
-            loss_gap = max(loss_gap or 0.0, abs(loss - loss0))
-            shared = set(curve0) & set(curve)
-            if shared:
-                gap = max(abs(curve0[s] - curve[s]) for s in shared)
-                max_loss_gap = max(max_loss_gap or 0.0, gap)
-        trail = _trail(other.records)
-        if trail != sorted(trail0.items()):
-            trail_same = False
-        for step, digest in trail:
-            if trail0.get(step) != digest:
-                first_step = step if first_step is None else min(first_step, step)
-                break
-    differing = sorted(worst.values(), key=lambda d: (d.artifact, d.name))
-    has_outputs = bool(first.manifest.outputs and first.manifest.outputs.artifacts)
-    judged = judge(Findings(outputs=[not differing] if has_outputs else [],
-                            trail_steps=len(trail0), trail_agrees=trail_same),
-                   nothing=nothing_compared_reason(
-                       list(first.manifest.command.outputs) if first.manifest.command else []))
-    basis, outcome = judged.basis, lab_outcome(judged.verdict)
-    values = [d.max_abs for d in differing if d.max_abs is not None]
-    ulps = [d.max_ulp for d in differing if d.max_ulp is not None]
-    walls = [r.wall_s for r in runs]
-    return ModeResult(
-        mode="recipe" if mode == "recipe" else "default",
-        deterministic=mode == "recipe",
-        runs=[RunResult(index=r.index, wall_s=round(r.wall_s, 4), exit_code=0,
-                        run_id=r.manifest.run_id, trail_steps=len(_trail(r.records)),
-                        final_loss=_final_loss(r.records)[0]) for r in runs],
-        wall=WallStats(median_s=round(statistics.median(walls), 4), min_s=round(min(walls), 4),
-                       max_s=round(max(walls), 4)),
-        bit_identical=outcome == "bit-identical",
-        outcome=outcome,
-        reason_code=None if judged.code is None else str(judged.code),
-        basis=basis,
-        basis_text=BASES[basis],
-        differing=differing,
-        tensors_compared=compared,
-        max_abs=max(values, default=0.0 if has_outputs else None),
-        max_ulp=max(ulps, default=0 if has_outputs else None),
-        weight_l2=weight_l2 if len(runs) > 1 else None,
-        loss_gap=loss_gap,
-        max_loss_gap=max_loss_gap,
-        first_divergent_step=first_step,
-    )
-
-
-def _cost(default: ModeResult, recipe: ModeResult) -> Cost:
-    d, r = default.wall.median_s, recipe.wall.median_s
-    pct = (r - d) / d * 100.0 if d > 0 else 0.0
-    spread = max(default.wall.max_s - default.wall.min_s, recipe.wall.max_s - recipe.wall.min_s)
-    noisy = spread > abs(r - d)
-    caveat = None
-    if noisy:
-        caveat = (f"the runs' spread ({spread:.3f} s) is wider than the difference of the "
-                  f"medians ({abs(r - d):.3f} s): the sign of the cost is not established; "
-                  "use more --runs")
-    return Cost(default_median_s=d, recipe_median_s=r, determinism_cost_pct=round(pct, 2),
-                spread_s=round(spread, 4), within_noise=noisy, caveat=caveat)
 
 
 # -------------------------------------------------------------------- audit
