@@ -9,10 +9,11 @@ printed in the report; ``--seed S`` repeats a choice. Nothing the run's author
 controls enters the draw: not the run_id, the argv or any manifest field, only
 how many stretches there are and which of them can be replayed (below; an
 author who drops a checkpoint does not steer the draw off its stretch, the
-report names that stretch as never caught). Until this turn the seed was the run_id's first
-64 bits. Everyone who checked a run then replayed the same stretches, and the
-author knew them before publishing. Adding an ignored argv word and re-sealing
-moved the draw off a planted bad stretch in 1 to 4 tries (issue 38).
+report names that stretch as never caught). Why not a seed taken from the run
+(the run_id's first 64 bits, say): everyone who checks the run would replay the
+same stretches and its author would know them before publishing; adding an
+ignored argv word and re-sealing moved such a draw off a planted bad stretch in
+1 to 4 tries.
 Proof-of-Learning's spoofing attacks (Fang et al. 2023) rely on exactly such
 a predictable choice.
 
