@@ -23,11 +23,11 @@ checkpoint to one file, ``ckpt/latest.pt``, and only the last survived) can
 never be replayed: a tampered stretch there is never caught, whatever the draw.
 The draw is made among the stretches that can be replayed
 (:attr:`Choice.replayable`), and the report names how many cannot ("3 of 4
-stretches start from a checkpoint that was not kept"). Until this turn the
-draw and the chance counted them as well: on such a run of 4 stretches with
-only the last checkpoint kept, a draw of 3 replayed at most one, and the
-chance of catching a tampered stretch read 25% where no tampering of 3 of the
-4 stretches could ever be seen.
+stretches start from a checkpoint that was not kept"). Counting them in the
+draw and the chance would overstate it: on a run of 4 stretches with only the
+last checkpoint kept, a draw of 3 replays at most one, and the chance of
+catching a tampered stretch would read 25% where no tampering of 3 of the 4
+stretches could ever be seen.
 
 **What a check is worth** (:func:`chances`). Only a draw from a fresh nonce has a
 chance. A choice made by the user (``--at``) has none, and neither has a draw
