@@ -58,7 +58,7 @@ def _today(recorded: Any, packages: dict[str, str | None]) -> Any:
 
 def test_a_torch_named_package_never_imported_is_benign_and_torch_is_bits(
         repo: GitRepo, cli_env: dict[str, str]) -> None:
-    from manifest.verify.pipeline import environment_drift
+    from manifest.verify.drift import environment_drift
 
     _, recorded = _captured(repo, cli_env)
     assert recorded.env.imported is not None and "torchmetrics" not in recorded.env.imported
@@ -72,7 +72,7 @@ def test_a_torch_named_package_never_imported_is_benign_and_torch_is_bits(
 
 
 def test_a_package_the_run_imported_stays_bits(repo: GitRepo, cli_env: dict[str, str]) -> None:
-    from manifest.verify.pipeline import environment_drift
+    from manifest.verify.drift import environment_drift
 
     _, recorded = _captured(repo, cli_env, "import rich\nprint('trained')\n")
     assert recorded.env.imported is not None and "rich" in recorded.env.imported

@@ -219,7 +219,7 @@ def test_the_k8s_job_rebuilds_in_an_init_container_unless_it_runs_the_recorded_i
 
 def _env_drift_paths(recorded: Manifest, env: dict[str, Any]) -> set[str]:
     from manifest.capture.snapshot import probe_machine
-    from manifest.verify.pipeline import environment_drift
+    from manifest.verify.drift import environment_drift
 
     _, hardware, facts = probe_machine()
     return {d.path for d in environment_drift(recorded, (env, hardware, facts))
@@ -233,8 +233,8 @@ def test_the_drift_of_an_on_node_rerun_is_the_nodes_environment_not_this_machine
     own python, which lacks them, and that drift is shown, said to be the node's."""
     from manifest.canonical import seal, to_document
     from manifest.capture.snapshot import probe_machine
-    from manifest.rerun.cluster.node_env import checked_probes, drift_on_nodes, probe_on_node
-    from manifest.verify.pipeline import environment_drift
+    from manifest.rerun.cluster.node_env import checked_probes, probe_on_node
+    from manifest.verify.drift import drift_on_nodes, environment_drift
     from manifest.verify.report import VerifyReport
 
     used = on_node(_request(recorded, tmp_path, tmp_path / "envs"), tree=tmp_path)
@@ -284,7 +284,7 @@ def test_the_drift_of_an_on_node_rerun_is_the_nodes_environment_not_this_machine
 
     # explain: each run a job; the first job's probes replace the drift once, and the line
     # the later jobs rebuild says whose drift it is again
-    from manifest.rerun.cluster.node_env import drift_of_jobs
+    from manifest.verify.drift import drift_of_jobs
 
     explained = VerifyReport(file="m.json", run_id=manifest.run_id, command=[])
     explained.drift = environment_drift(manifest, machine)

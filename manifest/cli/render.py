@@ -290,7 +290,7 @@ def folded_environment(drift: list[Drift], *, verbose: bool = False) -> list[Dri
         return list(drift)
     from dataclasses import replace
 
-    from manifest.verify.pipeline import NO_GPU, cuda_family
+    from manifest.verify.drift import NO_GPU, cuda_family
     from manifest.verify.report import Drift
 
     paths = {d.path for d in drift}

@@ -40,7 +40,8 @@ from manifest.ops.findings import Finding, compare_streams
 from manifest.ops.stream import OpStream, parse_stream, streams_in
 from manifest.rerun.plan import RerunOptions
 from manifest.rerun.workspace import repo_root_of, store_for
-from manifest.verify.pipeline import environment_drift, threads_drift
+from manifest.verify.drift import environment_drift
+from manifest.verify.pipeline import threads_drift
 from manifest.verify.report import Drift
 
 LOOKBACK = 2
@@ -282,7 +283,7 @@ def _explain_in(recorded: Manifest, report: ExplainReport, plan: RerunPlan,
 
             # --on with --env run: what each job's node used
             report.environment = jobs_environment(report.jobs) or report.environment
-            from manifest.rerun.cluster.node_env import drift_of_jobs
+            from manifest.verify.drift import drift_of_jobs
 
             drift_of_jobs(recorded, report, report.jobs[-1], report.jobs)  # the nodes' drift
         return result

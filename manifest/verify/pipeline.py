@@ -40,7 +40,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from manifest.canonical import load_manifest, seal, to_document
+from manifest.canonical import load_manifest
 from manifest.errors import UntrustedManifestError
 from manifest.judge import ReasonCode, current, record, rules
 from manifest.models import Manifest
@@ -49,60 +49,17 @@ from manifest.rerun.plan import plan_from_manifest, plan_inputs
 from manifest.rerun.workspace import repo_root_of, store_for
 from manifest.store import BlobStore, OverlayStore
 from manifest.trust import check_trust, escape_text
+from manifest.verify.drift import cuda_family as cuda_family  # cli.render_diff imports it here
+from manifest.verify.drift import environment_drift
 from manifest.verify.report import (
     DataChange,
     Drift,
-    Machine,
     VerifyOptions,
     VerifyReport,
 )
 from manifest.verify.rerun import rerun_and_compare
 
 # ------------------------------------------------------------------- drift
-
-
-def environment_drift(recorded: Manifest, machine: Machine) -> list[Drift]:
-    """Differences between the recorded env/hardware and today's (``machine``), with impact."""
-    from manifest.diff.engine import diff_manifests
-
-    # Only env and hardware are compared, so both sides leave out the outputs: a run that
-    # kept 100,000 checkpoints has a 20 MB outputs section, and re-sealing and walking it
-    # here took 15 of 46 s of such a verify.
-    base = recorded.model_copy(update={"outputs": None})
-    doc = to_document(base)
-    nodes = doc["hardware"].get("nodes")
-    doc["env"], doc["hardware"], _ = machine
-    if recorded.env.imported is not None:  # what the run imported is not a fact of today
-        doc["env"] = dict(doc["env"], imported=recorded.env.imported)
-    if nodes is not None:  # a merged run: this machine against node 0
-        doc["hardware"] = dict(doc["hardware"], nodes=nodes)
-    today = seal(doc)
-    found = [
-        Drift(d.path, d.impact.value, d.reason, d.change.value)
-        for d in diff_manifests(base, today).differences
-        if d.section in ("env", "hardware")
-    ]
-    procs = recorded.determinism.processes
-    if procs and not any(p.devices for p in procs) and any(
-            cuda_family(d.path) for d in found):
-        found.append(Drift(NO_GPU, "benign", "this run used no GPU: no process of it recorded "
-                           "a CUDA device, so the CUDA libraries computed none of its results"))
-    return found
-
-
-NO_GPU = "determinism.processes[*].devices"
-"""The path of the drift line saying that a run whose CUDA libraries drifted used no GPU."""
-CUDA_FACTS = ("env.torch_cuda", "env.cudnn", "env.nccl", "env.cuda_runtime")
-CUDA_PACKAGES = ("nvidia-", "triton", "pytorch-triton", "cuda-")
-
-
-def cuda_family(path: str) -> bool:
-    """A drift path of the CUDA side of a torch build: the CUDA build, cuDNN and NCCL it
-    reports, and the distributions it loads (``nvidia-*``, ``triton``, ``cuda-*``)."""
-    if path in CUDA_FACTS:
-        return True
-    name = path.removeprefix("env.packages[").removesuffix("]")
-    return path.startswith("env.packages[") and name.startswith(CUDA_PACKAGES)
 
 
 def threads_drift(recorded: Manifest, threads: int | None) -> list[Drift]:

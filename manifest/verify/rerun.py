@@ -126,7 +126,7 @@ def rerun_and_compare(recorded: Manifest, report: VerifyReport, plan: RerunPlan,
         if result.job.get("environment"):  # --env run: what each node's re-run used
             report.environment = result.job["environment"]
         if result.job.get("probes"):  # the drift is the environment the nodes' re-run used
-            from manifest.rerun.cluster.node_env import drift_on_nodes
+            from manifest.verify.drift import drift_on_nodes
 
             drift_on_nodes(recorded, report, machine, result.job.pop("probes"))
     new = build_run_manifest(snap, cwd=workspace.cwd, argv=list(plan.argv),

@@ -284,7 +284,8 @@ def verify_segments(data: bytes, *, file: str, cwd: Path, options: Any,
     # Steps 2 and 3 of a full verify, as there: drift that can change bits is named
     # (--strict refuses on it), and changed data makes the verdict ``differs``.
     from manifest.capture.snapshot import probe_machine
-    from manifest.verify.pipeline import check_data, environment_drift, threads_drift
+    from manifest.verify.drift import environment_drift
+    from manifest.verify.pipeline import check_data, threads_drift
 
     drift = [*environment_drift(recorded, probe_machine()),
              *threads_drift(recorded, options.threads)]
