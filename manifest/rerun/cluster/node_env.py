@@ -10,7 +10,7 @@ that node's, not the submitting machine's:
 * back here (:func:`checked_probes`): the probes are untrusted input like the rest of a
   node's result: at most :data:`MAX_PROBE_BYTES` of JSON, each an ``Env`` section that the
   manifest model accepts, or a job is refused with one sentence (no verdict);
-* verify and explain (``manifest.verify.node_drift``) replace the drift taken from this
+* verify and explain (``manifest.verify.drift``) replace the drift taken from this
   machine with each node's.
 """
 
