@@ -1,10 +1,14 @@
-"""One judge: only ``manifest/judge/`` writes a verdict.
+"""One judge: only ``manifest/judge/`` writes a verdict, or decides one from another.
 
 Read from the source with ``ast`` (nothing is imported): a module outside
 ``manifest/judge/`` that assigns an attribute named ``verdict`` (``report.verdict = …``,
-in a tuple too) or passes ``verdict=`` to a call is deciding a verdict itself, and fails
-here with its file and line. A report gets its verdict from a
-``manifest.judge.rules.Judgement`` through ``manifest.judge.rules.record``.
+in a tuple too), a key ``verdict`` (``doc["verdict"] = …``) or passes ``verdict=`` to a
+call is deciding a verdict itself, and fails here with its file and line. A report gets
+its verdict from a ``manifest.judge.rules.Judgement`` through
+``manifest.judge.rules.record``. A module that compares a verdict (or an outcome) with a
+verdict's string literal (``report.verdict == "differs"``) decides by a spelling the
+judge's tables do not own: it compares with the enum (``Verdict.DIFFERS``) instead, so a
+renamed verdict fails at import, not silently in a branch never taken.
 """
 
 from __future__ import annotations
@@ -29,8 +33,64 @@ def verdict_writes(source: str) -> list[int]:
         elif isinstance(node, ast.Call):
             lines += [node.lineno for k in node.keywords if k.arg == "verdict"]
         lines += [e.lineno for t in targets for e in ast.walk(t)
-                  if isinstance(e, ast.Attribute) and e.attr == "verdict"]
+                  if (isinstance(e, ast.Attribute) and e.attr == "verdict")
+                  or (isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant)
+                      and e.slice.value == "verdict")]
     return sorted(lines)
+
+
+def _verdict_words() -> set[str]:
+    """Every verdict, outcome and status spelling the judge's tables own."""
+    from manifest import judge
+
+    enums = (judge.Verdict, judge.GateStatus, judge.LabOutcome, judge.ExplainVerdict,
+             judge.DiffOutcome, judge.OutputsOutcome, judge.NumericVerdict)
+    return {str(member) for enum in enums for member in enum}
+
+
+_JUDGED = ("verdict", "outcome", "outputs")
+"""A name that holds a verdict contains one of these (``report.verdict``,
+``recipe.outcome``, ``result.outputs``, ``doc.get("outputs_verdict")``)."""
+
+
+def _names_a_verdict(node: ast.expr) -> bool:
+    name = None
+    if isinstance(node, ast.Attribute):
+        name = node.attr
+    elif isinstance(node, ast.Name):
+        name = node.id
+    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        name = str(node.slice.value)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == "get" and node.args
+          and isinstance(node.args[0], ast.Constant)):
+        name = str(node.args[0].value)
+    return name is not None and any(word in name for word in _JUDGED)
+
+
+def verdict_comparisons(source: str) -> list[int]:
+    """The lines of ``source`` that compare a verdict with a verdict's string literal."""
+    words = _verdict_words()
+    lines: list[int] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        literal = any(isinstance(e, ast.Constant) and e.value in words for e in sides)
+        if literal and any(_names_a_verdict(e) for e in sides):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+STILL_BY_STRING = {
+    "manifest/verify/rerun.py": 6,
+    "manifest/numeric/envelope.py": 2,
+    "manifest/lab/modes.py": 1,
+    "manifest/lab/runs.py": 1,
+    "manifest/cli/verbs_check.py": 1,
+}
+"""Modules outside this change's reach that still compare by string, each with how many
+places: not yet moved to the enums. A new one anywhere (or one more here) fails."""
 
 
 def test_no_module_outside_the_judge_writes_a_verdict() -> None:
@@ -39,6 +99,21 @@ def test_no_module_outside_the_judge_writes_a_verdict() -> None:
              for line in verdict_writes(path.read_text(encoding="utf-8"))]
     assert not found, ("a verdict is written outside manifest/judge/ (make a Judgement "
                        "there and record() it): " + ", ".join(found))
+
+
+def test_no_module_outside_the_judge_decides_by_a_verdict_string() -> None:
+    found: dict[str, list[int]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if JUDGE in path.parents:
+            continue
+        lines = verdict_comparisons(path.read_text(encoding="utf-8"))
+        if lines:
+            found[str(path.relative_to(ROOT))] = lines
+    beyond = {f"{name}:{lines}" for name, lines in found.items()
+              if len(lines) > STILL_BY_STRING.get(name, 0)}
+    assert not beyond, ("a verdict is decided by comparing with a string outside "
+                        "manifest/judge/ (compare with the enum in manifest.judge.tables): "
+                        + ", ".join(sorted(beyond)))
 
 
 def test_the_judge_writes_verdicts_itself() -> None:
@@ -52,8 +127,22 @@ def test_the_check_flags_every_way_of_writing_one() -> None:
                "Explained(verdict='parted')\n"
                "self.verdict: str = 'agree'\n"
                "if report.verdict == 'identical':\n    pass\n"
-               "print(report.verdict)\n")
-    assert verdict_writes(snippet) == [1, 2, 3, 4]
+               "print(report.verdict)\n"
+               "doc['verdict'] = 'differs'\n"
+               "doc['trail_verdict'] = doc['verdict']\n")
+    assert verdict_writes(snippet) == [1, 2, 3, 4, 8]
+
+
+def test_the_check_flags_every_way_of_deciding_by_string() -> None:
+    snippet = ("if report.verdict == 'differs':\n    pass\n"
+               "ok = recipe.outcome != 'nothing-compared'\n"
+               "x = numeric.get('outputs_verdict') == 'outside'\n"
+               "y = 'equivalent' == result.outputs\n"
+               "z = doc['verdict'] == 'not-compared'\n"
+               "if report.verdict == Verdict.DIFFERS:\n    pass\n"
+               "w = d.impact == 'bits'\n"
+               "v = report.verdict == 'no such verdict'\n")
+    assert verdict_comparisons(snippet) == [1, 3, 4, 5, 6]
 
 
 def test_the_concepts_page_lists_every_reason_code() -> None:

@@ -14,6 +14,7 @@ from manifest.cli.text import json_text
 from manifest.diff.reasons import show_value
 from manifest.diff.result import Difference, ManifestDiff
 from manifest.diff.rules import Impact
+from manifest.judge import NumericVerdict, OutputsOutcome
 
 FOLD_AFTER = 12
 """A run of more rows than this from one rule is folded…"""
@@ -103,14 +104,16 @@ def _summary(result: ManifestDiff) -> str:
     line = f"{n_bits} {can} change the bits, {n_benign} cannot."
     if result.settled_by_outputs:
         line += " Here the outputs are identical."
-    elif result.outputs == "equivalent" and result.numeric is not None:
+    elif result.outputs == OutputsOutcome.EQUIVALENT and result.numeric is not None:
         line += (" The outputs differ, but the runs are equivalent (the same run up to "
                  f"rounding): {result.numeric['sentence']}.")
-    elif result.numeric is not None and result.numeric.get("verdict") == "not-compared":
+    elif (result.numeric is not None
+          and result.numeric.get("verdict") == NumericVerdict.NOT_COMPARED):
         from manifest.cli.text import markup  # device names are the manifests' authors'
 
         line += f" No numeric verdict: {markup(result.numeric['sentence'])}."
-    elif result.numeric is not None and result.numeric.get("outputs_verdict") == "outside":
+    elif (result.numeric is not None
+          and result.numeric.get("outputs_verdict") == NumericVerdict.OUTSIDE):
         from manifest.cli.text import markup  # output paths are the manifests' authors'
 
         line += f" The outputs differ beyond rounding: {markup(result.numeric['sentence'])}."

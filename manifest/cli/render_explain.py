@@ -6,7 +6,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from manifest.cli.text import plain_confinement
-from manifest.judge import ExplainVerdict
+from manifest.judge import ExplainVerdict, NumericVerdict
 
 if TYPE_CHECKING:
     from manifest.cli.render_markdown import StepTrail
@@ -95,7 +95,8 @@ def render_explain(report: ExplainReport, file: TextIO | None = None, *,
     if report.reason:
         out.write(f"{report.reason}\n")
     if report.numeric is not None:
-        kind = {"equivalent": "rounding only", "differs": "more than rounding"}.get(
+        kind = {NumericVerdict.EQUIVALENT: "rounding only",
+                NumericVerdict.DIFFERS: "more than rounding"}.get(
             report.numeric["verdict"], "not judged")
         out.write(f"against the noise envelope: {kind}: {report.numeric['sentence']}\n")
     if report.environment is not None and report.runs:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from manifest.judge import LabOutcome
+
 if TYPE_CHECKING:
     from manifest.lab.report import CatalogueEntry, LabReport, ModeResult
 
@@ -33,7 +35,8 @@ def _yes(flag: bool) -> str:
 
 def _verdict(m: ModeResult) -> str:
     """``yes`` / ``NO`` / ``NOTHING COMPARED``: never a yes that rests on nothing."""
-    return "NOTHING COMPARED" if m.outcome == "nothing-compared" else _yes(m.bit_identical)
+    return ("NOTHING COMPARED" if m.outcome == LabOutcome.NOTHING_COMPARED
+            else _yes(m.bit_identical))
 
 
 def _mode_lines(m: ModeResult) -> list[str]:
@@ -92,7 +95,7 @@ def render_lab(report: LabReport, out: TextIO | None = None) -> None:
              *_mode_lines(r.recipe)]
     if r.explained is not None:
         lines += _explained_lines(r)
-    elif r.recipe.outcome == "differs":
+    elif r.recipe.outcome == LabOutcome.DIFFERS:
         lines.append("  next: capture a recipe run and run 'manifest explain run.json' for the "
                      "first op where the runs part")
     if r.envelope is not None or r.envelope_note:

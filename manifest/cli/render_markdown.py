@@ -74,7 +74,8 @@ def verify_markdown(report: VerifyReport, *, trail: StepTrail | None = None,
     rows: list[tuple[str, ...]] = []
     for art in report.artifacts:
         if art.identical or not art.tensors:
-            rows.append((art.path, "", "identical" if art.identical else art.detail or "differs",
+            rows.append((art.path, "", Verdict.IDENTICAL if art.identical
+                         else art.detail or Verdict.DIFFERS,
                          "", ""))
             continue
         for t in art.tensors:

@@ -28,6 +28,7 @@ from manifest.cli.options import cluster_from_args as cluster_from_args  # re-ex
 from manifest.cli.options import show_plan as show_plan  # re-exported
 from manifest.cli.text import plain_confinement, plain_trust
 from manifest.errors import UsageError
+from manifest.judge import Verdict
 
 if TYPE_CHECKING:
     from manifest.diff.result import ManifestDiff
@@ -230,7 +231,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         for note in report.notes:
             sys.stderr.write(f"manifest: note: {note}.\n")
     explained = None
-    if args.explain and report.verdict == "differs":
+    if args.explain and report.verdict == Verdict.DIFFERS:
         explained = _explain_after_verify(args, data, signer, report.first_divergent_step)
     if args.format is ReportFormat.JSON:
         from manifest.cli.text import json_text

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from manifest.cli.options import cluster_from_args, positive_int, seed_value, show_plan
+from manifest.judge import Verdict
 
 if TYPE_CHECKING:
     from manifest.verify.segments import SegmentsReport
@@ -133,7 +134,7 @@ def segments_text(report: SegmentsReport) -> str:
         text = f"{head}: {s.verdict}"
         if s.first_divergent_step is not None:
             text += f", first divergent step {s.first_divergent_step}"
-        elif s.verdict == "identical":
+        elif s.verdict == Verdict.IDENTICAL:
             text += f", {s.steps_compared} trail points equal"
         for path, same in s.end_checkpoints.items():
             text += f"; checkpoint {printable(path)} {'identical' if same else 'differs'}"

@@ -42,6 +42,8 @@ from manifest.diff.result import Difference, ManifestDiff, settled_by_outputs
 from manifest.diff.rules import Impact
 from manifest.diff.walk import Walker
 from manifest.errors import ManifestError, UnsupportedSchemaError
+from manifest.judge.rules import diff_outputs, outputs_not_held, worst_numeric
+from manifest.judge.tables import OutputsOutcome
 from manifest.models import SCHEMA_V1, Envelope, Manifest
 
 SECTIONS = (
@@ -121,7 +123,7 @@ def diff_manifests(a: Manifest, b: Manifest,
     )
     nondet = find_nondeterminism(found) if a.run_id == b.run_id else None
     outputs, numeric = weigh_outputs(a, b, ranked, roots)
-    if outputs == "identical":
+    if outputs == OutputsOutcome.IDENTICAL:
         ranked = [_outputs_identical(d) for d in ranked]
     return ManifestDiff(
         a_run_id=a.run_id, b_run_id=b.run_id, a_digest=a.digest, b_digest=b.digest,
@@ -144,7 +146,7 @@ def _has_evidence(m: Manifest) -> bool:
 
 def weigh_outputs(a: Manifest, b: Manifest, found: list[Difference],
                   roots: tuple[Path | None, Path | None] = (None, None),
-                  ) -> tuple[str | None, dict[str, Any] | None]:
+                  ) -> tuple[OutputsOutcome | None, dict[str, Any] | None]:
     """Step 5, the evidence: did the two runs produce the same thing? ``identical`` (no
     output, trail state or ending differs), ``equivalent``, ``differ``; None when a side
     has nothing to compare.
@@ -163,8 +165,14 @@ def weigh_outputs(a: Manifest, b: Manifest, found: list[Difference],
         return None, None
     produced = [d for d in found if d.impact is Impact.BITS and d.rule.startswith(
         _OUTPUT_EVIDENCE)]
-    if not produced:
-        return "identical", None
+    numeric = _numeric(a, b, found, roots) if produced else None
+    return diff_outputs(produced=bool(produced), numeric=numeric), numeric
+
+
+def _numeric(a: Manifest, b: Manifest, found: list[Difference],
+             roots: tuple[Path | None, Path | None]) -> dict[str, Any] | None:
+    """The numeric judgement of two runs whose outputs differ in bits (None: no envelope
+    judges them; ``weigh_outputs`` says which)."""
     from manifest.numeric.envelope import judge, rounding_only
 
     inputs = [d for d in found if d.impact is Impact.BITS and d.section != "outputs"]
@@ -174,15 +182,15 @@ def weigh_outputs(a: Manifest, b: Manifest, found: list[Difference],
     moved = device_change(a, b)  # other devices: no envelope decides (verify says the same)
     rest = [d.path for d in inputs if d.rule not in _DEVICE_RULES]
     if moved is not None and (not rest or rounding_only(rest)):
-        return "differ", _not_compared(moved)
+        return _not_compared(moved)
     envelope = _vouched_envelope(a) or _vouched_envelope(b)
     if not rounding_only([d.path for d in inputs]) or envelope is None:
-        return "differ", None
+        return None
     from manifest.trust import was_sealed_here
 
     unvouched = [side for side, m in (("A", a), ("B", b)) if not was_sealed_here(m.digest)]
     if unvouched:
-        return "differ", _not_compared(
+        return _not_compared(
             f"{' and '.join(unvouched)} was not sealed on this machine, and a numeric trail "
             "is its author's numbers (outside identity): whether the difference is rounding "
             "was not judged (`manifest verify --envelope N` re-runs it here)")
@@ -190,12 +198,11 @@ def weigh_outputs(a: Manifest, b: Manifest, found: list[Difference],
     verdicts = [judge(p.numeric or [], again.get(p.rank, []), envelope)
                 for p in a.outputs.processes if p.numeric]
     if not verdicts:
-        return "differ", None
-    worst = next((v for v in verdicts if v.verdict != "equivalent"), verdicts[0])
-    doc = worst.to_json()
-    if worst.verdict != "equivalent":
-        return "differ", doc
-    return _hold_outputs(a, b, roots, envelope, doc)
+        return None
+    worst = worst_numeric(verdicts)
+    if worst is not None:
+        return worst.to_json()
+    return _hold_outputs(a, b, roots, envelope, verdicts[0].to_json())
 
 
 def _not_compared(reason: str) -> dict[str, Any]:
@@ -203,7 +210,7 @@ def _not_compared(reason: str) -> dict[str, Any]:
 
 
 def _hold_outputs(a: Manifest, b: Manifest, roots: tuple[Path | None, Path | None],
-                  envelope: Envelope, doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+                  envelope: Envelope, doc: dict[str, Any]) -> dict[str, Any]:
     """The trails lie inside the envelope: the outputs decide, compared numerically as
     verify compares a re-run's (``bind_outputs``), each side's file checked against its
     own recorded tensors first (``output_distance``). Anything not compared: ``differ``."""
@@ -229,13 +236,9 @@ def _hold_outputs(a: Manifest, b: Manifest, roots: tuple[Path | None, Path | Non
     doc["trail_verdict"] = doc["verdict"]
     problem = bind_outputs(doc, outputs, calibration, compared=True)
     doc["outputs"] = [o.to_json() for o in outputs]
-    if problem is None:
-        return "equivalent", doc
-    compared = doc.get("outputs_verdict") == "outside"
-    doc["verdict"] = "differs" if compared else "not-compared"
-    doc["reason"] = f"the step trails lie inside the envelope, but {problem}"
-    doc["sentence"] = doc["reason"]
-    return "differ", doc
+    if problem is not None:
+        outputs_not_held(doc, problem)
+    return doc
 
 
 def _output_pair(art: Any, other: Any, a: Manifest, b: Manifest,

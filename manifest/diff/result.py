@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from manifest.diff.rules import Impact
+from manifest.judge.tables import DiffOutcome, OutputsOutcome
 
 if TYPE_CHECKING:
     from manifest.travel.sign import InputSignature
@@ -162,7 +163,7 @@ class ManifestDiff:
     a_signature: InputSignature | None = None
     """The signature found with the first input (its pack's, FILE.sig, --signature)."""
     b_signature: InputSignature | None = None
-    outputs: str | None = None
+    outputs: OutputsOutcome | None = None
     """What the runs produced, weighed (``engine.weigh_outputs``): ``identical``,
     ``equivalent``, ``differ``, or None when a side has no output or trail to compare."""
     numeric: dict[str, Any] | None = None
@@ -188,11 +189,12 @@ class ManifestDiff:
         return any(d.impact is Impact.BITS for d in self.differences)
 
     @property
-    def verdict(self) -> str:
-        """``bits``, ``benign`` (only benign differences) or ``identical``."""
-        if self.has_bits:
-            return Impact.BITS.value
-        return Impact.BENIGN.value if self.differences else "identical"
+    def verdict(self) -> DiffOutcome:
+        """``bits``, ``benign`` (only benign differences) or ``identical``
+        (``manifest.judge.rules.diff_verdict``)."""
+        from manifest.judge.rules import diff_verdict
+
+        return diff_verdict(bits=self.has_bits, differences=bool(self.differences))
 
     @property
     def reason_code(self) -> str | None:
@@ -205,7 +207,7 @@ class ManifestDiff:
     @property
     def settled_by_outputs(self) -> bool:
         """``bits`` lines only of seeds and generators, and identical outputs anyway."""
-        return (self.outputs == "identical" and self.has_bits
+        return (self.outputs == OutputsOutcome.IDENTICAL and self.has_bits
                 and all(settled_by_outputs(d) for d in self.bits))
 
     @property
@@ -217,7 +219,7 @@ class ManifestDiff:
 
         if self.settled_by_outputs:
             return EXIT_OK
-        if self.outputs == "equivalent":
+        if self.outputs == OutputsOutcome.EQUIVALENT:
             return EXIT_EQUIVALENT
         return EXIT_FAILED if self.has_bits else EXIT_OK
 
@@ -239,14 +241,15 @@ class ManifestDiff:
                   "signature": None if self.b_signature is None
                   else dict(self.b_signature.to_json())},
             "same_run_id": self.same_run_id,
-            "verdict": self.verdict,
+            "verdict": str(self.verdict),
             "counts": {"bits": len(self.bits), "benign": len(self.benign)},
             "only": None if only is None else only.value,
             "nondeterminism": None if self.nondeterminism is None
             else self.nondeterminism.to_json(),
             # Only where weighing the outputs changed the answer (the exit status).
-            **({"outputs": self.outputs} if self.settled_by_outputs
-               or self.outputs == "equivalent" or self.numeric is not None else {}),
+            **({"outputs": None if self.outputs is None else str(self.outputs)}
+               if self.settled_by_outputs or self.outputs == OutputsOutcome.EQUIVALENT
+               or self.numeric is not None else {}),
             **({"numeric": self.numeric} if self.numeric is not None else {}),
             # Only where the outputs were weighed and did not come out identical.
             **({"reason_code": self.reason_code} if self.reason_code is not None else {}),

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from manifest.gate.policy import Project
 from manifest.gate.report import UPDATE_HINT, CheckResult, GateReport, Status
+from manifest.judge.rules import worst_numeric
+from manifest.judge.tables import NumericVerdict
 from manifest.models import Manifest
 
 if TYPE_CHECKING:
@@ -237,13 +239,13 @@ def _weigh_across_runners(project: Project, baseline: Manifest, current: Manifes
     now = {p.rank: p.numeric or [] for p in current.outputs.processes}
     judged = [judge(p.numeric or [], now.get(p.rank, []), envelope)
               for p in baseline.outputs.processes]
-    worst = next((j for j in judged if j.verdict != "equivalent"), None)
+    worst = worst_numeric(judged)
     if judged and worst is None:
         sentence = judged[0].to_json()["sentence"]
         return CheckResult("baseline", Status.PASS, f"equivalent to the baseline {where}: the "
                            "same run up to rounding on another environment; " + sentence,
                            shown)
-    if worst is not None and worst.verdict == "differs":
+    if worst is not None and NumericVerdict(worst.verdict) is NumericVerdict.DIFFERS:
         return CheckResult("baseline", Status.FAIL, "outside the baseline's noise envelope: "
                            f"{worst.to_json()['sentence']}", shown,
                            hint=f"If the change is intended, {UPDATE_HINT}.")

@@ -17,9 +17,11 @@ assigns a ``verdict``). The order, as verify applies it:
    ``differs`` with the data named.
 
 The stretches of ``verify --segments`` (:func:`segments`), the lab's recipe runs
-(through :func:`judge`) and explain (:func:`explain_agree`, :func:`explain_parted`,
-:func:`explain_failed`) are judged here too. Each reason carries a stable
-:class:`~manifest.judge.reasons.ReasonCode`.
+(through :func:`judge`), explain (:func:`explain_agree`, :func:`explain_parted`,
+:func:`explain_failed`), diff (:func:`diff_verdict`; its weighing of the outputs,
+:func:`diff_outputs` and :func:`outputs_not_held`) and the worst rank of a numeric
+judgement (:func:`worst_numeric`, for diff and the gate's baseline) are judged here too.
+Each reason carries a stable :class:`~manifest.judge.reasons.ReasonCode`.
 """
 
 from __future__ import annotations
@@ -27,10 +29,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from manifest.judge.reasons import ReasonCode
-from manifest.judge.tables import EXPLAIN_VERDICTS, VERDICTS, ExplainVerdict, GateStatus, Verdict
+from manifest.judge.tables import (
+    EXPLAIN_VERDICTS,
+    VERDICTS,
+    DiffOutcome,
+    ExplainVerdict,
+    GateStatus,
+    NumericVerdict,
+    OutputsOutcome,
+    Verdict,
+)
 
 
 @dataclass(frozen=True)
@@ -267,22 +278,68 @@ def gate(statuses: Sequence[GateStatus]) -> GateStatus:
     return GateStatus.PASS
 
 
+class _Numeric(Protocol):
+    @property
+    def verdict(self) -> str: ...
+
+
+N = TypeVar("N", bound=_Numeric)
+
+
+def worst_numeric(judged: Sequence[N]) -> N | None:
+    """The first numeric judgement (one per rank, ``manifest.numeric.envelope.judge``)
+    that is not ``equivalent``; None when every one is (or there is none). One rank
+    outside the envelope is enough: the runs are only as equivalent as their worst rank."""
+    return next((j for j in judged if j.verdict != NumericVerdict.EQUIVALENT), None)
+
+
+def diff_verdict(*, bits: bool, differences: bool) -> DiffOutcome:
+    """diff's verdict on two manifests: ``bits`` when a difference can change the bits,
+    ``benign`` when every one cannot, ``identical`` when there is none."""
+    if bits:
+        return DiffOutcome.BITS
+    return DiffOutcome.BENIGN if differences else DiffOutcome.IDENTICAL
+
+
+def diff_outputs(*, produced: bool, numeric: Mapping[str, Any] | None) -> OutputsOutcome:
+    """diff's weighing of what the two runs produced (``manifest.diff.engine
+    .weigh_outputs``): ``identical`` when no output, trail state or ending differs
+    (``produced`` False); ``equivalent`` only when the numeric judgement (``numeric``:
+    the trails inside a vouched envelope, then every declared output held to its last
+    step) stayed ``equivalent``; anything else, no judgement included, ``differ``."""
+    if not produced:
+        return OutputsOutcome.IDENTICAL
+    if numeric is not None and numeric.get("verdict") == NumericVerdict.EQUIVALENT:
+        return OutputsOutcome.EQUIVALENT
+    return OutputsOutcome.DIFFER
+
+
+def outputs_not_held(numeric: dict[str, Any], problem: str) -> None:
+    """The trails lie inside the envelope but an output does not (``outputs_verdict``
+    ``outside``: ``differs``) or could not be compared (``not-compared``): write that
+    verdict and ``problem`` into the numeric judgement ``numeric``."""
+    compared = numeric.get("outputs_verdict") == NumericVerdict.OUTSIDE
+    numeric["verdict"] = str(NumericVerdict.DIFFERS if compared else NumericVerdict.NOT_COMPARED)
+    numeric["reason"] = f"the step trails lie inside the envelope, but {problem}"
+    numeric["sentence"] = numeric["reason"]
+
+
 def diff_reason(outputs: str | None, numeric: Mapping[str, Any] | None) -> ReasonCode | None:
     """The code of diff's weighing of the outputs (``manifest.diff.engine.weigh_outputs``):
     ``equivalent`` → inside the envelope; a numeric judgement that did not decide →
     which part was not compared, or was outside; outputs that differ → ``outputs-differ``;
     None when the outputs are identical or were not weighed."""
-    if outputs == "equivalent":
+    if outputs == OutputsOutcome.EQUIVALENT:
         return ReasonCode.INSIDE_ENVELOPE
     if numeric is not None:
-        if numeric.get("outputs_verdict") == "outside":
+        if numeric.get("outputs_verdict") == NumericVerdict.OUTSIDE:
             return ReasonCode.OUTPUTS_OUTSIDE_ENVELOPE
-        if numeric.get("outputs_verdict") == "not-compared":
+        if numeric.get("outputs_verdict") == NumericVerdict.NOT_COMPARED:
             return ReasonCode.OUTPUTS_NOT_COMPARED
-        if numeric.get("verdict") == "differs":
+        if numeric.get("verdict") == NumericVerdict.DIFFERS:
             return ReasonCode.TRAIL_OUTSIDE_ENVELOPE
         return ReasonCode.ENVELOPE_NOT_COMPARED
-    return ReasonCode.OUTPUTS_DIFFER if outputs == "differ" else None
+    return ReasonCode.OUTPUTS_DIFFER if outputs == OutputsOutcome.DIFFER else None
 
 
 def explain_agree(reason: str) -> Judgement:

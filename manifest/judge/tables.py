@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from manifest.errors import EXIT_EQUIVALENT, EXIT_FAILED, EXIT_NO_VERDICT, EXIT_OK
 
@@ -110,18 +110,25 @@ GATE_VERDICTS: dict[GateStatus, tuple[int, str]] = {
 """The gate's verdict (and each check's status) → (exit status, meaning), read by the docs."""
 
 
-LabOutcome = Literal["bit-identical", "differs", "nothing-compared"]
-"""The lab's outcome of its recipe runs."""
+class LabOutcome(StrEnum):
+    """The lab's outcome of its recipe runs: the runs agree bit for bit, they differ, or
+    they compared nothing (no output declared or written, and no optimizer step seen)."""
 
-LAB_OUTCOMES: dict[str, tuple[int, str]] = {
-    "bit-identical": (EXIT_OK, "the recipe runs agree on every declared output tensor and "
-                      "every step trail point; the report says whether tensors or only the "
-                      "trail were compared"),
-    "differs": (EXIT_FAILED, "the recipe runs differ: a tensor or a trail point (the first "
-                "divergent step and op are named)"),
-    "nothing-compared": (EXIT_NO_VERDICT, "the runs finished but compared nothing: no "
-                         "--artifact declared (or none written) and no optimizer step seen; "
-                         "the checklist flags it with the fix"),
+    BIT_IDENTICAL = "bit-identical"
+    DIFFERS = "differs"
+    NOTHING_COMPARED = "nothing-compared"
+
+
+LAB_OUTCOMES: dict[LabOutcome, tuple[int, str]] = {
+    LabOutcome.BIT_IDENTICAL: (
+        EXIT_OK, "the recipe runs agree on every declared output tensor and every step trail "
+        "point; the report says whether tensors or only the trail were compared"),
+    LabOutcome.DIFFERS: (
+        EXIT_FAILED, "the recipe runs differ: a tensor or a trail point (the first divergent "
+        "step and op are named)"),
+    LabOutcome.NOTHING_COMPARED: (
+        EXIT_NO_VERDICT, "the runs finished but compared nothing: no --artifact declared (or "
+        "none written) and no optimizer step seen; the checklist flags it with the fix"),
 }
 """The lab's outcome (of the recipe runs) → (exit status, meaning), read by the docs."""
 
@@ -146,16 +153,49 @@ EXPLAIN_VERDICTS: dict[str, tuple[int, str]] = {
 }
 """``manifest.explain.pipeline.ExplainReport.verdict`` → (exit status, meaning)."""
 
-DIFF_OUTCOMES: dict[str, tuple[int, str]] = {
-    "identical": (EXIT_OK, "the two manifests have no difference"),
-    "benign": (EXIT_OK, "only differences that cannot change the bits (times, hosts, URLs)"),
-    "bits": (EXIT_FAILED, "a difference that can change the bits, each with the reason; exit 0 "
-             "instead when only seeds and generator states differ and both runs' outputs are "
-             "identical anyway (said on each line), and "
-             f"{EXIT_EQUIVALENT} when they are equivalent (rounding only, inside the envelope)"),
+class DiffOutcome(StrEnum):
+    """diff's verdict on two manifests (``manifest.diff.result.ManifestDiff.verdict``): the
+    worst impact among the differences, or none."""
+
+    IDENTICAL = "identical"
+    BENIGN = "benign"
+    BITS = "bits"
+
+
+class OutputsOutcome(StrEnum):
+    """diff's weighing of what the two runs produced (``ManifestDiff.outputs``), which can
+    turn a ``bits`` verdict's exit status to 0 (``identical``) or 4 (``equivalent``)."""
+
+    IDENTICAL = "identical"
+    """No output, step-trail state or ending differs."""
+    EQUIVALENT = "equivalent"
+    """Rounding only: the trails and every declared output lie inside a vouched envelope."""
+    DIFFER = "differ"
+    """Anything else, a numeric judgement that could not be made included."""
+
+
+class NumericVerdict(StrEnum):
+    """The verdict of a numeric judgement (``manifest.numeric.envelope``'s, one rank's step
+    trail against an envelope, then the outputs held to its last step), and the outputs'
+    part of it (``outputs_verdict``: ``outside`` or ``not-compared``)."""
+
+    EQUIVALENT = "equivalent"
+    DIFFERS = "differs"
+    NOT_COMPARED = "not-compared"
+    OUTSIDE = "outside"
+
+
+DIFF_OUTCOMES: dict[DiffOutcome, tuple[int, str]] = {
+    DiffOutcome.IDENTICAL: (EXIT_OK, "the two manifests have no difference"),
+    DiffOutcome.BENIGN: (
+        EXIT_OK, "only differences that cannot change the bits (times, hosts, URLs)"),
+    DiffOutcome.BITS: (
+        EXIT_FAILED, "a difference that can change the bits, each with the reason; exit 0 "
+        "instead when only seeds and generator states differ and both runs' outputs are "
+        "identical anyway (said on each line), and "
+        f"{EXIT_EQUIVALENT} when they are equivalent (rounding only, inside the envelope)"),
 }
 """``manifest.diff.result.ManifestDiff.verdict`` → (exit status, meaning)."""
-
 
 
 _GATE: Mapping[Verdict, GateStatus] = {
@@ -174,10 +214,10 @@ def lab_outcome(verdict: str) -> LabOutcome:
     """The lab's outcome of its recipe runs (which never fail to compare: a failed run
     stops the lab before)."""
     if verdict == Verdict.IDENTICAL:
-        return "bit-identical"
+        return LabOutcome.BIT_IDENTICAL
     if verdict == Verdict.NOTHING_COMPARED:
-        return "nothing-compared"
-    return "differs"
+        return LabOutcome.NOTHING_COMPARED
+    return LabOutcome.DIFFERS
 
 
 def verb_verdicts() -> dict[str, list[Row]]:

@@ -10,6 +10,7 @@ recorded), with one line on how to fix it.
 from __future__ import annotations
 
 from manifest.diff.overrides import reseed_notes
+from manifest.judge import LabOutcome
 from manifest.lab.report import Check, ModeResult
 from manifest.models import Flags, Manifest
 
@@ -107,7 +108,7 @@ def _random(m: Manifest, recipe: ModeResult) -> list[Check]:
         checks.append(Check(category="random state", name="DataLoader workers", status="pass",
                             detail="not used: the run started no DataLoader with worker "
                             "processes"))
-        if recipe.outcome != "nothing-compared" and not recipe.bit_identical:
+        if recipe.outcome != LabOutcome.NOTHING_COMPARED and not recipe.bit_identical:
             checks.append(Check(category="random state", name="unseeded source",
                                 status="warn",
                                 detail="the recipe runs differ with no DataLoader worker to "
@@ -115,7 +116,7 @@ def _random(m: Manifest, recipe: ModeResult) -> list[Check]:
                                 "a clock, an unseeded generator of another library)",
                                 fix="manifest explain names the first op and line where the "
                                 "runs part"))
-    elif recipe.outcome == "nothing-compared":
+    elif recipe.outcome == LabOutcome.NOTHING_COMPARED:
         checks.append(Check(category="random state", name="DataLoader workers", status="warn",
                             detail="not known: the runs compared nothing",
                             fix="manifest lab --artifact PATH (the weights file the script "

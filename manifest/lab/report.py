@@ -62,7 +62,7 @@ class ModeResult(Model):
     wall: WallStats
     bit_identical: bool
     """True only when something was compared and it all agreed (see ``outcome``)."""
-    outcome: LabOutcome = "bit-identical"
+    outcome: LabOutcome = LabOutcome.BIT_IDENTICAL
     """``nothing-compared``: no output declared or written, and no optimizer step seen."""
     reason_code: str | None = None
     """Why the outcome is not ``bit-identical``, as a stable code
