@@ -299,6 +299,49 @@ def test_the_drift_of_an_on_node_rerun_is_the_nodes_environment_not_this_machine
         assert explained.environment["line"] == run.environment["line"]
 
 
+def test_the_nodes_hardware_replaces_this_machines_in_the_drift(
+        recorded: tuple[Manifest, Path]) -> None:
+    """The node sends its hardware section with its env: a run recorded on two H100s,
+    re-run on a node that has them, shows no GPU drift although this machine has none; a
+    node that sends no hardware section (an older torch-manifest) leaves this machine's
+    hardware lines, and the environment line says so (the control)."""
+    from manifest.canonical import seal, to_document
+    from manifest.capture.snapshot import probe_machine
+    from manifest.rerun.cluster.node_env import checked_probes, probe_on_node
+    from manifest.verify.drift import drift_on_nodes, environment_drift
+    from manifest.verify.report import VerifyReport
+
+    machine = probe_machine()
+    node = probe_on_node(None)
+    assert "hardware" in node
+    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85520809984,
+             "compute_capability": "9.0", "mig_mode": False, "ecc_mode": True}
+            for i in range(2)]
+    h100s = dict(node["hardware"], gpus=gpus, gpu_count=2, gpu_driver="580.95.05")
+    doc = to_document(recorded[0])
+    doc["hardware"] = dict(doc["hardware"], gpus=gpus, gpu_count=2, gpu_driver="580.95.05")
+    manifest = seal({k: v for k, v in doc.items() if k not in ("run_id", "digest")})
+
+    def gpu_drift(probe: dict[str, Any]) -> tuple[set[str], str]:
+        report = VerifyReport(file="m.json", run_id=manifest.run_id, command=[])
+        report.drift = environment_drift(manifest, machine)
+        checked = checked_probes({"probes": [probe]}, "the slurm job 9")
+        assert checked is not None
+        drift_on_nodes(manifest, report, machine, checked)
+        assert report.environment is not None
+        return ({d.path for d in report.drift if d.path.startswith("hardware.gpu")},
+                str(report.environment["line"]))
+
+    here, line = gpu_drift({k: v for k, v in node.items() if k != "hardware"})
+    assert here, "control: without the node's hardware, this machine's lines stay"
+    assert line.endswith("(its hardware lines are this machine's: the node sent no "
+                         "hardware section)")
+    there, line = gpu_drift(dict(node, hardware=h100s))
+    assert there == set() and "hardware lines" not in line
+    with pytest.raises(NoVerdictError, match="hardware"):
+        checked_probes({"probes": [dict(node, hardware={"gpus": "many"})]}, "the job")
+
+
 @pytest.mark.parametrize(("probes", "why"), [
     ([{"node": "n1", "env": {"python": 3}}], "node 0: python"),
     ([{"env": {}}], "node 0: no node name"),

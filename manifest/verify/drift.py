@@ -74,9 +74,10 @@ class DriftReport(Protocol):
 
 def drift_on_nodes(recorded: Manifest, report: DriftReport, machine: Machine | None,
                    probes: Sequence[dict[str, Any]]) -> None:
-    """Replace the environment drift taken from this machine (``machine``; None: probed
-    again, 0.2 s) in ``report`` with the drift of the environment each node's re-run used
-    (``probes``, from :func:`checked_probes`), and say on the report's environment line
+    """Replace the drift taken from this machine (``machine``; None: probed again, 0.2 s)
+    in ``report`` with the drift of the environment each node's re-run used and of the
+    node's hardware (``probes``, from ``rerun.cluster.node_env.checked_probes``; a node
+    that sent no hardware leaves this machine's), and say on the report's environment line
     whose it is. Drift every node shares is one line; a line only some nodes have names
     its node."""
 
@@ -96,7 +97,8 @@ def drift_on_nodes(recorded: Manifest, report: DriftReport, machine: Machine | N
 
     here = {key(d) for d in environment_drift(recorded, machine)}
     rest = [d for d in report.drift if key(d) not in here]
-    per_node = [environment_drift(recorded, (p["env"], machine[1], machine[2]))
+    per_node = [environment_drift(recorded, (p["env"], p.get("hardware", machine[1]),
+                                             machine[2]))
                 for p in probes]
     shared = set.intersection(*({key(d) for d in found} for found in per_node))
     drift = [d for d in per_node[0] if key(d) in shared]
@@ -108,7 +110,10 @@ def drift_on_nodes(recorded: Manifest, report: DriftReport, machine: Machine | N
     nodes = list(dict.fromkeys(names))
     who = (f"node {nodes[0]}'s" if len(nodes) == 1
            else "the nodes' (" + ", ".join(nodes) + ")")
-    _say(report, f"the drift shown is {who}, where the re-run ran, not this machine's",
+    hardware_here = "" if all("hardware" in p for p in probes) else (
+        " (its hardware lines are this machine's: the node sent no hardware section)")
+    _say(report, f"the drift shown is {who}, where the re-run ran, not this machine's"
+                 f"{hardware_here}",
          (recorded, probes[0]["env"], nodes[0]) if report.environment is None or
          report.environment.get("used") != "run" else None)
 

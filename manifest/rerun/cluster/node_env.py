@@ -36,8 +36,9 @@ MAX_NODE_NAME = 255
 
 def probe_on_node(used: RunEnvironment | None,
                   environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """On the node: ``{"node", "env"}``, the env section of the interpreter the re-run used
-    (the rebuilt venv's with ``--env run``, else this one's: the cluster's python), or
+    """On the node: ``{"node", "env", "hardware"}``, the env section of the interpreter the
+    re-run used (the rebuilt venv's with ``--env run``, else this one's: the cluster's
+    python) and the node's hardware section, or
     ``{"node", "error"}`` when that interpreter could not be probed. ``environ``: the
     variables the re-run ran with (the recorded numerics ones put back), whose allow-listed
     ones are recorded rather than this job process's (Ray sets ``OMP_NUM_THREADS`` there)."""
@@ -46,26 +47,27 @@ def probe_on_node(used: RunEnvironment | None,
     from manifest.rerun.environment import probe_env_in
 
     node = os.uname().nodename
-    env, _, _ = probe_machine()
+    env, hardware, _ = probe_machine()
     if used is not None and used.python is not None:
         try:
             env = probe_env_in(used.python, env)
         except NoVerdictError as exc:
-            return {"node": node, "error": exc.message}
+            return {"node": node, "error": exc.message, "hardware": hardware}
     if environ is not None:
         env = dict(env, variables=numerics_variables(dict(environ)))
-    return {"node": node, "env": env}
+    return {"node": node, "env": env, "hardware": hardware}
 
 
 def checked_probes(doc: dict[str, Any], where: str) -> list[dict[str, Any]] | None:
     """The node probes of a job's result (``probes``: one per node; ``probe``: one node),
-    each ``{"node", "env"}`` or ``{"node", "error"}``; None when the node sent none (a node
-    running an older torch-manifest). ``where`` names the job in the refusal.
+    each ``{"node", "env"}`` or ``{"node", "error"}``, with the node's ``hardware`` section
+    when it sent one; None when the node sent none (a node running an older
+    torch-manifest). ``where`` names the job in the refusal.
 
     Raises NoVerdictError (one sentence) for probes that are too large or not env sections."""
     from pydantic import ValidationError
 
-    from manifest.models import Env
+    from manifest.models import Env, Hardware
 
     raw = doc.get("probes") if "probes" in doc else (
         [doc["probe"]] if "probe" in doc else None)
@@ -88,8 +90,17 @@ def checked_probes(doc: dict[str, Any], where: str) -> list[dict[str, Any]] | No
         if not isinstance(probe, dict) or not isinstance(probe.get("node"), str) or not (
                 0 < len(probe["node"]) <= MAX_NODE_NAME) or not probe["node"].isprintable():
             raise refuse(f"node {i}: no node name")
+        hardware: dict[str, Any] = {}
+        if probe.get("hardware") is not None:
+            try:
+                hardware = {"hardware": Hardware.model_validate(probe["hardware"]).model_dump(
+                    mode="json")}
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                at = ".".join(str(p) for p in first["loc"]) or "hardware"
+                raise refuse(f"node {i}: hardware.{at}: {first['msg']}") from exc
         if isinstance(probe.get("error"), str) and "env" not in probe:
-            checked.append({"node": probe["node"], "error": probe["error"][:500]})
+            checked.append({"node": probe["node"], "error": probe["error"][:500], **hardware})
             continue
         try:
             env = Env.model_validate(probe.get("env"))
@@ -97,5 +108,5 @@ def checked_probes(doc: dict[str, Any], where: str) -> list[dict[str, Any]] | No
             first = exc.errors()[0]
             at = ".".join(str(p) for p in first["loc"]) or "env"
             raise refuse(f"node {i}: {at}: {first['msg']}") from exc
-        checked.append({"node": probe["node"], "env": env.model_dump(mode="json")})
+        checked.append({"node": probe["node"], "env": env.model_dump(mode="json"), **hardware})
     return checked
