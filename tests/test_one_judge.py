@@ -218,6 +218,33 @@ def test_the_gate_and_diff_take_their_verdicts_from_the_judge() -> None:
         ReasonCode.ENVELOPE_NOT_COMPARED)
 
 
+def test_diffs_weighing_of_the_outputs_is_the_judges() -> None:
+    """Only a numeric judgement still ``equivalent`` after the outputs were held makes
+    diff's outputs ``equivalent``; no judgement, or any other, is ``differ``."""
+    from types import SimpleNamespace
+
+    from manifest.judge import DiffOutcome, OutputsOutcome, rules
+
+    weigh = rules.diff_outputs
+    assert weigh(produced=False, numeric=None) is OutputsOutcome.IDENTICAL
+    assert weigh(produced=True, numeric={"verdict": "equivalent"}) is OutputsOutcome.EQUIVALENT
+    assert weigh(produced=True, numeric=None) is OutputsOutcome.DIFFER
+    doc = {"verdict": "equivalent", "outputs_verdict": "outside"}
+    rules.outputs_not_held(doc, "the output w.pt is 3× the bound")
+    assert doc["verdict"] == "differs" and "3× the bound" in doc["sentence"]
+    assert weigh(produced=True, numeric=doc) is OutputsOutcome.DIFFER
+    held = {"verdict": "equivalent", "outputs_verdict": "not-compared"}
+    rules.outputs_not_held(held, "B's repository is not known")
+    assert held["verdict"] == "not-compared"
+
+    ranks = [SimpleNamespace(verdict="equivalent"), SimpleNamespace(verdict="differs")]
+    assert rules.worst_numeric(ranks) is ranks[1]
+    assert rules.worst_numeric(ranks[:1]) is None  # positive control: all inside
+    assert rules.diff_verdict(bits=True, differences=True) is DiffOutcome.BITS
+    assert rules.diff_verdict(bits=False, differences=True) is DiffOutcome.BENIGN
+    assert rules.diff_verdict(bits=False, differences=False) is DiffOutcome.IDENTICAL
+
+
 def test_verify_and_diff_ask_the_one_envelope_rule() -> None:
     """Both verbs' envelope choice goes through ``manifest.judge.envelope.may_decide``."""
     for module in ("verify/equivalence.py", "diff/engine.py"):
