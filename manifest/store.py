@@ -55,7 +55,7 @@ def sweep_temp(path: Path, *, older_than_s: float = 3600.0) -> list[Path]:
         if not stat.S_ISREG(st.st_mode):
             continue
         alive = False
-        if pid_text.isdigit():
+        if pid_text.isdecimal():
             try:
                 os.kill(int(pid_text), 0)
                 alive = int(pid_text) != 0

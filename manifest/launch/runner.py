@@ -64,7 +64,7 @@ CollnetDirect, CollnetChain or ^NVLS; its MCore helpers set ``Ring`` and
 def default_threads() -> int:
     """The thread count torch would use here: OMP_NUM_THREADS, else the CPUs we may run on."""
     value = os.environ.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
+    if value.isdecimal() and int(value) > 0:
         return int(value)
     try:
         return len(os.sched_getaffinity(0))
@@ -312,7 +312,7 @@ def select_ranks(records: list[ProcessRecord]) -> list[ProcessRecord]:
         if given is None:
             given = next((int(p.launch_env[k]) for k in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
                                                          "PMI_RANK")
-                          if p.launch_env.get(k, "").isdigit()), None)
+                          if p.launch_env.get(k, "").isdecimal()), None)
         ranks.append((given, p))
     ranked = [(rank, p) for rank, p in ranks if rank is not None]
     if ranked:
@@ -324,7 +324,7 @@ def select_ranks(records: list[ProcessRecord]) -> list[ProcessRecord]:
 def restart_of(record: ProcessRecord) -> int:
     """The elastic restart a record's process belongs to (0 without torchelastic)."""
     value = read_process(record).launch_env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return int(value) if value.isdigit() else 0
+    return int(value) if value.isdecimal() else 0
 
 
 def latest_attempt(ranks: list[ProcessRecord]) -> list[ProcessRecord]:
@@ -349,6 +349,6 @@ def stream_ranks(result: LaunchResult) -> dict[str, int]:
     out: dict[str, int] = {}
     for name in result.op_streams:
         pid = name.removesuffix(".json").rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) in by_pid:
+        if pid.isdecimal() and int(pid) in by_pid:
             out[name] = by_pid[int(pid)]
     return out

@@ -171,7 +171,7 @@ def rdzv_timeout(argv: list[str]) -> int:
     :data:`JOIN_TIMEOUT`, so a node that fails to start does not hold the others for
     torchrun's default of 10 minutes."""
     value = _conf_items(option(argv, "rdzv_conf")).get("timeout", "")
-    return int(value) if value.isdigit() and int(value) > 0 else JOIN_TIMEOUT
+    return int(value) if value.isdecimal() and int(value) > 0 else JOIN_TIMEOUT
 
 
 def _launch_options(argv: list[str], layout: Layout) -> dict[str, str | None]:

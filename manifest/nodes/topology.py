@@ -45,7 +45,7 @@ NODE_COUNT = ("GROUP_WORLD_SIZE", "SLURM_NNODES")
 def _first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
     for name in names:
         value = env.get(name, "")
-        if value.strip().isdigit():
+        if value.strip().isdecimal():
             return int(value)
     return None
 

@@ -80,7 +80,7 @@ def visible_gpus(count: int, env: Mapping[str, str]) -> list[int]:
     picked: list[int] = []
     for part in spec.split(","):
         part = part.strip()
-        if not part.isdigit():
+        if not part.isdecimal():
             # CUDA stops at the first entry it cannot parse; UUIDs/MIG names are
             # not mapped to NVML indices here: stop the same way.
             break

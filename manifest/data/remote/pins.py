@@ -154,7 +154,7 @@ def parse_pins(listing: bytes) -> dict[str, ObjectPin]:
     pins: dict[str, ObjectPin] = {}
     for line in lines[1:-1]:
         fields = line.split("\t")
-        if len(fields) != 7 or fields[0] != "o" or not fields[1].isdigit():
+        if len(fields) != 7 or fields[0] != "o" or not fields[1].isdecimal():
             raise DataError("the recorded remote pins have a malformed line.")
         _, size, version, kind, checksum, etag, key = fields
         pins[key] = ObjectPin(key, int(size), None if version == "-" else version, kind,

@@ -121,7 +121,7 @@ def _parse_delta(text: str) -> RemoteURL:
     path, at, version = rest.rpartition("@")
     if not at or "/" in version:
         path, version = rest, ""
-    elif not version.isdigit() or len(version) > 19:
+    elif not version.isdecimal() or len(version) > 19:
         raise DataError(f"{text} has an invalid table version {version!r}.",
                         hint="Write @VERSION with a whole number, or leave it out for the "
                              "latest.")
