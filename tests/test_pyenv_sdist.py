@@ -96,7 +96,9 @@ def _own_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _trust(m: Manifest) -> TrustDecision:
-    return check_trust(m)
+    """Trusted (as ``--trust``): an sdist is built only for a trusted manifest
+    (``tests/test_pyenv_trust_first.py`` has the untrusted side)."""
+    return check_trust(m, user_trusted=True)
 
 
 def _with_hash(site: Path, sdist: Path) -> Manifest:

@@ -17,7 +17,11 @@ The steps, in order; nothing is installed before the first three pass:
 2. the sources are decided: the user's, and the recorded ones only when the manifest is
    trusted (the same decision verify uses);
 3. each wheel (or a recorded sdist, by its file name and recorded sha256) is located in
-   them; a distribution no source serves is ``vanished``, and then nothing is built;
+   them; a distribution no source serves is ``vanished``, and then nothing is built. An
+   sdist is built only for a trusted manifest (sealed here, signed by a trusted identity,
+   or ``--trust``): building it runs its build backend, unconfined, which is running the
+   manifest author's code; for any other manifest it is ``built-here``, not built
+   (:data:`UNTRUSTED_SDIST`);
 4. uv builds the venv: ``uv venv`` with the recorded Python, then ``uv pip install
    --no-deps --no-index`` of exactly the located files, each by URL with its sha256
    (``--require-hashes``): exact pins, no resolution (an sdist is built by uv, its build
@@ -84,6 +88,22 @@ class BuiltEnvironment:
     plan: SourcePlan
     key: str
     """The environment's cache key (``manifest.pyenv.cache.environment_key``)."""
+
+
+UNTRUSTED_SDIST = ("not built: building an sdist runs its code, and this manifest is not "
+                   "trusted (--trust)")
+"""The reason an sdist of an untrusted manifest is ``built-here`` instead of built."""
+
+
+def trusted_pins(pins: list[Pin], trust: TrustDecision) -> list[Pin]:
+    """``pins`` with each ``sdist`` turned ``built-here`` (:data:`UNTRUSTED_SDIST`) unless
+    ``trust`` allows running the manifest's code: a build backend is code, the sdist's."""
+    if trust.allowed:
+        return pins
+    from dataclasses import replace
+
+    return [replace(p, kind="built-here", why=UNTRUSTED_SDIST) if p.kind == "sdist" else p
+            for p in pins]
 
 
 def find_uv() -> str:
@@ -173,7 +193,7 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
     progress sentences (the CLI prints them on stderr).
     """
     say = note or (lambda _text: None)
-    pins = recorded_pins(manifest, tree)
+    pins = trusted_pins(recorded_pins(manifest, tree), trust)
     plan = plan_sources(manifest.env.sources, find_links=find_links, index_urls=index_urls,
                         trust=trust, tree=tree, pins=pins)
     root = cache_dir or cache.cache_root()

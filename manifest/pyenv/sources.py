@@ -230,9 +230,12 @@ def built_locally(tags: Iterable[str]) -> str | None:
 def _direct(name: str, raw: Any, tree: Path | None) -> dict[str, Any]:
     """The PEP 610 fields of a record (``models.DirectUrl``), validated.
 
-    A wheel at a URL is fetched (``archive``); an sdist, a VCS checkout or a directory
-    (editable or not) is ``built-here``: building it runs its author's build code, so a
-    rebuild never does it on its own (the project's checkout is the caller's to install).
+    A wheel at a URL is fetched (``archive``); an sdist whose sha256 is recorded is
+    ``sdist``, which ``manifest.pyenv.rebuild`` builds from that same file only for a
+    trusted manifest (building it runs its author's build backend; untrusted, it is
+    ``built-here``); an sdist without a hash, a VCS checkout or a directory (editable or
+    not) is ``built-here``, never built by a rebuild (the project's checkout is the
+    caller's to install).
     """
     direct = _plain(raw)
     if not isinstance(direct, Mapping) or not isinstance(direct.get("url"), str):

@@ -197,6 +197,21 @@ def rebuilt_environment(recorded: Manifest, options: RebuildOptions, *, trust: T
     return RunEnvironment(line, built.python, proof.to_json(), built.cached)
 
 
+def refuse_untrusted(decision: TrustDecision) -> TrustDecision:
+    """``decision`` when it allows running the manifest's code; else the one sentence of
+    :class:`~manifest.errors.UntrustedManifestError`. ``--env run`` asks this first,
+    before anything is rebuilt, built or probed: a rebuild may build an sdist (its build
+    backend is code) and the probe starts the venv's python (its ``.pth`` files run, even
+    under ``-I``), each as much the author's code as the command."""
+    if decision.allowed:
+        return decision
+    from manifest.errors import UntrustedManifestError
+
+    raise UntrustedManifestError(
+        f"{decision.reason}, so its environment is not rebuilt either (--env run).",
+        hint="Read what it would run and pass --trust to rebuild and run it anyway.")
+
+
 def environment_for(recorded: Manifest, machine: tuple[dict[str, Any], Any, Any],
                     rebuild: RebuildOptions | None, *, tree: Path,
                     trust: Callable[[], TrustDecision],
@@ -208,17 +223,20 @@ def environment_for(recorded: Manifest, machine: tuple[dict[str, Any], Any, Any]
     proof ``note`` receives before anything trains and whose interpreter is probed. With
     nothing built (a distribution vanished) the machine probe is returned unchanged and the
     caller stops: ``python`` is None and ``line`` says why. verify and explain call this.
+    With ``rebuild``, the trust decision comes first (:func:`refuse_untrusted`): an
+    untrusted manifest is refused before anything is rebuilt, built or probed.
     With a ``cluster`` (``--on``) the records are checked here and each node rebuilds
     (:func:`for_cluster`; :meth:`RunEnvironment.on_cluster` gives the executor's options),
     and the drift stays this machine's."""
     if rebuild is None:
         return this_machine(recorded, machine[0]), machine
+    decision = refuse_untrusted(trust())
     if cluster is not None:
-        used = for_cluster(recorded, rebuild, trust=trust(), tree=tree)[0]
+        used = for_cluster(recorded, rebuild, trust=decision, tree=tree)[0]
         if note is not None:
             note(f"{used.line} (--on {cluster.on} --env run)")
         return used, machine
-    used = rebuilt_environment(recorded, rebuild, trust=trust(), tree=tree, note=note)
+    used = rebuilt_environment(recorded, rebuild, trust=decision, tree=tree, note=note)
     if note is not None:
         note(used.line)
     if used.python is None:
