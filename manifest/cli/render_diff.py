@@ -63,7 +63,7 @@ def environment_rows(rows: tuple[Difference, ...], *, no_gpu: bool = False,
     from dataclasses import replace
 
     from manifest.cli.render import NOT_RECORDED, SAME_FACT
-    from manifest.verify.pipeline import cuda_family
+    from manifest.verify.drift import cuda_family
 
     paths = {d.path for d in rows}
     family = [d for d in rows if cuda_family(d.path)]

@@ -49,7 +49,6 @@ from manifest.rerun.plan import plan_from_manifest, plan_inputs
 from manifest.rerun.workspace import repo_root_of, store_for
 from manifest.store import BlobStore, OverlayStore
 from manifest.trust import check_trust, escape_text
-from manifest.verify.drift import cuda_family as cuda_family  # cli.render_diff imports it here
 from manifest.verify.drift import environment_drift
 from manifest.verify.report import (
     DataChange,
