@@ -213,7 +213,8 @@ def _hold_outputs(a: Manifest, b: Manifest, roots: tuple[Path | None, Path | Non
                   envelope: Envelope, doc: dict[str, Any]) -> dict[str, Any]:
     """The trails lie inside the envelope: the outputs decide, compared numerically as
     verify compares a re-run's (``bind_outputs``), each side's file checked against its
-    own recorded tensors first (``output_distance``). Anything not compared: ``differ``."""
+    own recorded tensors first (``output_distance``); an output only one side declares is
+    one not compared. Anything not compared: ``differ``."""
     from manifest.numeric.calibration import verdict_calibration
     from manifest.numeric.outputs import OutputDistance, bind_outputs
 
@@ -230,6 +231,10 @@ def _hold_outputs(a: Manifest, b: Manifest, roots: tuple[Path | None, Path | Non
                                           "path: the outputs were not compared"))
             continue
         outputs.append(_output_pair(art, other, a, b, roots))
+    mine = {art.path for art in a.outputs.artifacts}
+    outputs.extend(OutputDistance(art.path, problem="A declares no output at this path: the "
+                                  "outputs were not compared")
+                   for art in b.outputs.artifacts if art.path not in mine)
     if not outputs:
         outputs.append(OutputDistance("(none)", problem="A declares no output: the outputs "
                                       "were not compared"))
