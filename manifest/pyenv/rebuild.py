@@ -196,16 +196,23 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
     pins = trusted_pins(recorded_pins(manifest, tree), trust)
     plan = plan_sources(manifest.env.sources, find_links=find_links, index_urls=index_urls,
                         trust=trust, tree=tree, pins=pins)
-    root = cache_dir or cache.cache_root()
+    root, why = cache.usable_root(cache_dir or cache.cache_root())
+    if why is not None:
+        say(f"{why}; building in a private folder ({root})")
     key = cache.environment_key(manifest.env.python, pins)
-    hit = cache.lookup(root, key)
-    if hit is not None:
-        folder, stamp = hit
-        site = site_packages(folder)
-        kept = Proof.from_json(stamp.get("proof"))
-        if kept is None or stamp.get("files") != cache.files_stamp(site):
-            kept = prove_pins(site, pins)  # something was written since: hash every file
-        return BuiltEnvironment(folder / "bin" / "python", kept, True, plan, key)
+    folder = cache.place(root, key)
+    if folder.is_dir():
+        uv_bin = find_uv()
+        fresh = fresh_venv(uv_bin, find_python(manifest.env.python, uv_bin))
+        used = _cached(folder, key, pins, fresh, plan)
+        if isinstance(used, BuiltEnvironment):
+            return used
+        say(f"not using the cached environment {folder}: {used}; rebuilding it")
+        if cache.unsafe(folder) is None:
+            cache.forget(folder, key)
+        else:
+            root = cache.private_root()
+            cache.forget(cache.place(root, key), key)
     installable = [p for p in pins if p.kind in ("index", "archive", "sdist")]
     located: dict[str, Archive] = {}
     for pin in installable:
@@ -223,9 +230,8 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
         say(f"building the run's environment ({len(located)} distributions"
             + (f"; built here from the recorded sdist: {', '.join(sdists)}" if sdists else "")
             + ") with uv")
-        _uv(uv_bin, ["venv", "--no-config", "--quiet", "--relocatable", "--python", python,
-                     "--no-python-downloads", str(built), "--allow-existing"],
-            "create a venv")
+        _venv(uv_bin, python, built)
+        base = cache.venv_facts(built)[2]  # what uv venv itself writes in site-packages
         reqs = built / "manifest-requirements.txt"
         reqs.write_text(requirements(pins, located), encoding="utf-8")
         hashed = all(a.sha256 for a in located.values())
@@ -237,10 +243,59 @@ def build_environment(manifest: Manifest, *, trust: TrustDecision,
                      *(["--require-hashes"] if hashed else []), "-r", str(reqs)],
             "install the run's distributions")
         site = site_packages(built)
-        proof = prove_pins(site, pins)
+        proof = prove_pins(site, pins, base=base)
         folder = cache.publish(root, key, built, {"proof": proof.to_json(),
                                                   "files": cache.files_stamp(site)})
     except BaseException:
         cache.discard(built)
         raise
+    if cache.read_stamp(folder, key) is None:  # another build won the race: check its copy
+        used = _cached(folder, key, pins, fresh_venv(uv_bin, python), plan)
+        if not isinstance(used, BuiltEnvironment):
+            raise RebuildError(f"the environment another build cached at {folder} is not "
+                               f"usable: {used}")
+        return used
     return BuiltEnvironment(folder / "bin" / "python", proof, False, plan, key)
+
+
+def _venv(uv_bin: str, python: str, target: Path) -> None:
+    _uv(uv_bin, ["venv", "--no-config", "--quiet", "--relocatable", "--python", python,
+                 "--no-python-downloads", str(target), "--allow-existing"], "create a venv")
+
+
+def fresh_venv(uv_bin: str, python: str) -> cache.FreshVenv:
+    """What a fresh build's ``uv venv`` writes (``cache.venv_facts``), made in a temporary
+    folder (~0.05 s): a cached venv's ``bin/python*``, ``pyvenv.cfg`` and site-packages are
+    compared with it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="manifest-fresh-venv-") as scratch:
+        _venv(uv_bin, python, Path(scratch) / "venv")
+        return cache.venv_facts(Path(scratch) / "venv")
+
+
+def _cached(folder: Path, key: str, pins: list[Pin], fresh: cache.FreshVenv,
+            plan: SourcePlan) -> BuiltEnvironment | str:
+    """The cached venv at ``folder``, checked (``manifest.pyenv.cache``), or why it may not
+    be used. With this user's stamp and no file changed since, the stored proof stands;
+    else every file is hashed against the record, and a copy with no stamp of this user's
+    is used only when that proves it. Unexpected files fail the proof, and then no
+    interpreter is returned: nothing of that venv runs."""
+    unsafe = cache.unsafe(folder)
+    if unsafe is not None:
+        return "it " + unsafe.removeprefix(f"{folder} ")
+    problem = cache.venv_problem(folder, fresh)
+    if problem is not None:
+        return problem
+    site = site_packages(folder)
+    stamp = cache.read_stamp(folder, key)
+    files = cache.files_stamp(site)
+    kept = Proof.from_json(stamp.get("proof")) if stamp is not None else None
+    if kept is None or stamp is None or stamp.get("files") != files:
+        kept = prove_pins(site, pins, base=fresh[2])  # something was written: hash every file
+        if stamp is None:
+            if not kept.proven:
+                return f"it is no copy this user built, and {kept.line()}"
+            cache.write_stamp(folder, key, {"proof": kept.to_json(), "files": files})
+    python = None if kept.unexpected else folder / "bin" / "python"
+    return BuiltEnvironment(python, kept, True, plan, key)

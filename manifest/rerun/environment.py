@@ -134,7 +134,8 @@ class RunEnvironment:
         """``env`` for a re-run in this environment: the venv's ``bin`` first on ``PATH`` (a
         recorded ``python``, ``torchrun`` … resolves there, as in an activated venv), and
         neither the verifier's venv nor the user's site-packages leaking in; ``tool``
-        (:meth:`tool_folder`) last on ``PYTHONPATH``."""
+        (:meth:`tool_folder`) last on ``PYTHONPATH``; ``PYTHONPYCACHEPREFIX`` a fresh
+        private folder (:func:`private_pycache`)."""
         if self.venv is None:
             return env
         out = {k: v for k, v in env.items()
@@ -143,6 +144,7 @@ class RunEnvironment:
                                                 else "")
         out["VIRTUAL_ENV"] = str(self.venv)
         out["PYTHONNOUSERSITE"] = "1"
+        out["PYTHONPYCACHEPREFIX"] = private_pycache()
         if tool is not None:
             out["PYTHONPATH"] = (env["PYTHONPATH"] + os.pathsep if env.get("PYTHONPATH")
                                  else "") + str(tool)
@@ -186,7 +188,10 @@ def rebuilt_environment(recorded: Manifest, options: RebuildOptions, *, trust: T
                               index_urls=options.index_urls, tree=tree, note=note,
                               cache_dir=cache_dir)
     proof = built.proof
-    if built.python is None:
+    if proof.unexpected:
+        line = (f"the run's environment is refused: its cached venv holds files no recorded "
+                f"distribution installed ({proof.line()}); remove that venv to rebuild it")
+    elif built.python is None:
         line = f"the run's environment could not be rebuilt ({proof.line()}: " + ", ".join(
             f"{f.name} {f.version}" for f in proof.differing()) + ")"
     elif proof.proven:
@@ -292,6 +297,16 @@ def this_machine(recorded: Manifest, today: Mapping[str, Any]) -> RunEnvironment
                           + (" differs" if differ == 1 else "s differ"))
 
 
+def private_pycache() -> str:
+    """A fresh private (0700) temporary folder for a rebuilt venv's python to keep its
+    bytecode in (``PYTHONPYCACHEPREFIX``, or ``-X pycache_prefix`` under ``-I``): Python
+    then neither reads nor writes the venv's ``__pycache__``, so a ``.pyc`` planted there
+    (which the proof leaves out) never replaces a proven module."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="manifest-pycache-")
+
+
 _PROBE = """\
 import json, sys
 args = json.loads(sys.argv[1])
@@ -326,7 +341,9 @@ def probe_env_in(python: Path, machine_env: Mapping[str, Any]) -> dict[str, Any]
         args = {"tool": tool, "helpers": helpers, "driver": machine_env.get("cuda_driver"),
                 "reason": (machine_env.get("unavailable") or {}).get("cuda_driver")}
         try:
-            done = subprocess.run([str(python), "-I", "-c", _PROBE, json.dumps(args)],
+            prefix = f"pycache_prefix={Path(tool) / 'pycache'}"  # -I ignores PYTHON* vars
+            done = subprocess.run([str(python), "-I", "-X", prefix, "-c", _PROBE,
+                                   json.dumps(args)],
                                   capture_output=True, text=True, check=False, timeout=600,
                                   stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
