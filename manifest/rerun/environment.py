@@ -214,7 +214,7 @@ def refuse_untrusted(decision: TrustDecision) -> TrustDecision:
 
     raise UntrustedManifestError(
         f"{decision.reason}, so its environment is not rebuilt either (--env run).",
-        hint="Read what it would run and pass --trust to rebuild and run it anyway.")
+        hint="Pass --trust to rebuild its environment and run its command anyway.")
 
 
 def environment_for(recorded: Manifest, machine: tuple[dict[str, Any], Any, Any],
