@@ -132,6 +132,8 @@ def test_another_thread_count_is_judged_against_the_envelope(other_threads: Path
     assert code == 0, text
     assert baseline["status"] == "pass", baseline
     assert baseline["reason"].startswith("equivalent to the baseline"), baseline
+    assert baseline["reason"].endswith("the step trails decide and the final weights were "
+                                       "held to no bound"), baseline
     assert any("OMP_NUM_THREADS 2 → 1" in d for d in baseline["details"]), baseline
     assert any(d.startswith("weights: ") for d in baseline["details"]), baseline
 

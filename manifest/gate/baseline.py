@@ -201,6 +201,8 @@ def _weigh_across_runners(project: Project, baseline: Manifest, current: Manifes
     moved (code, data, seed, command) or the step trails leave the baseline's noise
     envelope, ``pass`` when every step lies inside it, ``no-verdict`` when it cannot be
     judged (no envelope, no trail, other devices). Never a skip: the weights were compared.
+    Unlike verify and diff, the gate has only the fresh run's weights (the baseline's are
+    not committed), so its ``equivalent`` stands on the step trails and says so.
 
     The envelope and the trail are the baseline's own numbers, and the gate lets them
     decide, unlike ``diff`` (which trusts only envelopes sealed on its machine): the
@@ -243,7 +245,9 @@ def _weigh_across_runners(project: Project, baseline: Manifest, current: Manifes
     if judged and worst is None:
         sentence = judged[0].to_json()["sentence"]
         return CheckResult("baseline", Status.PASS, f"equivalent to the baseline {where}: the "
-                           "same run up to rounding on another environment; " + sentence,
+                           "same run up to rounding on another environment; " + sentence +
+                           "; the baseline's weights are not kept, so the step trails "
+                           "decide and the final weights were held to no bound",
                            shown)
     if worst is not None and NumericVerdict(worst.verdict) is NumericVerdict.DIFFERS:
         return CheckResult("baseline", Status.FAIL, "outside the baseline's noise envelope: "
