@@ -7,14 +7,16 @@ from __future__ import annotations
 import pytest
 
 from manifest.errors import DataError
+from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.launch.runner import restart_of, select_ranks
 from manifest.nodes.topology import _first_int
 
 
 @pytest.mark.parametrize("value", ["²", "①", "3²"])
 def test_a_superscript_rank_is_no_rank(value: str) -> None:
-    records = [{"pid": 1, "start_ns": 1, "launch_env": {"SLURM_PROCID": value}},
-               {"pid": 2, "start_ns": 2, "launch_env": {"SLURM_PROCID": "0"}}]
+    records: list[ProcessRecord] = [
+        {"pid": 1, "start_ns": 1, "launch_env": {"SLURM_PROCID": value}},
+        {"pid": 2, "start_ns": 2, "launch_env": {"SLURM_PROCID": "0"}}]
     assert [r["rank"] for r in select_ranks(records)] == [0]  # only the decimal one ranks
     assert restart_of({"pid": 1, "launch_env": {"TORCHELASTIC_RESTART_COUNT": value}}) == 0
     assert _first_int({"WORLD_SIZE": value}, ("WORLD_SIZE",)) is None
@@ -22,7 +24,7 @@ def test_a_superscript_rank_is_no_rank(value: str) -> None:
 
 def test_decimal_values_still_count() -> None:
     """The control: ASCII (and other decimal) digits are read as before."""
-    records = [{"pid": 1, "launch_env": {"SLURM_PROCID": "1"}},
+    records: list[ProcessRecord] = [{"pid": 1, "launch_env": {"SLURM_PROCID": "1"}},
                {"pid": 2, "launch_env": {"SLURM_PROCID": "0"}}]
     assert [r["rank"] for r in select_ranks(records)] == [0, 1]
     assert restart_of({"pid": 1, "launch_env": {"TORCHELASTIC_RESTART_COUNT": "2"}}) == 2
