@@ -126,21 +126,32 @@ def test_drift_is_probed_in_the_rebuilt_interpreter(bare_venv: Path) -> None:
         probe_env_in(Path("/bin/false"), here)
 
 
-def test_a_vanished_distribution_is_named_before_anything_runs(tmp_path: Path) -> None:
-    """The run's torch is served by no source given (an empty folder; the recorded sources
-    are withheld: the manifest was sealed on another machine): no verdict, torch named,
-    and nothing was re-run; plain verify re-runs the same manifest (the control)."""
+def test_a_vanished_distribution_is_named_before_anything_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's torch is served by no source (the capture's pip sources are an empty
+    folder and index, and so is the one given): no verdict, torch named, and nothing was
+    re-run; plain verify re-runs the same manifest (the control). Untrusted (sealed on
+    another machine), ``--env run`` is refused before anything is rebuilt."""
     from tests.runs import manifest_cli
     from tests.travel import capture_run, dirty_repo, other_machine
 
     pytest.importorskip("uv", reason="the rebuild extra (uv) is not installed")
-    repo = dirty_repo(tmp_path / "repo")
-    capture_run(repo)
     empty = tmp_path / "no-wheels"
     empty.mkdir()
+    for name, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(empty),
+                        "PIP_INDEX_URL": empty.as_uri()}.items():
+        monkeypatch.setenv(name, value)
+    repo = dirty_repo(tmp_path / "repo")
+    capture_run(repo)
     here = dict(other_machine(tmp_path / "verifier"), XDG_CACHE_HOME=str(tmp_path / "cache"))
     proc = manifest_cli("verify", "run.json", "--env", "run", "--find-links", str(empty),
-                        "--json", cwd=repo, env=here)
+                        cwd=repo, env=here)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 2 and stderr.count("\n") == 1, stderr
+    assert "its environment is not rebuilt either (--env run)" in stderr
+    assert not (tmp_path / "cache" / "manifest" / "envs").exists()
+    proc = manifest_cli("verify", "run.json", "--env", "run", "--find-links", str(empty),
+                        "--trust", "--json", cwd=repo, env=here)
     stderr = proc.stderr.decode()
     assert proc.returncode == 3, stderr
     report = proc.stdout.decode()
@@ -159,7 +170,9 @@ def test_env_flags_that_cannot_apply_are_refused_before_anything_runs(tmp_path: 
     (tmp_path / "run.json").write_bytes(GOLDEN.read_bytes())
     cases = {("--env", "run", "--at", "3"): "--segments and --at replay stretches",
              # with --on the records are checked here, before anything is submitted
-             ("--env", "run", "--on", "slurm"): "does not record its distributions",
+             ("--env", "run", "--on", "slurm", "--trust"): "does not record its distributions",
+             # untrusted: refused before any record is read or anything rebuilt
+             ("--env", "run", "--on", "slurm"): "its environment is not rebuilt either",
              ("--find-links", "wheels"): "pass --env run"}
     for args, expected in cases.items():
         proc = manifest_cli("verify", "run.json", *args, cwd=tmp_path)
