@@ -42,7 +42,8 @@ ratio 0.97x; locating and hashing the wheels ~0.6 s, the proof ~3.4 s); warm, 2.
 wall for 0.5-0.6 s of CPU (0.5 s wall on an idle machine). The cache's checks (a fresh
 ``uv venv`` to compare ``bin/python`` and ``pyvenv.cfg`` with, every RECORD read for
 unexpected files) cost ~0.3 s of that: ``manifest env build`` of the bundled example
-warm, 0.93-1.08 s against 0.68-0.73 s without them (same machine, same hour).
+warm, 0.75-1.08 s against 0.64-0.96 s without them (six runs each, alternating, load
+average ~4.4).
 """
 
 from __future__ import annotations
