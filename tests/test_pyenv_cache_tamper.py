@@ -197,3 +197,24 @@ def test_an_edit_with_size_and_mtime_put_back_is_named(recorded: tuple[Path, Man
     used = _build(recorded, tmp_path / "envs")
     found = {f.name: f.status for f in used.proof.findings}
     assert found == {"alpha": Status.OTHER_BUILD, "beta-lib": Status.IDENTICAL}
+
+
+def test_a_jobs_own_env_folder_is_made_private_and_used(recorded: tuple[Path, Manifest],
+                                                       tmp_path: Path) -> None:
+    """``--env-cache`` (Kubernetes' emptyDir is 0777): owned by this user, it is made 0700
+    and used; the test above is the control (a cache folder not given as the job's own is
+    not changed, and not used)."""
+    from manifest.rerun.environment import RebuildOptions, for_cluster, on_node
+
+    wheels, m = recorded
+    mount = tmp_path / "manifest-env"
+    mount.mkdir()
+    mount.chmod(0o777)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    _, request = for_cluster(m, RebuildOptions(find_links=(str(wheels),)), trust=TRUSTED,
+                             tree=tree)
+    used = on_node(request, tree=tree, cache_dir=mount)
+    assert used.venv is not None and mount in used.venv.parents
+    assert (mount.stat().st_mode & 0o777) == 0o700
+    assert used.proof is not None and used.proof["proven"]

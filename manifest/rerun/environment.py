@@ -460,6 +460,8 @@ def on_node(request: NodeRebuild, *, tree: Path, cache_dir: Path | None = None
     recorded = Manifest.model_construct(**only_env)
     trust = TrustDecision(bool(request.trust.get("allowed")), str(request.trust.get("reason")),
                           str(request.trust.get("basis")))
+    if cache_dir is not None:
+        _own_folder(cache_dir)
     cache = cache_dir or (Path(request.cache) if request.cache else None)
     try:
         used = rebuilt_environment(recorded, RebuildOptions(request.find_links,
@@ -472,6 +474,17 @@ def on_node(request: NodeRebuild, *, tree: Path, cache_dir: Path | None = None
     if used.python is None:
         raise NodeEnvironmentError(f"{used.line} on {os.uname().nodename}")
     return used
+
+
+def _own_folder(folder: Path) -> None:
+    """Make ``folder``, a job's own environment folder (``--env-cache``: Kubernetes makes an
+    ``emptyDir`` mode 0777), private (0700) when this user owns it: the cache refuses a
+    folder others can write (``manifest.pyenv.cache.unsafe``) and would build elsewhere."""
+    try:
+        if folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid():
+            folder.chmod(0o700)
+    except OSError:
+        pass  # then the cache says why it does not use it, and builds in a private folder
 
 
 def nodes_environment(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
