@@ -28,7 +28,7 @@ from manifest.cli.options import cluster_from_args as cluster_from_args  # re-ex
 from manifest.cli.options import show_plan as show_plan  # re-exported
 from manifest.cli.text import plain_confinement, plain_trust
 from manifest.errors import UsageError
-from manifest.judge import Verdict
+from manifest.judge import OutputsOutcome, Verdict
 
 if TYPE_CHECKING:
     from manifest.diff.result import ManifestDiff
@@ -122,7 +122,7 @@ def _code_lines(a: Manifest, b: Manifest, args: argparse.Namespace,
     from manifest.nodes.patches import code_report, repository_of
 
     return code_report(a, b, (repository_of(args.a), repository_of(args.b)),
-                       outputs_identical=result.outputs == "identical",
+                       outputs_identical=result.outputs == OutputsOutcome.IDENTICAL,
                        only_code=all(d.section == "code" for d in result.bits))
 
 

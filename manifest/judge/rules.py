@@ -287,9 +287,14 @@ N = TypeVar("N", bound=_Numeric)
 
 
 def worst_numeric(judged: Sequence[N]) -> N | None:
-    """The first numeric judgement (one per rank, ``manifest.numeric.envelope.judge``)
-    that is not ``equivalent``; None when every one is (or there is none). One rank
-    outside the envelope is enough: the runs are only as equivalent as their worst rank."""
+    """The numeric judgement (one per rank, ``manifest.numeric.envelope.judge``) that
+    decides: a rank outside the envelope (the earliest step of those that are), else the
+    first that could not be compared; None when every one is ``equivalent`` (or there is
+    none). One rank outside is enough: the runs are only as equivalent as their worst rank,
+    and a rank that differs outweighs one not compared. verify, diff and the gate use it."""
+    differing = [j for j in judged if j.verdict == NumericVerdict.DIFFERS]
+    if differing:
+        return min(differing, key=lambda j: getattr(j, "first_step", None) or 0)
     return next((j for j in judged if j.verdict != NumericVerdict.EQUIVALENT), None)
 
 

@@ -12,7 +12,14 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from manifest.judge import BASES, Findings, judge, lab_outcome, nothing_compared_reason
+from manifest.judge import (
+    BASES,
+    Findings,
+    LabOutcome,
+    judge,
+    lab_outcome,
+    nothing_compared_reason,
+)
 from manifest.lab.report import Cost, ModeResult, RunResult, TensorDiff, WallStats
 from manifest.launch.boot._manifest_wire import ProcessRecord
 from manifest.models import Manifest
@@ -161,7 +168,7 @@ def mode_result(mode: str, runs: list[LabRun]) -> ModeResult:
                         final_loss=final_loss(r.records)[0]) for r in runs],
         wall=WallStats(median_s=round(statistics.median(walls), 4), min_s=round(min(walls), 4),
                        max_s=round(max(walls), 4)),
-        bit_identical=outcome == "bit-identical",
+        bit_identical=outcome == LabOutcome.BIT_IDENTICAL,
         outcome=outcome,
         reason_code=None if judged.code is None else str(judged.code),
         basis=basis,

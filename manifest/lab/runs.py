@@ -45,10 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from manifest.capture.run import _config_int, build_run_manifest
 from manifest.config import load_config, string_list
 from manifest.errors import ConfigError, NoVerdictError, UsageError
-from manifest.judge import (
-    current,
-    rules,
-)
+from manifest.judge import LabOutcome, current, rules
 from manifest.judge.rules import carry
 from manifest.lab.checklist import checklist
 from manifest.lab.modes import LabRun, cost, kept, mode_result
@@ -211,7 +208,7 @@ def run_lab(cwd: Path, command: list[str], options: LabOptions,
 
     first = runs["recipe"][0].manifest
     explained = None
-    if recipe.outcome == "differs" and recipe.first_divergent_step is not None:
+    if recipe.outcome == LabOutcome.DIFFERS and recipe.first_divergent_step is not None:
         say(f"the recipe runs part at step {recipe.first_divergent_step}: explaining")
         explained = _explain(first, cwd, recipe.first_divergent_step, options.rerun,
                              options.rebuild)

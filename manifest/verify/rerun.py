@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from manifest.judge import (
     Findings,
+    NumericVerdict,
     ReasonCode,
     current,
     judge,
@@ -35,6 +36,7 @@ from manifest.judge import (
     record,
     rules,
 )
+from manifest.judge.rules import worst_numeric
 from manifest.models import Envelope, Manifest
 from manifest.store import BlobStore
 from manifest.verify.report import Drift, Machine, Verdict, VerifyOptions, VerifyReport
@@ -351,10 +353,8 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
                 Judgement("not-compared", reason=f"rank {p.rank} has no emulated twin (the "
                           f"twin is rank {ranked[0].rank}'s): it was not judged")
                 for p in ranked]
-    differing = [v for v in verdicts if v.verdict == "differs"]
-    open_ = [v for v in verdicts if v.verdict == "not-compared"]
-    worst = (min(differing, key=lambda v: v.first_step or 0) if differing
-             else open_[0] if open_ else max(verdicts, key=lambda v: v.closest or 0.0))
+    # every rank equivalent: the one closest to the envelope's edge stands for them
+    worst = worst_numeric(verdicts) or max(verdicts, key=lambda v: v.closest or 0.0)
     from manifest.verify.equivalence import bind_outputs, numeric_json
 
     files = {a.path: found for a in recorded.outputs.artifacts
@@ -370,7 +370,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
                                        "twin": twin is not None}
     causes = ", ".join(sorted({d.path for d in report.bits_drift}))
     sentence = report.numeric["sentence"]
-    if worst.verdict == "equivalent":
+    if NumericVerdict(worst.verdict) is NumericVerdict.EQUIVALENT:
         problem = bind_outputs(report.numeric, outputs, decision.calibration,
                                compared=here is not None, twin_offsets=None if twin is None
                                or carried is None else dict(carried.twin_outputs or {}))
@@ -379,7 +379,7 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
             record(report, rules.inside_envelope(current(report), (
                 f"not the same bits (drift: {causes}), but the same run up to "
                 f"rounding: {report.numeric['sentence']}")))
-        elif (report.numeric.get("outputs_verdict") == "not-compared" and stuck
+        elif (report.numeric.get("outputs_verdict") == NumericVerdict.NOT_COMPARED and stuck
               and not any(o.travelled for o in stuck)):
             # Nothing was found to differ: the recorded outputs are simply not here.
             from manifest.verify.equivalence import DID_NOT_TRAVEL
@@ -392,8 +392,8 @@ def judge_numeric(recorded: Manifest, new: Manifest, report: VerifyReport,
         else:
             record(report, rules.outputs_outside(
                 current(report), f"the step trails lie inside the envelope, but {problem}",
-                compared=report.numeric.get("outputs_verdict") == "outside"))
-    elif worst.verdict == "differs":
+                compared=report.numeric.get("outputs_verdict") == NumericVerdict.OUTSIDE))
+    elif NumericVerdict(worst.verdict) is NumericVerdict.DIFFERS:
         record(report, rules.trail_outside(current(report),
                                            f"outside the noise envelope at {sentence}"))
     else:
