@@ -9,6 +9,7 @@ the real pytest and xdist in a subprocess: the cluster modules all land on one w
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,9 @@ def _suite(root: Path, modules: list[str]) -> Path:
 def _run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "--basetemp", str(root / "tmp" / "base"), *args],
-                          cwd=root, capture_output=True, text=True, timeout=300, check=False)
+                          cwd=root, capture_output=True, text=True, timeout=300, check=False,
+                          env={k: v for k, v in os.environ.items()  # the caller's settings
+                               if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")})
 
 
 def _workers(root: Path) -> dict[str, str]:
