@@ -105,7 +105,8 @@ def _plant_pyc(source: Path) -> None:
 def test_a_planted_pyc_is_never_read(recorded: tuple[Path, Manifest], tmp_path: Path) -> None:
     """The re-run's environment (``RunEnvironment.apply``) and the probe's ``-X
     pycache_prefix`` keep the venv's ``__pycache__`` out of reach."""
-    from manifest.rerun.environment import RunEnvironment, probe_env_in
+    from manifest.rerun.environment import RunEnvironment
+    from manifest.rerun.interpreter import probe_env_in
 
     used, venv = _honest(recorded, tmp_path / "envs")
     assert used.python is not None

@@ -18,12 +18,8 @@ import pytest
 
 from manifest.canonical import load_manifest
 from manifest.launch.runner import LaunchSettings, run_under_launcher
-from manifest.rerun.environment import (
-    RunEnvironment,
-    probe_env_in,
-    this_machine,
-    with_this_tool,
-)
+from manifest.rerun.environment import RunEnvironment, this_machine
+from manifest.rerun.interpreter import probe_env_in, with_this_tool
 from tests.pyenv_wheels import GOLDEN
 
 

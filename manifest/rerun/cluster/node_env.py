@@ -44,7 +44,7 @@ def probe_on_node(used: RunEnvironment | None,
     ones are recorded rather than this job process's (Ray sets ``OMP_NUM_THREADS`` there)."""
     from manifest.capture.snapshot import probe_machine
     from manifest.probes.env import numerics_variables
-    from manifest.rerun.environment import probe_env_in
+    from manifest.rerun.interpreter import probe_env_in
 
     node = os.uname().nodename
     env, hardware, _ = probe_machine()
