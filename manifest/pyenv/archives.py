@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -113,20 +114,27 @@ def _read_page(url: str) -> str | None:
         return None
 
 
-def _index_archives(index: str, pin: Pin) -> Archive | None:
-    page_url = index.rstrip("/") + f"/{pin.name}/"
+def _index_links(index: str, name: str) -> Iterator[tuple[str, str, str]]:
+    """``(file name, URL without fragment, fragment)`` of each link on an index's simple
+    page for ``name``; a link that could be more than one requirement line (white space,
+    a control character) or is not http(s) or file is never served."""
+    page_url = index.rstrip("/") + f"/{name}/"
     page = _read_page(page_url)
     if page is None:
-        return None
+        return
     links = _Links()
     links.feed(page)
     for href in links.hrefs:
         url = urljoin(page_url, href)
         if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url) or \
                 urlsplit(url).scheme not in ("https", "http", "file"):
-            continue  # a link that could be more than one requirement line: never served
+            continue
         base, _, fragment = url.partition("#")
-        filename = unquote(urlsplit(base).path.rsplit("/", 1)[-1])
+        yield unquote(urlsplit(base).path.rsplit("/", 1)[-1]), base, fragment
+
+
+def _index_archives(index: str, pin: Pin) -> Archive | None:
+    for filename, base, fragment in _index_links(index, pin.name):
         if not serves(filename, pin):
             continue
         algo, _, value = fragment.partition("=")
@@ -161,19 +169,8 @@ def _sdist(pin: Pin, plan: SourcePlan) -> Archive | None:
         if path.is_file() and file_sha256(path) == pin.sha256:
             return Archive(wanted, path.resolve().as_uri(), pin.sha256)
     for index in plan.index_urls:
-        page_url = index.rstrip("/") + f"/{pin.name}/"
-        page = _read_page(page_url)
-        if page is None:
-            continue
-        links = _Links()
-        links.feed(page)
-        for href in links.hrefs:
-            url = urljoin(page_url, href)
-            if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url) or \
-                    urlsplit(url).scheme not in ("https", "http", "file"):
-                continue
-            base, _, fragment = url.partition("#")
-            if unquote(urlsplit(base).path.rsplit("/", 1)[-1]) != wanted:
+        for filename, base, fragment in _index_links(index, pin.name):
+            if filename != wanted:
                 continue
             algo, _, value = fragment.partition("=")
             if algo == "sha256" and value != pin.sha256:
