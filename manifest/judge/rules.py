@@ -127,7 +127,7 @@ def refused(code: ReasonCode, reason: str, basis: str = "nothing") -> Judgement:
 def failed(reason: str, code: ReasonCode = ReasonCode.RERUN_FAILED,
            basis: str = "nothing") -> Judgement:
     """The re-run (or a replay) failed, or an output it should write is missing."""
-    return Judgement(Verdict.NO_VERDICT, basis, reason, code)
+    return refused(code, reason, basis)
 
 
 def checked(*, strict_drift: bool) -> Judgement:

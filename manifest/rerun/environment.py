@@ -232,8 +232,9 @@ def environment_for(recorded: Manifest, machine: tuple[dict[str, Any], Any, Any]
     With ``rebuild``, the trust decision comes first (:func:`refuse_untrusted`): an
     untrusted manifest is refused before anything is rebuilt, built or probed.
     With a ``cluster`` (``--on``) the records are checked here and each node rebuilds
-    (:func:`for_cluster`; :meth:`RunEnvironment.on_cluster` gives the executor's options),
-    and the drift stays this machine's."""
+    (:func:`for_cluster`; :meth:`RunEnvironment.on_cluster` gives the executor's options);
+    the drift returned is this machine's until the nodes' probes replace it
+    (``manifest.verify.drift.drift_on_nodes``)."""
     if rebuild is None:
         return this_machine(recorded, machine[0]), machine
     decision = refuse_untrusted(trust())
